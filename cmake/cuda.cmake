@@ -1,0 +1,15 @@
+# mok: the CUDA backend (sm_90a), compiled into mok_core. Included when nvcc exists.
+# Only the static CUDA runtime is linked (no libcuda at link time): a build runs on
+# machines without a GPU driver, where the cuda backend then reports "no device".
+# Driver entry points (tensor maps) are fetched at run time with cudaGetDriverEntryPoint.
+set(MOK_CUDA_SOURCES
+  src/cuda/backend.cu
+  src/cuda/device_data.cu
+)
+target_sources(mok_core PRIVATE ${MOK_CUDA_SOURCES})
+target_compile_options(mok_core PRIVATE
+  $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo
+  -Xptxas=-v -std=c++20>)
+set_target_properties(mok_core PROPERTIES CUDA_SEPARABLE_COMPILATION OFF POSITION_INDEPENDENT_CODE ON)
+target_link_libraries(mok_core PUBLIC CUDA::cudart_static)
+target_compile_definitions(mok_core PUBLIC MOK_HAS_CUDA=1)

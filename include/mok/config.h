@@ -1,0 +1,25 @@
+// mok: how the layer is run (tuning), kept apart from what it computes (Problem).
+// Zero means "the library chooses" from the problem and the GPU; resolve() fills them in.
+#pragma once
+#include <string>
+
+#include "mok/problem.h"
+
+namespace mok {
+
+struct Config {
+  int minibatch_rows = 4096;             // overlap granularity (rows per readiness group)
+  int macrobatch_rows = 131072;          // rows held at once in the row-buffer ring
+  double schedule_capacity_factor = 0.5; // capacity = factor * R*T*min(k, E/R) rows (+ padding)
+  int forward_comm_sms = 0;              // 0: chosen by the library (MoK uses 40 on GB300)
+  int backward_comm_sms = 0;             // 0: chosen by the library (MoK uses 28)
+  int tile_rows = 128;                   // each expert's row segment is padded to this
+
+  void validate() const;                 // throws mok::Error naming the field
+  std::string describe() const;
+};
+
+// Rows the schedule of one rank may hold: the capacity with every expert's segment padded.
+std::int64_t schedule_capacity_rows(const Problem& problem, const Config& config);
+
+}  // namespace mok

@@ -1,0 +1,20 @@
+// mok: errors. Every validation failure throws mok::Error whose message names the
+// argument and the rule it broke, e.g. "top_experts[rank 1][5,2] = 9: expert id must be in [0, 8)".
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace mok {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+// Throws mok::Error(message) unless cond holds. Used for argument validation, never for
+// internal invariants (those are asserts).
+inline void require(bool cond, const std::string& message) {
+  if (!cond) throw Error(message);
+}
+
+}  // namespace mok

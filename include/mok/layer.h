@@ -1,0 +1,132 @@
+// mok: the MoE layer. One Layer object runs forward and backward for the ranks of an EP
+// group that this process holds:
+//   - EpMode::all_ranks: every rank of the group is held here (the CPU reference keeps
+//     them as separate tensors; the CUDA backend runs them as "virtual ranks" on one GPU);
+//   - EpMode::rank_slice: one active rank of a large group does exactly its share of the
+//     work; the other ranks' inputs are read from memory filled in advance and their
+//     combine slots are written as they would be over NVLink (CUDA backend only).
+//
+// Tensors are row-major and contiguous; every call validates every argument and throws
+// mok::Error naming the argument and the rule it broke, before any work starts.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mok/config.h"
+#include "mok/error.h"
+#include "mok/problem.h"
+#include "mok/tensor.h"
+
+namespace mok {
+
+enum class Backend : std::uint8_t { cpu, cuda };
+const char* to_string(Backend backend);
+Backend backend_from_string(const std::string& name);  // throws mok::Error
+
+enum class EpMode : std::uint8_t { all_ranks, rank_slice };
+const char* to_string(EpMode mode);
+
+// One shared expert's weights (replicated on every rank), bf16:
+//   w_gate [I_s, H], w_up [I_s, H], w_down [H, I_s].
+struct SharedExpertWeights {
+  TensorView w_gate, w_up, w_down;
+};
+
+// The routed experts this rank owns (E/R of them) and the shared experts, bf16:
+//   w_gate [E/R, I, H], w_up [E/R, I, H], w_down [E/R, H, I].
+struct RankWeights {
+  TensorView w_gate, w_up, w_down;
+  std::vector<SharedExpertWeights> shared;
+};
+
+// What a rank brings to the layer:
+//   x [T, H] bf16; top_experts [T, k] i32 (global ids, distinct per token);
+//   router_weights [T, k] f32 (finite).
+struct RankInputs {
+  TensorView x, top_experts, router_weights;
+};
+
+struct RankForward {
+  RankInputs inputs;
+  RankWeights weights;  // may be empty for a non-active rank in rank_slice mode
+  TensorView y;         // [T, H] bf16 out; may be empty for a non-active rank
+};
+
+// Gradients of one shared expert's weights, f32, the shapes of the weights.
+struct SharedExpertGrads {
+  TensorView d_w_gate, d_w_up, d_w_down;
+};
+
+struct RankBackward {
+  RankInputs inputs;
+  RankWeights weights;
+  TensorView dy;                // [T, H] bf16 in
+  TensorView dx;                // [T, H] bf16 out
+  TensorView d_router_weights;  // [T, k] f32 out
+  TensorView d_w_gate, d_w_up;  // [E/R, I, H] f32 out (this rank's routed experts)
+  TensorView d_w_down;          // [E/R, H, I] f32 out
+  std::vector<SharedExpertGrads> d_shared;  // f32 out: this rank's tokens' contribution
+};
+
+struct LayerOptions {
+  Backend backend = Backend::cpu;
+  EpMode ep_mode = EpMode::all_ranks;
+  int active_rank = 0;        // rank_slice: the rank that does its work
+  int cpu_threads = 0;        // cpu backend: 0 = hardware concurrency
+  int cuda_device = 0;        // cuda backend
+  void* cuda_stream = nullptr;  // cuda backend: a cudaStream_t, nullptr = default stream
+};
+
+// Per-rank statistics of the last schedule (for reports and tests).
+struct ScheduleStats {
+  std::vector<std::int64_t> rows_per_local_expert;  // real rows, before padding
+  std::int64_t real_rows = 0;
+  std::int64_t padded_rows = 0;
+  std::int64_t capacity_rows = 0;
+};
+
+class Layer {
+ public:
+  Layer(const Problem& problem, const Config& config, const LayerOptions& options);
+  ~Layer();
+  Layer(Layer&&) noexcept;
+  Layer& operator=(Layer&&) noexcept;
+
+  const Problem& problem() const;
+  const Config& config() const;        // with the library's choices filled in
+  const LayerOptions& options() const;
+  // Device (or host) memory the layer holds for its buffers, in bytes.
+  std::size_t workspace_bytes() const;
+
+  // `ranks` holds all R ranks (all_ranks mode) or all R ranks' inputs with the active
+  // rank's weights and outputs (rank_slice mode). On the CUDA backend the call is
+  // asynchronous on the stream given in the options and never waits for the host.
+  void forward(std::span<const RankForward> ranks);
+  void backward(std::span<const RankBackward> ranks);
+
+  // The schedule statistics of the last call, per rank held here (forces a sync on CUDA).
+  std::vector<ScheduleStats> last_schedule_stats() const;
+
+  // Waits for the layer's outstanding device work and reports a device-side failure
+  // (capacity overflow, a timed-out wait) as mok::Error. No-op on the CPU backend.
+  void synchronize() const;
+
+  // The combine slots of rank r, bf16 [T*k, H]: slot t*k+j receives the row that
+  // expert top_experts[t,j] produced for token t. Exposed for tests and rank_slice runs
+  // (where the slots other ranks would write are filled in advance).
+  TensorView combine_slots(int rank) const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// True when the CUDA backend was built and a CUDA device is present.
+bool cuda_available();
+std::string cuda_device_name();
+
+}  // namespace mok

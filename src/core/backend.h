@@ -1,0 +1,29 @@
+// mok: what a backend implements behind mok::Layer. The Layer validates the problem, the
+// config and every argument's shape/dtype/device before a backend sees them.
+#pragma once
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "mok/layer.h"
+
+namespace mok {
+
+class BackendImpl {
+ public:
+  virtual ~BackendImpl() = default;
+  virtual void forward(std::span<const RankForward> ranks) = 0;
+  virtual void backward(std::span<const RankBackward> ranks) = 0;
+  virtual std::vector<ScheduleStats> last_schedule_stats() const = 0;
+  virtual void synchronize() const {}
+  virtual TensorView combine_slots(int rank) const = 0;
+  virtual std::size_t workspace_bytes() const = 0;
+  // The config with the backend's choices (comm SMs, ...) filled in.
+  virtual Config resolved_config() const = 0;
+};
+
+std::unique_ptr<BackendImpl> make_cpu_backend(const Problem& p, const Config& c, const LayerOptions& o);
+// Defined in src/cuda/ when CUDA is built, else a stub that throws mok::Error.
+std::unique_ptr<BackendImpl> make_cuda_backend(const Problem& p, const Config& c, const LayerOptions& o);
+
+}  // namespace mok

@@ -1,0 +1,169 @@
+#include "mok/data.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/rng.h"
+#include "mok/error.h"
+#include "numerics/numerics.h"
+#include "reference/parallel.h"
+
+namespace mok {
+
+HostTensor::HostTensor(DType dtype, std::vector<std::int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
+  storage_.resize(static_cast<std::size_t>(numel()) * dtype_size(dtype_));
+}
+
+std::int64_t HostTensor::numel() const {
+  std::int64_t n = 1;
+  for (auto s : shape_) n *= s;
+  return n;
+}
+
+TensorView HostTensor::view() const {
+  TensorView v;
+  if (storage_.empty()) return v;
+  v.data = const_cast<std::byte*>(storage_.data());
+  v.dtype = dtype_;
+  v.device = Device::cpu;
+  v.ndim = static_cast<int>(shape_.size());
+  std::int64_t stride = 1;
+  for (int d = v.ndim - 1; d >= 0; --d) {
+    v.shape[d] = shape_[d];
+    v.strides[d] = stride;
+    stride *= shape_[d];
+  }
+  return v;
+}
+
+void HostTensor::fill_bytes(std::uint8_t byte) { std::memset(storage_.data(), byte, storage_.size()); }
+
+bool HostTensor::bitwise_equal(const HostTensor& other) const {
+  return dtype_ == other.dtype_ && shape_ == other.shape_ && storage_ == other.storage_;
+}
+
+RankForward RankData::forward_args() const {
+  RankForward f;
+  f.inputs = {x.view(), top_experts.view(), router_weights.view()};
+  f.weights = {w_gate.view(), w_up.view(), w_down.view(), {}};
+  for (const auto& s : shared) f.weights.shared.push_back({s.w_gate.view(), s.w_up.view(), s.w_down.view()});
+  f.y = y.view();
+  return f;
+}
+
+RankBackward RankData::backward_args() const {
+  RankBackward b;
+  const RankForward f = forward_args();
+  b.inputs = f.inputs;
+  b.weights = f.weights;
+  b.dy = dy.view();
+  b.dx = dx.view();
+  b.d_router_weights = d_router_weights.view();
+  b.d_w_gate = d_w_gate.view();
+  b.d_w_up = d_w_up.view();
+  b.d_w_down = d_w_down.view();
+  for (const auto& s : d_shared) b.d_shared.push_back({s.d_w_gate.view(), s.d_w_up.view(), s.d_w_down.view()});
+  return b;
+}
+
+std::vector<RankForward> LayerData::forward_args() const {
+  std::vector<RankForward> v;
+  for (const auto& r : ranks) v.push_back(r.forward_args());
+  return v;
+}
+
+std::vector<RankBackward> LayerData::backward_args() const {
+  std::vector<RankBackward> v;
+  for (const auto& r : ranks) v.push_back(r.backward_args());
+  return v;
+}
+
+void LayerData::poison_outputs() {
+  // 0xff bytes: NaN in bf16 and f32, so an element nothing wrote never passes a check.
+  for (auto& r : ranks) {
+    for (HostTensor* t : {&r.y, &r.dx, &r.d_router_weights, &r.d_w_gate, &r.d_w_up, &r.d_w_down})
+      if (!t->empty()) t->fill_bytes(0xff);
+    for (auto& s : r.d_shared)
+      for (HostTensor* t : {&s.d_w_gate, &s.d_w_up, &s.d_w_down}) t->fill_bytes(0xff);
+  }
+}
+
+namespace {
+
+// Fills a bf16 tensor with scale * N(0,1) drawn at index offset + i of `stream`.
+void fill_normal(ref::ThreadPool& pool, HostTensor& t, std::uint64_t seed, std::uint64_t stream,
+                 std::uint64_t offset, float scale) {
+  std::uint16_t* d = t.data<std::uint16_t>();
+  pool.parallel_for(t.numel(), 1 << 16, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t i = b; i < e; ++i)
+      d[i] = num::bf16_from_float(scale * rng::normal(seed, stream, offset + std::uint64_t(i)));
+  });
+}
+
+}  // namespace
+
+LayerData make_layer_data(const Problem& p, const Routing& routing, std::uint64_t seed, bool with_backward,
+                          int weights_rank) {
+  require(weights_rank >= -1 && weights_rank < p.ep_size,
+          "make_layer_data: weights_rank = " + std::to_string(weights_rank) + " must be -1 or in [0, ep_size)");
+  p.validate();
+  validate_routing(p, routing);
+  ref::ThreadPool pool(0);
+  const std::int64_t T = p.tokens_per_rank, H = p.hidden, I = p.intermediate, k = p.top_k;
+  const std::int64_t E_loc = p.local_experts();
+  const float gate_scale = 1.0f / std::sqrt(float(H));
+  LayerData data;
+  data.problem = p;
+  data.ranks.resize(p.ep_size);
+  for (int r = 0; r < p.ep_size; ++r) {
+    RankData& d = data.ranks[r];
+    const std::uint64_t token0 = std::uint64_t(r) * T;
+    d.x = HostTensor(DType::bf16, {T, H});
+    fill_normal(pool, d.x, seed, rng::kX, token0 * H, 1.0f);
+    d.top_experts = HostTensor(DType::i32, {T, k});
+    d.router_weights = HostTensor(DType::f32, {T, k});
+    std::memcpy(d.top_experts.data<std::int32_t>(), routing.top_experts[r].data(), T * k * 4);
+    std::memcpy(d.router_weights.data<float>(), routing.router_weights[r].data(), T * k * 4);
+    if (with_backward) {
+      d.dy = HostTensor(DType::bf16, {T, H});
+      fill_normal(pool, d.dy, seed, rng::kDy, token0 * H, 1.0f);
+    }
+    if (weights_rank >= 0 && r != weights_rank) continue;
+    // Routed experts: global expert e = r*E_loc + local index; values keyed by e.
+    const std::uint64_t e0 = std::uint64_t(r) * E_loc;
+    d.w_gate = HostTensor(DType::bf16, {E_loc, I, H});
+    d.w_up = HostTensor(DType::bf16, {E_loc, I, H});
+    d.w_down = HostTensor(DType::bf16, {E_loc, H, I});
+    fill_normal(pool, d.w_gate, seed, rng::kGate, e0 * I * H, gate_scale);
+    fill_normal(pool, d.w_up, seed, rng::kUp, e0 * I * H, gate_scale);
+    fill_normal(pool, d.w_down, seed, rng::kDown, e0 * H * I, 1.0f / std::sqrt(float(I)));
+    // Shared experts: the same weights on every rank.
+    for (int s = 0; s < p.num_shared(); ++s) {
+      const std::int64_t Is = p.shared_intermediate[s];
+      const std::uint64_t stream_offset = std::uint64_t(s) << 40;
+      SharedHostWeights w{HostTensor(DType::bf16, {Is, H}), HostTensor(DType::bf16, {Is, H}),
+                          HostTensor(DType::bf16, {H, Is})};
+      fill_normal(pool, w.w_gate, seed, rng::kSharedGate, stream_offset, gate_scale);
+      fill_normal(pool, w.w_up, seed, rng::kSharedUp, stream_offset, gate_scale);
+      fill_normal(pool, w.w_down, seed, rng::kSharedDown, stream_offset, 1.0f / std::sqrt(float(Is)));
+      d.shared.push_back(std::move(w));
+    }
+    d.y = HostTensor(DType::bf16, {T, H});
+    if (with_backward) {
+      d.dx = HostTensor(DType::bf16, {T, H});
+      d.d_router_weights = HostTensor(DType::f32, {T, k});
+      d.d_w_gate = HostTensor(DType::f32, {E_loc, I, H});
+      d.d_w_up = HostTensor(DType::f32, {E_loc, I, H});
+      d.d_w_down = HostTensor(DType::f32, {E_loc, H, I});
+      for (int s = 0; s < p.num_shared(); ++s) {
+        const std::int64_t Is = p.shared_intermediate[s];
+        d.d_shared.push_back({HostTensor(DType::f32, {Is, H}), HostTensor(DType::f32, {Is, H}),
+                              HostTensor(DType::f32, {H, Is})});
+      }
+    }
+  }
+  data.poison_outputs();
+  return data;
+}
+
+}  // namespace mok

@@ -1,0 +1,59 @@
+#include "mok/layer.h"
+
+#include "core/backend.h"
+
+namespace mok {
+
+const char* to_string(Backend backend) { return backend == Backend::cpu ? "cpu" : "cuda"; }
+
+Backend backend_from_string(const std::string& name) {
+  if (name == "cpu") return Backend::cpu;
+  if (name == "cuda") return Backend::cuda;
+  throw Error("backend: must be cpu or cuda, got '" + name + "'");
+}
+
+const char* to_string(EpMode mode) { return mode == EpMode::all_ranks ? "all_ranks" : "rank_slice"; }
+
+struct Layer::Impl {
+  Problem problem;
+  Config config;
+  LayerOptions options;
+  std::unique_ptr<BackendImpl> backend;
+};
+
+Layer::Layer(const Problem& problem, const Config& config, const LayerOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  problem.validate();
+  config.validate();
+  require(options.active_rank >= 0 && options.active_rank < problem.ep_size,
+          "LayerOptions.active_rank = " + std::to_string(options.active_rank) + ": must be in [0, ep_size = " +
+              std::to_string(problem.ep_size) + ")");
+  require(options.cpu_threads >= 0, "LayerOptions.cpu_threads = " + std::to_string(options.cpu_threads) +
+                                        ": must be >= 0 (0 = all cores)");
+  impl_->problem = problem;
+  impl_->options = options;
+  impl_->backend = options.backend == Backend::cpu ? make_cpu_backend(problem, config, options)
+                                                   : make_cuda_backend(problem, config, options);
+  impl_->config = impl_->backend->resolved_config();
+}
+
+Layer::~Layer() = default;
+Layer::Layer(Layer&&) noexcept = default;
+Layer& Layer::operator=(Layer&&) noexcept = default;
+
+const Problem& Layer::problem() const { return impl_->problem; }
+const Config& Layer::config() const { return impl_->config; }
+const LayerOptions& Layer::options() const { return impl_->options; }
+std::size_t Layer::workspace_bytes() const { return impl_->backend->workspace_bytes(); }
+void Layer::forward(std::span<const RankForward> ranks) { impl_->backend->forward(ranks); }
+void Layer::backward(std::span<const RankBackward> ranks) { impl_->backend->backward(ranks); }
+std::vector<ScheduleStats> Layer::last_schedule_stats() const { return impl_->backend->last_schedule_stats(); }
+void Layer::synchronize() const { impl_->backend->synchronize(); }
+
+TensorView Layer::combine_slots(int rank) const {
+  require(rank >= 0 && rank < impl_->problem.ep_size,
+          "combine_slots: rank " + std::to_string(rank) + " must be in [0, ep_size)");
+  return impl_->backend->combine_slots(rank);
+}
+
+}  // namespace mok

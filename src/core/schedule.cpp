@@ -1,0 +1,66 @@
+#include "core/schedule.h"
+
+#include <string>
+
+#include "mok/error.h"
+
+namespace mok {
+
+std::int64_t RankSchedule::real_rows() const {
+  std::int64_t n = 0;
+  for (auto r : expert_rows) n += r;
+  return n;
+}
+
+RankSchedule build_schedule(const Problem& problem, const Config& config,
+                            std::span<const std::int32_t* const> top_experts, int dest_rank) {
+  const int R = problem.ep_size, E_loc = problem.local_experts(), k = problem.top_k;
+  const std::int64_t T = problem.tokens_per_rank;
+  const int first_expert = dest_rank * E_loc;
+
+  // counts[e][s]: rows local expert e receives from source rank s.
+  std::vector<std::int64_t> counts(std::size_t(E_loc) * R, 0);
+  for (int s = 0; s < R; ++s)
+    for (std::int64_t i = 0; i < T * k; ++i) {
+      const int e = top_experts[s][i] - first_expert;
+      if (e >= 0 && e < E_loc) ++counts[std::size_t(e) * R + s];
+    }
+
+  RankSchedule sched;
+  sched.expert_begin.assign(E_loc + 1, 0);
+  sched.expert_rows.assign(E_loc, 0);
+  // Prefix sums: the (e, s) block starts at offset[e][s].
+  std::vector<std::int64_t> offset(std::size_t(E_loc) * R, 0);
+  std::int64_t pos = 0;
+  for (int e = 0; e < E_loc; ++e) {
+    sched.expert_begin[e] = pos;
+    std::int64_t n = 0;
+    for (int s = 0; s < R; ++s) {
+      offset[std::size_t(e) * R + s] = pos + n;
+      n += counts[std::size_t(e) * R + s];
+    }
+    sched.expert_rows[e] = n;
+    pos += (n + config.tile_rows - 1) / config.tile_rows * config.tile_rows;
+  }
+  sched.expert_begin[E_loc] = pos;
+
+  const std::int64_t capacity = schedule_capacity_rows(problem, config);
+  if (pos > capacity) {
+    throw Error("schedule: rank " + std::to_string(dest_rank) + " receives " + std::to_string(pos) +
+                " padded rows, more than its capacity of " + std::to_string(capacity) +
+                " (Config.schedule_capacity_factor = " + std::to_string(config.schedule_capacity_factor) +
+                "); raise schedule_capacity_factor (1.0 covers every routing). No token was dropped: "
+                "nothing ran.");
+  }
+
+  sched.rows.assign(pos, ScheduleRow{-1, -1});
+  for (int s = 0; s < R; ++s)
+    for (std::int64_t i = 0; i < T * k; ++i) {
+      const int e = top_experts[s][i] - first_expert;
+      if (e >= 0 && e < E_loc)
+        sched.rows[offset[std::size_t(e) * R + s]++] = ScheduleRow{s, static_cast<std::int32_t>(i)};
+    }
+  return sched;
+}
+
+}  // namespace mok

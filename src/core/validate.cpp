@@ -1,0 +1,114 @@
+#include "core/validate.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace mok {
+namespace {
+
+std::string rank_name(const char* what, int rank) {
+  return std::string(what) + "[rank " + std::to_string(rank) + "]";
+}
+
+void check_inputs(const Problem& p, const RankInputs& in, int r, Device dev) {
+  const std::int64_t T = p.tokens_per_rank, H = p.hidden, k = p.top_k;
+  check_tensor(in.x, rank_name("x", r), DType::bf16, {T, H}, dev);
+  check_tensor(in.top_experts, rank_name("top_experts", r), DType::i32, {T, k}, dev);
+  check_tensor(in.router_weights, rank_name("router_weights", r), DType::f32, {T, k}, dev);
+}
+
+void check_weights(const Problem& p, const RankWeights& w, int r, Device dev) {
+  const std::int64_t E = p.local_experts(), H = p.hidden, I = p.intermediate;
+  check_tensor(w.w_gate, rank_name("w_gate", r), DType::bf16, {E, I, H}, dev);
+  check_tensor(w.w_up, rank_name("w_up", r), DType::bf16, {E, I, H}, dev);
+  check_tensor(w.w_down, rank_name("w_down", r), DType::bf16, {E, H, I}, dev);
+  require(static_cast<int>(w.shared.size()) == p.num_shared(),
+          rank_name("weights.shared", r) + ": holds " + std::to_string(w.shared.size()) +
+              " shared experts; the problem has " + std::to_string(p.num_shared()));
+  for (int s = 0; s < p.num_shared(); ++s) {
+    const std::int64_t Is = p.shared_intermediate[s];
+    const std::string n = "[shared " + std::to_string(s) + "]";
+    check_tensor(w.shared[s].w_gate, rank_name("w_gate", r) + n, DType::bf16, {Is, H}, dev);
+    check_tensor(w.shared[s].w_up, rank_name("w_up", r) + n, DType::bf16, {Is, H}, dev);
+    check_tensor(w.shared[s].w_down, rank_name("w_down", r) + n, DType::bf16, {H, Is}, dev);
+  }
+}
+
+template <typename Args>
+void check_rank_count(const Problem& p, std::span<const Args> ranks) {
+  require(static_cast<int>(ranks.size()) == p.ep_size,
+          "ranks: " + std::to_string(ranks.size()) + " entries given; the layer needs one per rank of "
+          "the EP group (ep_size = " + std::to_string(p.ep_size) + ")");
+}
+
+bool is_active(const LayerOptions& o, int r) {
+  return o.ep_mode == EpMode::all_ranks || r == o.active_rank;
+}
+
+}  // namespace
+
+void check_routing_rank(const Problem& p, int rank, const std::int32_t* ids, const float* weights) {
+  const std::int64_t T = p.tokens_per_rank;
+  const int k = p.top_k, E = p.num_experts;
+  std::vector<std::int64_t> seen(E, -1);
+  std::vector<int> seen_slot(E, -1);
+  for (std::int64_t t = 0; t < T; ++t)
+    for (int j = 0; j < k; ++j) {
+      const std::string where = "[rank " + std::to_string(rank) + "][token " + std::to_string(t) + ", slot " +
+                                std::to_string(j) + "]";
+      const std::int32_t e = ids[t * k + j];
+      require(e >= 0 && e < E, "top_experts" + where + " = " + std::to_string(e) +
+                                   ": expert id must be in [0, " + std::to_string(E) + ")");
+      require(seen[e] != t, "top_experts[rank " + std::to_string(rank) + "][token " + std::to_string(t) +
+                                "]: expert " + std::to_string(e) + " appears in slots " +
+                                std::to_string(seen_slot[e]) + " and " + std::to_string(j) +
+                                "; a token's experts must be distinct");
+      seen[e] = t;
+      seen_slot[e] = j;
+      const float w = weights[t * k + j];
+      require(std::isfinite(w), "router_weights" + where + " = " + std::to_string(w) + ": must be finite");
+    }
+}
+
+void check_forward_args(const Problem& p, const LayerOptions& o, std::span<const RankForward> ranks,
+                        Device dev) {
+  check_rank_count(p, ranks);
+  for (int r = 0; r < p.ep_size; ++r) {
+    check_inputs(p, ranks[r].inputs, r, dev);
+    if (!is_active(o, r)) continue;
+    check_weights(p, ranks[r].weights, r, dev);
+    check_tensor(ranks[r].y, rank_name("y", r), DType::bf16, {p.tokens_per_rank, p.hidden}, dev);
+  }
+}
+
+void check_backward_args(const Problem& p, const LayerOptions& o, std::span<const RankBackward> ranks,
+                         Device dev) {
+  check_rank_count(p, ranks);
+  const std::int64_t T = p.tokens_per_rank, H = p.hidden, I = p.intermediate, k = p.top_k;
+  const std::int64_t E = p.local_experts();
+  for (int r = 0; r < p.ep_size; ++r) {
+    const auto& b = ranks[r];
+    check_inputs(p, b.inputs, r, dev);
+    check_tensor(b.dy, rank_name("dy", r), DType::bf16, {T, H}, dev);
+    if (!is_active(o, r)) continue;
+    check_weights(p, b.weights, r, dev);
+    check_tensor(b.dx, rank_name("dx", r), DType::bf16, {T, H}, dev);
+    check_tensor(b.d_router_weights, rank_name("d_router_weights", r), DType::f32, {T, k}, dev);
+    check_tensor(b.d_w_gate, rank_name("d_w_gate", r), DType::f32, {E, I, H}, dev);
+    check_tensor(b.d_w_up, rank_name("d_w_up", r), DType::f32, {E, I, H}, dev);
+    check_tensor(b.d_w_down, rank_name("d_w_down", r), DType::f32, {E, H, I}, dev);
+    require(static_cast<int>(b.d_shared.size()) == p.num_shared(),
+            rank_name("d_shared", r) + ": holds " + std::to_string(b.d_shared.size()) +
+                " entries; the problem has " + std::to_string(p.num_shared()) + " shared experts");
+    for (int s = 0; s < p.num_shared(); ++s) {
+      const std::int64_t Is = p.shared_intermediate[s];
+      const std::string n = "[shared " + std::to_string(s) + "]";
+      check_tensor(b.d_shared[s].d_w_gate, rank_name("d_w_gate", r) + n, DType::f32, {Is, H}, dev);
+      check_tensor(b.d_shared[s].d_w_up, rank_name("d_w_up", r) + n, DType::f32, {Is, H}, dev);
+      check_tensor(b.d_shared[s].d_w_down, rank_name("d_w_down", r) + n, DType::f32, {H, Is}, dev);
+    }
+  }
+}
+
+}  // namespace mok

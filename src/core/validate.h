@@ -1,0 +1,21 @@
+// mok: argument validation shared by every backend. Each check throws mok::Error naming
+// the argument (with rank, token and slot where it applies) and the rule it broke.
+#pragma once
+#include <cstdint>
+#include <span>
+
+#include "mok/layer.h"
+
+namespace mok {
+
+// Host routing data of one rank: ids in [0, E), distinct per token, finite weights.
+void check_routing_rank(const Problem& p, int rank, const std::int32_t* ids, const float* weights);
+
+// Shapes, dtypes, devices and presence of every tensor. `active` lists the ranks whose
+// weights and outputs must be present (all of them unless in rank_slice mode).
+void check_forward_args(const Problem& p, const LayerOptions& o, std::span<const RankForward> ranks,
+                        Device device);
+void check_backward_args(const Problem& p, const LayerOptions& o, std::span<const RankBackward> ranks,
+                         Device device);
+
+}  // namespace mok

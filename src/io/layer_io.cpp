@@ -1,0 +1,183 @@
+#include "io/layer_io.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/validate.h"
+#include "io/npy.h"
+#include "mok/error.h"
+
+namespace mok::io {
+namespace fs = std::filesystem;
+
+std::string problem_to_json(const Problem& p) {
+  std::ostringstream s;
+  s << "{\n  \"num_experts\": " << p.num_experts << ",\n  \"hidden\": " << p.hidden
+    << ",\n  \"intermediate\": " << p.intermediate << ",\n  \"top_k\": " << p.top_k
+    << ",\n  \"shared_intermediate\": [";
+  for (std::size_t i = 0; i < p.shared_intermediate.size(); ++i) s << (i ? ", " : "") << p.shared_intermediate[i];
+  s << "],\n  \"ep_size\": " << p.ep_size << ",\n  \"tokens_per_rank\": " << p.tokens_per_rank
+    << ",\n  \"precision\": \"" << to_string(p.precision) << "\",\n  \"swiglu_limit\": ";
+  if (p.swiglu_limit) s << *p.swiglu_limit; else s << "null";
+  s << "\n}\n";
+  return s.str();
+}
+
+namespace {
+
+// The raw text of `"key": <value>` in a flat JSON object.
+std::string json_value(const std::string& text, const std::string& key, const std::string& source) {
+  const auto pos = text.find("\"" + key + "\"");
+  if (pos == std::string::npos) throw Error(source + ": missing key \"" + key + "\"");
+  auto colon = text.find(':', pos);
+  if (colon == std::string::npos) throw Error(source + ": no value for \"" + key + "\"");
+  std::size_t b = text.find_first_not_of(" \t\n", colon + 1);
+  std::size_t e = b;
+  if (b != std::string::npos && text[b] == '[') {
+    e = text.find(']', b);
+    if (e == std::string::npos) throw Error(source + ": unterminated list for \"" + key + "\"");
+    ++e;
+  } else {
+    e = text.find_first_of(",}\n", b);
+  }
+  if (b == std::string::npos || e == std::string::npos) throw Error(source + ": bad value for \"" + key + "\"");
+  return text.substr(b, e - b);
+}
+
+long long json_int(const std::string& text, const std::string& key, const std::string& source) {
+  const std::string v = json_value(text, key, source);
+  try {
+    std::size_t used = 0;
+    long long n = std::stoll(v, &used);
+    if (used != v.size()) throw std::invalid_argument("trailing");
+    return n;
+  } catch (const std::exception&) {
+    throw Error(source + ": \"" + key + "\" must be an integer, got " + v);
+  }
+}
+
+}  // namespace
+
+Problem problem_from_json(const std::string& text, const std::string& source) {
+  Problem p;
+  p.num_experts = static_cast<int>(json_int(text, "num_experts", source));
+  p.hidden = static_cast<int>(json_int(text, "hidden", source));
+  p.intermediate = static_cast<int>(json_int(text, "intermediate", source));
+  p.top_k = static_cast<int>(json_int(text, "top_k", source));
+  p.ep_size = static_cast<int>(json_int(text, "ep_size", source));
+  p.tokens_per_rank = static_cast<int>(json_int(text, "tokens_per_rank", source));
+  const std::string shared = json_value(text, "shared_intermediate", source);
+  if (shared.size() < 2 || shared.front() != '[' || shared.back() != ']')
+    throw Error(source + ": \"shared_intermediate\" must be a list");
+  std::stringstream ss(shared.substr(1, shared.size() - 2));
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.find_first_not_of(" \n") == std::string::npos) continue;
+    try {
+      p.shared_intermediate.push_back(std::stoi(item));
+    } catch (const std::exception&) {
+      throw Error(source + ": \"shared_intermediate\" entry '" + item + "' is not an integer");
+    }
+  }
+  std::string prec = json_value(text, "precision", source);
+  if (prec.size() < 2 || prec.front() != '"') throw Error(source + ": \"precision\" must be a string");
+  p.precision = precision_from_string(prec.substr(1, prec.size() - 2));
+  const std::string limit = json_value(text, "swiglu_limit", source);
+  if (limit != "null") {
+    try {
+      p.swiglu_limit = std::stof(limit);
+    } catch (const std::exception&) {
+      throw Error(source + ": \"swiglu_limit\" must be a number or null");
+    }
+  }
+  p.validate();
+  return p;
+}
+
+namespace {
+
+struct Entry {
+  std::string name;
+  HostTensor* tensor;
+};
+
+std::vector<Entry> entries(RankData& r) {
+  std::vector<Entry> v = {{"x", &r.x}, {"top_experts", &r.top_experts}, {"router_weights", &r.router_weights},
+                          {"w_gate", &r.w_gate}, {"w_up", &r.w_up}, {"w_down", &r.w_down},
+                          {"y", &r.y}, {"dy", &r.dy}, {"dx", &r.dx}, {"d_router_weights", &r.d_router_weights},
+                          {"d_w_gate", &r.d_w_gate}, {"d_w_up", &r.d_w_up}, {"d_w_down", &r.d_w_down}};
+  for (std::size_t s = 0; s < r.shared.size(); ++s) {
+    const std::string p = "shared" + std::to_string(s) + "_";
+    v.push_back({p + "w_gate", &r.shared[s].w_gate});
+    v.push_back({p + "w_up", &r.shared[s].w_up});
+    v.push_back({p + "w_down", &r.shared[s].w_down});
+  }
+  for (std::size_t s = 0; s < r.d_shared.size(); ++s) {
+    const std::string p = "shared" + std::to_string(s) + "_";
+    v.push_back({p + "d_w_gate", &r.d_shared[s].d_w_gate});
+    v.push_back({p + "d_w_up", &r.d_shared[s].d_w_up});
+    v.push_back({p + "d_w_down", &r.d_shared[s].d_w_down});
+  }
+  return v;
+}
+
+fs::path rank_dir(const std::string& dir, int r) { return fs::path(dir) / ("rank" + std::to_string(r)); }
+
+}  // namespace
+
+void save_layer_data(const std::string& dir, const LayerData& data) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error("--save " + dir + ": cannot create the directory: " + ec.message());
+  {
+    std::ofstream out(fs::path(dir) / "problem.json");
+    out << problem_to_json(data.problem);
+    if (!out) throw Error("--save " + dir + ": cannot write problem.json");
+  }
+  for (int r = 0; r < static_cast<int>(data.ranks.size()); ++r) {
+    fs::create_directories(rank_dir(dir, r), ec);
+    if (ec) throw Error("--save " + dir + ": cannot create rank directory: " + ec.message());
+    for (const auto& e : entries(const_cast<RankData&>(data.ranks[r])))
+      if (!e.tensor->empty()) npy::save((rank_dir(dir, r) / (e.name + ".npy")).string(), *e.tensor);
+  }
+}
+
+LayerData load_layer_data(const std::string& dir, const bool with_backward) {
+  const fs::path pj = fs::path(dir) / "problem.json";
+  std::ifstream in(pj);
+  if (!in) throw Error("--load " + dir + ": no problem.json in that directory");
+  std::stringstream text;
+  text << in.rdbuf();
+  const Problem p = problem_from_json(text.str(), pj.string());
+
+  // Shapes come from a freshly made LayerData of the same problem (which also allocates and
+  // poisons the outputs); its generated values are then replaced by the files'.
+  Routing placeholder;
+  const std::int64_t per = std::int64_t(p.tokens_per_rank) * p.top_k;
+  for (int r = 0; r < p.ep_size; ++r) {
+    std::vector<std::int32_t> ids(per);
+    for (std::int64_t i = 0; i < per; ++i) ids[i] = static_cast<std::int32_t>(i % p.top_k);
+    placeholder.top_experts.push_back(std::move(ids));
+    placeholder.router_weights.emplace_back(per, 1.0f);
+  }
+  LayerData data = make_layer_data(p, placeholder, 0, with_backward);
+  const std::vector<std::string> inputs = {"x", "top_experts", "router_weights", "w_gate", "w_up", "w_down", "dy"};
+  for (int r = 0; r < p.ep_size; ++r) {
+    for (auto& e : entries(data.ranks[r])) {
+      const bool is_input = std::find(inputs.begin(), inputs.end(), e.name) != inputs.end() ||
+                            (e.name.rfind("shared", 0) == 0 && e.name.find("_d_") == std::string::npos);
+      if (!is_input || e.tensor->empty()) continue;
+      const fs::path f = rank_dir(dir, r) / (e.name + ".npy");
+      if (!fs::exists(f)) throw Error("--load " + dir + ": missing " + f.string());
+      *e.tensor = npy::load(f.string(), e.tensor->dtype(), e.tensor->shape());
+    }
+    check_routing_rank(p, r, data.ranks[r].top_experts.data<std::int32_t>(),
+                       data.ranks[r].router_weights.data<float>());
+  }
+  data.poison_outputs();
+  return data;
+}
+
+}  // namespace mok::io

@@ -1,0 +1,180 @@
+#include "io/npy.h"
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "mok/error.h"
+#include "numerics/numerics.h"
+
+namespace mok::npy {
+namespace {
+
+const char* descr_of(DType dtype) {
+  switch (dtype) {
+    case DType::bf16: return "<u2";
+    case DType::f32: return "<f4";
+    case DType::i32: return "<i4";
+    case DType::i64: return "<i8";
+    case DType::e4m3: case DType::e8m0: return "|u1";
+  }
+  return "?";
+}
+
+std::string shape_string(const std::vector<std::int64_t>& shape) {
+  std::ostringstream s;
+  s << "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) s << shape[i] << (shape.size() == 1 ? "," : (i + 1 < shape.size() ? ", " : ""));
+  s << ")";
+  return s.str();
+}
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw Error("npy file '" + path + "': " + what);
+}
+
+// Finds `'key': ` in the header dict and returns the position after it.
+std::size_t find_key(const std::string& header, const std::string& key, const std::string& path) {
+  const std::string needle = "'" + key + "':";
+  const auto pos = header.find(needle);
+  if (pos == std::string::npos) fail(path, "header has no '" + key + "' entry");
+  std::size_t p = pos + needle.size();
+  while (p < header.size() && header[p] == ' ') ++p;
+  return p;
+}
+
+}  // namespace
+
+Header read_header(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, "cannot be opened");
+  char magic[8];
+  if (!in.read(magic, 8)) fail(path, "too short to be a .npy file");
+  if (std::memcmp(magic, "\x93NUMPY", 6) != 0) fail(path, "bad magic (not a .npy file)");
+  const int major = static_cast<unsigned char>(magic[6]);
+  std::uint32_t header_len = 0;
+  std::size_t prefix = 0;
+  if (major == 1) {
+    unsigned char b[2];
+    if (!in.read(reinterpret_cast<char*>(b), 2)) fail(path, "truncated header length");
+    header_len = b[0] | (b[1] << 8);
+    prefix = 10;
+  } else if (major == 2 || major == 3) {
+    unsigned char b[4];
+    if (!in.read(reinterpret_cast<char*>(b), 4)) fail(path, "truncated header length");
+    header_len = b[0] | (b[1] << 8) | (b[2] << 16) | (std::uint32_t(b[3]) << 24);
+    prefix = 12;
+  } else {
+    fail(path, "unsupported format version " + std::to_string(major));
+  }
+  if (header_len > (1u << 20)) fail(path, "header length " + std::to_string(header_len) + " is implausible");
+  std::string header(header_len, '\0');
+  if (!in.read(header.data(), header_len)) fail(path, "truncated header");
+
+  Header h;
+  h.data_offset = prefix + header_len;
+  std::size_t p = find_key(header, "descr", path);
+  if (p >= header.size() || header[p] != '\'') fail(path, "descr is not a string");
+  const auto end = header.find('\'', p + 1);
+  if (end == std::string::npos) fail(path, "unterminated descr");
+  h.descr = header.substr(p + 1, end - p - 1);
+  p = find_key(header, "fortran_order", path);
+  if (header.compare(p, 4, "True") == 0) h.fortran_order = true;
+  else if (header.compare(p, 5, "False") == 0) h.fortran_order = false;
+  else fail(path, "fortran_order is neither True nor False");
+  p = find_key(header, "shape", path);
+  if (p >= header.size() || header[p] != '(') fail(path, "shape is not a tuple");
+  const auto close = header.find(')', p);
+  if (close == std::string::npos) fail(path, "unterminated shape tuple");
+  std::string dims = header.substr(p + 1, close - p - 1);
+  std::stringstream ds(dims);
+  std::string item;
+  while (std::getline(ds, item, ',')) {
+    std::size_t a = item.find_first_not_of(" "), b = item.find_last_not_of(" L");
+    if (a == std::string::npos) continue;
+    const std::string num = item.substr(a, b - a + 1);
+    std::int64_t v = 0;
+    try {
+      std::size_t used = 0;
+      v = std::stoll(num, &used);
+      if (used != num.size()) throw std::invalid_argument("trailing");
+    } catch (const std::exception&) {
+      fail(path, "shape entry '" + num + "' is not an integer");
+    }
+    if (v < 0) fail(path, "negative dimension in shape");
+    h.shape.push_back(v);
+  }
+  return h;
+}
+
+void save(const std::string& path, const HostTensor& tensor) {
+  std::ostringstream dict;
+  dict << "{'descr': '" << descr_of(tensor.dtype()) << "', 'fortran_order': False, 'shape': "
+       << shape_string(tensor.shape()) << ", }";
+  std::string header = dict.str();
+  // Pad so that the data starts at a multiple of 64 bytes; the header ends with '\n'.
+  const std::size_t total = 10 + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header.push_back('\n');
+  std::ofstream out(path, std::ios::binary);
+  if (!out) throw Error("npy file '" + path + "': cannot be created");
+  out.write("\x93NUMPY\x01\x00", 8);
+  const unsigned char len[2] = {static_cast<unsigned char>(header.size() & 0xff),
+                                static_cast<unsigned char>(header.size() >> 8)};
+  out.write(reinterpret_cast<const char*>(len), 2);
+  out.write(header.data(), static_cast<std::streamsize>(header.size()));
+  out.write(tensor.data<char>(), static_cast<std::streamsize>(tensor.bytes()));
+  if (!out) throw Error("npy file '" + path + "': write failed");
+}
+
+HostTensor load(const std::string& path, DType dtype, const std::vector<std::int64_t>& expect_shape) {
+  const Header h = read_header(path);
+  if (h.fortran_order) fail(path, "fortran_order arrays are not supported; save in C order");
+  if (!expect_shape.empty() && h.shape != expect_shape)
+    fail(path, "shape " + shape_string(h.shape) + " does not match the expected " + shape_string(expect_shape));
+  const std::string want = descr_of(dtype);
+  std::size_t elem = 0;
+  enum { same, f32_to_bf16, i64_to_i32 } conversion = same;
+  if (h.descr == want) {
+    elem = dtype_size(dtype);
+  } else if (dtype == DType::bf16 && h.descr == "<f4") {
+    conversion = f32_to_bf16;
+    elem = 4;
+  } else if (dtype == DType::i32 && h.descr == "<i8") {
+    conversion = i64_to_i32;
+    elem = 8;
+  } else {
+    fail(path, "dtype '" + h.descr + "' cannot be read as " + to_string(dtype) + " (expected '" + want + "')");
+  }
+  HostTensor t(dtype, h.shape);
+  const std::size_t n = static_cast<std::size_t>(t.numel());
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(0, std::ios::end);
+  const std::size_t file_size = static_cast<std::size_t>(in.tellg());
+  if (file_size != h.data_offset + n * elem)
+    fail(path, "holds " + std::to_string(file_size - std::min(file_size, h.data_offset)) + " data bytes; shape " +
+                   shape_string(h.shape) + " of '" + h.descr + "' needs " + std::to_string(n * elem));
+  in.seekg(static_cast<std::streamoff>(h.data_offset));
+  if (conversion == same) {
+    in.read(t.data<char>(), static_cast<std::streamsize>(n * elem));
+  } else {
+    std::vector<char> raw(n * elem);
+    in.read(raw.data(), static_cast<std::streamsize>(raw.size()));
+    for (std::size_t i = 0; i < n; ++i) {
+      if (conversion == f32_to_bf16) {
+        float f;
+        std::memcpy(&f, raw.data() + 4 * i, 4);
+        t.data<std::uint16_t>()[i] = num::bf16_from_float(f);
+      } else {
+        std::int64_t v;
+        std::memcpy(&v, raw.data() + 8 * i, 8);
+        if (v < INT32_MIN || v > INT32_MAX) fail(path, "element " + std::to_string(i) + " does not fit int32");
+        t.data<std::int32_t>()[i] = static_cast<std::int32_t>(v);
+      }
+    }
+  }
+  if (!in) fail(path, "read failed");
+  return t;
+}
+
+}  // namespace mok::npy

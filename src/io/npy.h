@@ -1,0 +1,30 @@
+// mok: .npy files (NumPy format v1.0/2.0), little-endian, C order.
+// bf16 tensors are stored as '<u2' (their raw bits): NumPy has no bf16 dtype; read them with
+// numpy as uint16 and view as bfloat16 (ml_dtypes) or shift into float32 (<< 16).
+// Reading accepts '<f4' for a bf16 tensor (rounded to nearest even) and '<i8' for int32.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mok/data.h"
+
+namespace mok::npy {
+
+struct Header {
+  std::string descr;                  // e.g. "<f4"
+  bool fortran_order = false;
+  std::vector<std::int64_t> shape;
+  std::size_t data_offset = 0;
+};
+
+// Parses the header of `path`; throws mok::Error naming the file and what is malformed.
+Header read_header(const std::string& path);
+
+void save(const std::string& path, const HostTensor& tensor);
+
+// Loads `path` as a tensor of `dtype`. If `expect_shape` is non-empty the file's shape
+// must equal it. Throws mok::Error naming the file and the rule it broke.
+HostTensor load(const std::string& path, DType dtype, const std::vector<std::int64_t>& expect_shape = {});
+
+}  // namespace mok::npy

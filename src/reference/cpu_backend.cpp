@@ -1,0 +1,82 @@
+// mok: the CPU reference behind mok::Layer (Backend::cpu).
+#include <algorithm>
+
+#include "core/backend.h"
+#include "core/validate.h"
+#include "reference/reference.h"
+
+namespace mok {
+namespace {
+
+class CpuBackend final : public BackendImpl {
+ public:
+  CpuBackend(const Problem& p, const Config& c, const LayerOptions& o) : problem_(p), config_(c), pool_(o.cpu_threads) {
+    require(o.ep_mode == EpMode::all_ranks,
+            "LayerOptions.ep_mode = rank_slice: the cpu backend holds every rank (use all_ranks); "
+            "rank_slice needs the cuda backend");
+  }
+
+  void forward(std::span<const RankForward> ranks) override {
+    check_forward_args(problem_, {}, ranks, Device::cpu);
+    std::vector<RankInputs> inputs;
+    for (int r = 0; r < problem_.ep_size; ++r) {
+      check_routing_rank(problem_, r, ranks[r].inputs.top_experts.as<const std::int32_t>(),
+                         ranks[r].inputs.router_weights.as<const float>());
+      inputs.push_back(ranks[r].inputs);
+    }
+    const auto scheds = schedule(inputs);
+    ref::forward(problem_, pool_, ranks, scheds, &combine_);
+  }
+
+  void backward(std::span<const RankBackward> ranks) override {
+    check_backward_args(problem_, {}, ranks, Device::cpu);
+    std::vector<RankInputs> inputs;
+    for (int r = 0; r < problem_.ep_size; ++r) {
+      check_routing_rank(problem_, r, ranks[r].inputs.top_experts.as<const std::int32_t>(),
+                         ranks[r].inputs.router_weights.as<const float>());
+      inputs.push_back(ranks[r].inputs);
+    }
+    ref::backward(problem_, pool_, ranks, schedule(inputs));
+  }
+
+  std::vector<ScheduleStats> last_schedule_stats() const override { return stats_; }
+
+  TensorView combine_slots(int rank) const override {
+    require(!combine_.empty(), "combine_slots: no forward has run yet");
+    auto& buf = const_cast<ref::SlotBuffer&>(combine_[rank]);
+    return TensorView::contiguous(buf.data(), DType::bf16,
+                                  {std::int64_t(problem_.tokens_per_rank) * problem_.top_k, problem_.hidden});
+  }
+
+  std::size_t workspace_bytes() const override {
+    std::size_t n = 0;
+    for (const auto& c : combine_) n += c.size() * sizeof(std::uint16_t);
+    return n;
+  }
+
+  Config resolved_config() const override { return config_; }
+
+ private:
+  // Builds every rank's schedule and records its statistics.
+  std::vector<RankSchedule> schedule(const std::vector<RankInputs>& inputs) {
+    auto scheds = ref::build_all_schedules(problem_, config_, inputs);
+    stats_.clear();
+    for (const auto& s : scheds)
+      stats_.push_back({s.expert_rows, s.real_rows(), s.padded_rows(), schedule_capacity_rows(problem_, config_)});
+    return scheds;
+  }
+
+  Problem problem_;
+  Config config_;
+  ref::ThreadPool pool_;
+  std::vector<ref::SlotBuffer> combine_;
+  std::vector<ScheduleStats> stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<BackendImpl> make_cpu_backend(const Problem& p, const Config& c, const LayerOptions& o) {
+  return std::make_unique<CpuBackend>(p, c, o);
+}
+
+}  // namespace mok

@@ -1,0 +1,99 @@
+#include "reference/parallel.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace mok::ref {
+
+struct ThreadPool::State {
+  std::vector<std::thread> workers;
+  std::mutex mutex;
+  std::condition_variable wake, done;
+  std::uint64_t generation = 0;
+  bool stop = false;
+  // The current job.
+  const std::function<void(std::int64_t, std::int64_t)>* fn = nullptr;
+  std::int64_t n = 0, chunk = 1;
+  std::atomic<std::int64_t> next{0};
+  int active = 0;
+  std::exception_ptr error;
+
+  void run_chunks() {
+    for (;;) {
+      const std::int64_t begin = next.fetch_add(chunk);
+      if (begin >= n) return;
+      try {
+        (*fn)(begin, std::min(n, begin + chunk));
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!error) error = std::current_exception();
+      }
+    }
+  }
+};
+
+ThreadPool::ThreadPool(int threads) : state_(std::make_unique<State>()) {
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  State* st = state_.get();
+  for (int i = 1; i < threads; ++i) {
+    st->workers.emplace_back([st] {
+      std::uint64_t seen = 0;
+      for (;;) {
+        {
+          std::unique_lock<std::mutex> lock(st->mutex);
+          st->wake.wait(lock, [&] { return st->stop || st->generation != seen; });
+          if (st->stop) return;
+          seen = st->generation;
+        }
+        st->run_chunks();
+        std::lock_guard<std::mutex> lock(st->mutex);
+        if (--st->active == 0) st->done.notify_all();
+      }
+    });
+  }
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->stop = true;
+  }
+  state_->wake.notify_all();
+  for (auto& t : state_->workers) t.join();
+}
+
+int ThreadPool::size() const { return static_cast<int>(state_->workers.size()) + 1; }
+
+void ThreadPool::parallel_for(std::int64_t n, std::int64_t grain,
+                              const std::function<void(std::int64_t, std::int64_t)>& fn) {
+  if (n <= 0) return;
+  State* st = state_.get();
+  const std::int64_t threads = size();
+  std::int64_t chunk = std::max<std::int64_t>(grain, (n + threads * 4 - 1) / (threads * 4));
+  if (threads == 1 || n <= chunk) {
+    fn(0, n);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(st->mutex);
+    st->fn = &fn;
+    st->n = n;
+    st->chunk = chunk;
+    st->next = 0;
+    st->error = nullptr;
+    st->active = static_cast<int>(st->workers.size());
+    ++st->generation;
+  }
+  st->wake.notify_all();
+  st->run_chunks();
+  std::unique_lock<std::mutex> lock(st->mutex);
+  st->done.wait(lock, [&] { return st->active == 0; });
+  if (st->error) std::rethrow_exception(st->error);
+}
+
+}  // namespace mok::ref

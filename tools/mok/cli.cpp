@@ -1,0 +1,144 @@
+#include "mok/cli_args.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+namespace mok::cli {
+
+Args::Args(const std::vector<std::string>& argv, const std::vector<std::string>& flags) {
+  for (std::size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a.rfind("--", 0) != 0) throw Error("argument '" + a + "': expected an option starting with --");
+    std::string name = a.substr(2), value;
+    const auto eq = name.find('=');
+    const bool is_flag = std::find(flags.begin(), flags.end(), name) != flags.end();
+    if (eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    } else if (is_flag) {
+      flags_set_[name] = true;
+      continue;
+    } else {
+      if (i + 1 >= argv.size()) throw Error("option --" + name + ": needs a value");
+      value = argv[++i];
+    }
+    if (values_.count(name)) throw Error("option --" + name + ": given twice");
+    values_[name] = value;
+  }
+}
+
+std::optional<std::string> Args::take(const std::string& name) {
+  auto it = values_.find(name);
+  if (it == values_.end()) return std::nullopt;
+  std::string v = it->second;
+  values_.erase(it);
+  return v;
+}
+
+std::string Args::take_or(const std::string& name, const std::string& fallback) {
+  auto v = take(name);
+  return v ? *v : fallback;
+}
+
+std::optional<long long> Args::take_int(const std::string& name) {
+  auto v = take(name);
+  if (!v) return std::nullopt;
+  try {
+    std::size_t used = 0;
+    long long n = std::stoll(*v, &used);
+    if (used != v->size()) throw std::invalid_argument("trailing");
+    return n;
+  } catch (const std::exception&) {
+    throw Error("option --" + name + ": '" + *v + "' is not an integer");
+  }
+}
+
+std::optional<double> Args::take_double(const std::string& name) {
+  auto v = take(name);
+  if (!v) return std::nullopt;
+  try {
+    std::size_t used = 0;
+    double d = std::stod(*v, &used);
+    if (used != v->size()) throw std::invalid_argument("trailing");
+    return d;
+  } catch (const std::exception&) {
+    throw Error("option --" + name + ": '" + *v + "' is not a number");
+  }
+}
+
+bool Args::take_flag(const std::string& name) {
+  auto it = flags_set_.find(name);
+  if (it == flags_set_.end()) return false;
+  flags_set_.erase(it);
+  return true;
+}
+
+void Args::finish() const {
+  std::string unknown;
+  for (const auto& [k, v] : values_) unknown += " --" + k;
+  for (const auto& [k, v] : flags_set_) unknown += " --" + k;
+  if (!unknown.empty()) throw Error("unknown or unused option(s):" + unknown + " (see --help)");
+}
+
+ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool /*gpu*/) {
+  ProblemArgs out;
+  const bool explicit_sizes = args.has("experts") || args.has("hidden") || args.has("intermediate") ||
+                              args.has("topk");
+  auto shape = args.take("shape");
+  if (shape && explicit_sizes)
+    throw Error("--shape and explicit sizes (--experts/--hidden/--intermediate/--topk) exclude each other");
+  Problem& p = out.problem;
+  if (explicit_sizes) {
+    auto need = [&](const char* name) {
+      auto v = args.take_int(name);
+      if (!v) throw Error(std::string("option --") + name + ": needed with explicit sizes");
+      return static_cast<int>(*v);
+    };
+    p.num_experts = need("experts");
+    p.hidden = need("hidden");
+    p.intermediate = need("intermediate");
+    p.top_k = need("topk");
+    p.ep_size = static_cast<int>(args.take_int("ep").value_or(1));
+    p.tokens_per_rank = static_cast<int>(args.take_int("tokens").value_or(256));
+  } else {
+    out.shape_name = shape ? *shape : default_shape;
+    const NamedShape& s = find_shape(out.shape_name);
+    p = problem_from_shape(s, static_cast<int>(args.take_int("ep").value_or(s.default_ep_size)),
+                           static_cast<int>(args.take_int("tokens").value_or(s.default_tokens)));
+  }
+  if (auto shared = args.take("shared")) {
+    p.shared_intermediate.clear();
+    if (*shared != "none") {
+      std::stringstream ss(*shared);
+      std::string item;
+      while (std::getline(ss, item, ',')) {
+        try {
+          p.shared_intermediate.push_back(std::stoi(item));
+        } catch (const std::exception&) {
+          throw Error("option --shared: '" + item + "' is not an integer (use a comma list or 'none')");
+        }
+      }
+    }
+  }
+  p.precision = precision_from_string(args.take_or("dtype", "bf16"));
+  if (auto limit = args.take_double("swiglu-limit")) p.swiglu_limit = static_cast<float>(*limit);
+  p.validate();
+  return out;
+}
+
+int shapes_command(const std::vector<std::string>& argv) {
+  Args args(argv, {});
+  args.finish();
+  std::printf("%-20s %5s %6s %6s %4s %-8s %4s %6s  %s\n", "name", "E", "H", "I", "k", "shared", "EP", "T", "note");
+  for (const auto& s : named_shapes()) {
+    std::string shared;
+    for (int w : s.shared_intermediate) shared += (shared.empty() ? "" : ",") + std::to_string(w);
+    std::printf("%-20s %5d %6d %6d %4d %-8s %4d %6d  %s\n", s.name.c_str(), s.num_experts, s.hidden,
+                s.intermediate, s.top_k, shared.empty() ? "-" : shared.c_str(), s.default_ep_size, s.default_tokens,
+                s.note.c_str());
+  }
+  return 0;
+}
+
+}  // namespace mok::cli

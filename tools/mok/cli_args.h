@@ -1,0 +1,40 @@
+// mok CLI: argument parsing shared by the subcommands.
+#pragma once
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mok/mok.h"
+
+namespace mok::cli {
+
+// --name value and --flag arguments. Every argument must be consumed by the subcommand;
+// finish() rejects what is left, naming it.
+class Args {
+ public:
+  Args(const std::vector<std::string>& argv, const std::vector<std::string>& flags);
+  std::optional<std::string> take(const std::string& name);
+  std::string take_or(const std::string& name, const std::string& fallback);
+  std::optional<long long> take_int(const std::string& name);
+  std::optional<double> take_double(const std::string& name);
+  bool take_flag(const std::string& name);
+  bool has(const std::string& name) const { return values_.count(name) || flags_set_.count(name); }
+  void finish() const;  // throws mok::Error listing unknown arguments
+
+ private:
+  std::map<std::string, std::string> values_;
+  std::map<std::string, bool> flags_set_;
+};
+
+// The problem described by --shape/--experts/... (see `mok run --help`).
+struct ProblemArgs {
+  Problem problem;
+  std::string shape_name;  // "" for explicit sizes
+};
+ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool gpu);
+
+int run_command(const std::vector<std::string>& argv);
+int shapes_command(const std::vector<std::string>& argv);
+
+}  // namespace mok::cli

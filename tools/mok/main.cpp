@@ -1,0 +1,42 @@
+// mok: command-line entry point. `mok` alone runs the default job (mok run).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "mok/cli_args.h"
+
+namespace {
+
+const char* kHelp = R"(usage: mok <command> [options]
+commands:
+  run      run the layer on a shape (default command); mok run --help
+  shapes   list the named shapes
+With no arguments, mok runs the default shape on the best available backend.
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  std::string command = "run";
+  if (!args.empty() && args[0].rfind("--", 0) != 0) {
+    command = args[0];
+    args.erase(args.begin());
+  }
+  try {
+    if (command == "run") return mok::cli::run_command(args);
+    if (command == "shapes") return mok::cli::shapes_command(args);
+    if (command == "help" || command == "--help") {
+      std::fputs(kHelp, stdout);
+      return 0;
+    }
+    std::fprintf(stderr, "mok: unknown command '%s'\n%s", command.c_str(), kHelp);
+    return 2;
+  } catch (const mok::Error& e) {
+    std::fprintf(stderr, "mok: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mok: internal error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,213 @@
+// mok run: runs the layer on a shape, optionally checks it against the CPU reference,
+// saves/loads every tensor as .npy, and prints a short table.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include "core/compare.h"
+#include "core/device_mirror.h"
+#include "io/layer_io.h"
+#include "mok/cli_args.h"
+
+namespace mok::cli {
+namespace {
+
+const char* kRunHelp = R"(usage: mok run [options]
+Runs the MoE layer and prints a short table.
+
+problem (a named shape, or explicit sizes):
+  --shape NAME            a named shape (mok shapes lists them)
+  --experts E --hidden H --intermediate I --topk K
+  --shared LIST|none      shared expert widths, e.g. 1024 or 1024,512
+  --ep R                  EP size (default: the shape's)
+  --tokens T              tokens per rank (default: the shape's)
+  --dtype bf16|mxfp8      numerics (default bf16)
+  --swiglu-limit L        clamped SwiGLU
+routing and data:
+  --routing SPEC          gaussian | zipf[:s] | hot[:fraction[:expert]] | worst[:rank] | file:DIR
+  --seed N                data and routing seed (default 1)
+  --load DIR              read problem.json and every input from DIR (see --save)
+  --save DIR              write problem.json, inputs, outputs and gradients as .npy
+execution:
+  --backend cpu|cuda      default: cuda when a GPU is present, else cpu
+  --ep-mode all|slice     all ranks here (default) or one rank's slice (cuda)
+  --active-rank R         the rank a slice runs (default 0)
+  --pass forward|backward|both   default: both on cpu, forward on cuda
+  --check                 compare with the CPU reference (MoK's tolerances)
+  --iters N --warmup N    timed repetitions (default 1 and 0 on cpu, 20 and 5 on cuda)
+  --threads N             CPU threads (default: all cores)
+  --capacity F --minibatch N --macrobatch N --comm-sms N --tile-rows N   config
+)";
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+struct Row {
+  std::string pass;
+  double ms = 0;
+  double tflops = 0;
+  std::string check = "-";
+};
+
+}  // namespace
+
+int run_command(const std::vector<std::string>& argv) {
+  if (std::find(argv.begin(), argv.end(), "--help") != argv.end()) {
+    std::fputs(kRunHelp, stdout);
+    return 0;
+  }
+  Args args(argv, {"check"});
+  const bool gpu = cuda_available();
+  const auto load_dir = args.take("load");
+  const auto save_dir = args.take("save");
+  const std::uint64_t seed = static_cast<std::uint64_t>(args.take_int("seed").value_or(1));
+  const RoutingSpec routing_spec = RoutingSpec::parse(args.take_or("routing", "gaussian"));
+
+  LayerOptions options;
+  options.backend = backend_from_string(args.take_or("backend", gpu ? "cuda" : "cpu"));
+  const std::string ep_mode = args.take_or("ep-mode", "all");
+  if (ep_mode != "all" && ep_mode != "slice") throw Error("option --ep-mode: must be all or slice, got '" + ep_mode + "'");
+  options.ep_mode = ep_mode == "all" ? EpMode::all_ranks : EpMode::rank_slice;
+  options.active_rank = static_cast<int>(args.take_int("active-rank").value_or(0));
+  options.cpu_threads = static_cast<int>(args.take_int("threads").value_or(0));
+  const bool on_cuda = options.backend == Backend::cuda;
+  const std::string pass = args.take_or("pass", on_cuda ? "forward" : "both");
+  if (pass != "forward" && pass != "backward" && pass != "both")
+    throw Error("option --pass: must be forward, backward or both, got '" + pass + "'");
+  const bool do_fwd = pass != "backward", do_bwd = pass != "forward";
+  const bool check = args.take_flag("check");
+  const int iters = static_cast<int>(args.take_int("iters").value_or(on_cuda ? 20 : 1));
+  const int warmup = static_cast<int>(args.take_int("warmup").value_or(on_cuda ? 5 : 0));
+  if (iters < 1) throw Error("option --iters: must be >= 1");
+  if (warmup < 0) throw Error("option --warmup: must be >= 0");
+
+  Config config;
+  if (auto v = args.take_double("capacity")) config.schedule_capacity_factor = *v;
+  if (auto v = args.take_int("minibatch")) config.minibatch_rows = static_cast<int>(*v);
+  if (auto v = args.take_int("macrobatch")) config.macrobatch_rows = static_cast<int>(*v);
+  if (auto v = args.take_int("comm-sms")) config.forward_comm_sms = config.backward_comm_sms = static_cast<int>(*v);
+  if (auto v = args.take_int("tile-rows")) config.tile_rows = static_cast<int>(*v);
+
+  LayerData data;
+  std::string shape_name;
+  if (load_dir) {
+    for (const char* n : {"shape", "experts", "hidden", "intermediate", "topk", "shared", "ep", "tokens", "dtype",
+                          "swiglu-limit"})
+      if (args.has(n)) throw Error(std::string("option --") + n + ": --load takes the problem from DIR/problem.json");
+    args.finish();
+    data = io::load_layer_data(*load_dir, do_bwd);
+    shape_name = "loaded:" + *load_dir;
+  } else {
+    ProblemArgs pa = parse_problem(args, gpu && on_cuda ? "qwen3.5-397b-a17b" : "small", gpu);
+    args.finish();
+    shape_name = pa.shape_name.empty() ? "custom" : pa.shape_name;
+    const Routing routing = generate_routing(pa.problem, routing_spec, seed);
+    const int weights_rank = options.ep_mode == EpMode::rank_slice ? options.active_rank : -1;
+    data = make_layer_data(pa.problem, routing, seed, do_bwd, weights_rank);
+  }
+  const Problem& p = data.problem;
+
+  Layer layer(p, config, options);
+  std::vector<Row> rows;
+  std::unique_ptr<DeviceMirror> mirror;
+  if (on_cuda) mirror = std::make_unique<DeviceMirror>(data, options.cuda_device);
+
+  auto timed = [&](auto&& fn) {
+    std::vector<double> ms;
+    for (int i = 0; i < warmup + iters; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      fn();
+      layer.synchronize();
+      const auto t1 = std::chrono::steady_clock::now();
+      if (i >= warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+    return median(ms);
+  };
+
+  if (do_fwd) {
+    Row r{"forward"};
+    if (on_cuda) {
+      const auto fa = mirror->forward_args();
+      r.ms = timed([&] { layer.forward(fa); });
+    } else {
+      const auto fa = data.forward_args();
+      r.ms = timed([&] { layer.forward(fa); });
+    }
+    r.tflops = p.mok_forward_flops() / (r.ms * 1e-3) / 1e12;
+    rows.push_back(r);
+  }
+  if (do_bwd) {
+    Row r{"backward"};
+    if (on_cuda) {
+      const auto ba = mirror->backward_args();
+      r.ms = timed([&] { layer.backward(ba); });
+    } else {
+      const auto ba = data.backward_args();
+      r.ms = timed([&] { layer.backward(ba); });
+    }
+    r.tflops = 2 * p.mok_forward_flops() / (r.ms * 1e-3) / 1e12;
+    rows.push_back(r);
+  }
+  if (mirror) mirror->copy_outputs_to(data);
+
+  if (check) {
+    if (!on_cuda) {
+      for (auto& r : rows) r.check = "reference itself";
+    } else {
+      require(options.ep_mode == EpMode::all_ranks,
+              "--check with --ep-mode slice: use the GPU test suite (tests/gpu), which checks a slice's rows");
+      LayerData ref = data;
+      ref.poison_outputs();
+      LayerOptions ro;
+      ro.cpu_threads = options.cpu_threads;
+      Layer reference(p, config, ro);
+      const Tolerance tol = mok_tolerance(p.precision);
+      for (auto& r : rows) {
+        bool ok = true;
+        std::string worst;
+        if (r.pass == "forward") {
+          reference.forward(ref.forward_args());
+          for (int k = 0; k < p.ep_size; ++k) {
+            const Comparison c = compare(data.ranks[k].y, ref.ranks[k].y);
+            ok = ok && c.passes(tol.max_abs, tol.rel);
+            if (k == 0 || !c.passes(tol.max_abs, tol.rel)) worst = c.describe();
+          }
+        } else {
+          reference.backward(ref.backward_args());
+          for (int k = 0; k < p.ep_size; ++k) {
+            const Comparison c = compare(data.ranks[k].dx, ref.ranks[k].dx);
+            ok = ok && c.passes(tol.max_abs, tol.rel);
+            if (k == 0 || !c.passes(tol.max_abs, tol.rel)) worst = c.describe();
+          }
+        }
+        r.check = std::string(ok ? "PASS " : "FAIL ") + worst;
+      }
+    }
+  }
+  if (save_dir) io::save_layer_data(*save_dir, data);
+
+  const auto stats = layer.last_schedule_stats();
+  std::int64_t max_rows = 0, total = 0;
+  for (const auto& s : stats) {
+    max_rows = std::max(max_rows, s.real_rows);
+    total += s.real_rows;
+  }
+  std::printf("mok run: %s  %s\n", shape_name.c_str(), p.describe().c_str());
+  std::printf("  backend=%s ep_mode=%s routing=%s seed=%llu rows/rank max=%lld mean=%.1f  %s\n",
+              to_string(options.backend), to_string(options.ep_mode), routing_spec.describe().c_str(),
+              static_cast<unsigned long long>(seed), static_cast<long long>(max_rows),
+              stats.empty() ? 0.0 : double(total) / double(stats.size()), layer.config().describe().c_str());
+  std::printf("  %-9s %12s %10s  %s\n", "pass", "median_ms", "TFLOP/s", "check");
+  bool all_pass = true;
+  for (const auto& r : rows) {
+    std::printf("  %-9s %12.3f %10.3f  %s\n", r.pass.c_str(), r.ms, r.tflops, r.check.c_str());
+    if (r.check.rfind("FAIL", 0) == 0) all_pass = false;
+  }
+  if (save_dir) std::printf("  saved every tensor under %s\n", save_dir->c_str());
+  return all_pass ? 0 : 3;
+}
+
+}  // namespace mok::cli
