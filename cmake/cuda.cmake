@@ -9,7 +9,7 @@ set(MOK_CUDA_SOURCES
 target_sources(mok_core PRIVATE ${MOK_CUDA_SOURCES})
 target_compile_options(mok_core PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo
-  -Xptxas=-v -std=c++20>)
+  -Xptxas=-v>)
 set_target_properties(mok_core PROPERTIES CUDA_SEPARABLE_COMPILATION OFF POSITION_INDEPENDENT_CODE ON)
 target_link_libraries(mok_core PUBLIC CUDA::cudart_static)
 target_compile_definitions(mok_core PUBLIC MOK_HAS_CUDA=1)

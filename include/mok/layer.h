@@ -22,6 +22,8 @@
 
 namespace mok {
 
+struct LayerInternals;
+
 enum class Backend : std::uint8_t { cpu, cuda };
 const char* to_string(Backend backend);
 Backend backend_from_string(const std::string& name);  // throws mok::Error
@@ -122,6 +124,7 @@ class Layer {
   struct Impl;
 
  private:
+  friend struct LayerInternals;
   std::unique_ptr<Impl> impl_;
 };
 

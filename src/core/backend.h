@@ -5,6 +5,7 @@
 #include <span>
 #include <vector>
 
+#include "core/schedule.h"
 #include "mok/layer.h"
 
 namespace mok {
@@ -20,6 +21,13 @@ class BackendImpl {
   virtual std::size_t workspace_bytes() const = 0;
   // The config with the backend's choices (comm SMs, ...) filled in.
   virtual Config resolved_config() const = 0;
+  // The schedules of the last call, one per rank computed here (for tests).
+  virtual std::vector<std::vector<ScheduleRow>> last_schedules() const = 0;
+};
+
+// Internal access to a Layer's backend (tests, benchmarks).
+struct LayerInternals {
+  static BackendImpl& backend(const Layer& layer);
 };
 
 std::unique_ptr<BackendImpl> make_cpu_backend(const Problem& p, const Config& c, const LayerOptions& o);

@@ -50,6 +50,8 @@ void Layer::backward(std::span<const RankBackward> ranks) { impl_->backend->back
 std::vector<ScheduleStats> Layer::last_schedule_stats() const { return impl_->backend->last_schedule_stats(); }
 void Layer::synchronize() const { impl_->backend->synchronize(); }
 
+BackendImpl& LayerInternals::backend(const Layer& layer) { return *layer.impl_->backend; }
+
 TensorView Layer::combine_slots(int rank) const {
   require(rank >= 0 && rank < impl_->problem.ep_size,
           "combine_slots: rank " + std::to_string(rank) + " must be in [0, ep_size)");

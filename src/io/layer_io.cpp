@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
+#include <limits>
 #include <sstream>
 
 #include "core/validate.h"
@@ -20,7 +22,9 @@ std::string problem_to_json(const Problem& p) {
   for (std::size_t i = 0; i < p.shared_intermediate.size(); ++i) s << (i ? ", " : "") << p.shared_intermediate[i];
   s << "],\n  \"ep_size\": " << p.ep_size << ",\n  \"tokens_per_rank\": " << p.tokens_per_rank
     << ",\n  \"precision\": \"" << to_string(p.precision) << "\",\n  \"swiglu_limit\": ";
-  if (p.swiglu_limit) s << *p.swiglu_limit; else s << "null";
+  // max_digits10 so that the float reads back bit-exactly (the default 6 digits do not).
+  if (p.swiglu_limit) s << std::setprecision(std::numeric_limits<float>::max_digits10) << *p.swiglu_limit;
+  else s << "null";
   s << "\n}\n";
   return s.str();
 }
@@ -83,7 +87,11 @@ Problem problem_from_json(const std::string& text, const std::string& source) {
   }
   std::string prec = json_value(text, "precision", source);
   if (prec.size() < 2 || prec.front() != '"') throw Error(source + ": \"precision\" must be a string");
-  p.precision = precision_from_string(prec.substr(1, prec.size() - 2));
+  try {
+    p.precision = precision_from_string(prec.substr(1, prec.size() - 2));
+  } catch (const Error& e) {
+    throw Error(source + ": \"precision\": " + e.what());
+  }
   const std::string limit = json_value(text, "swiglu_limit", source);
   if (limit != "null") {
     try {
@@ -92,7 +100,11 @@ Problem problem_from_json(const std::string& text, const std::string& source) {
       throw Error(source + ": \"swiglu_limit\" must be a number or null");
     }
   }
-  p.validate();
+  try {
+    p.validate();
+  } catch (const Error& e) {
+    throw Error(source + ": " + e.what());
+  }
   return p;
 }
 

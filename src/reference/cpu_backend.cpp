@@ -56,10 +56,14 @@ class CpuBackend final : public BackendImpl {
 
   Config resolved_config() const override { return config_; }
 
+  std::vector<std::vector<ScheduleRow>> last_schedules() const override { return schedules_; }
+
  private:
   // Builds every rank's schedule and records its statistics.
   std::vector<RankSchedule> schedule(const std::vector<RankInputs>& inputs) {
     auto scheds = ref::build_all_schedules(problem_, config_, inputs);
+    schedules_.clear();
+    for (const auto& s : scheds) schedules_.push_back(s.rows);
     stats_.clear();
     for (const auto& s : scheds)
       stats_.push_back({s.expert_rows, s.real_rows(), s.padded_rows(), schedule_capacity_rows(problem_, config_)});
@@ -71,6 +75,7 @@ class CpuBackend final : public BackendImpl {
   ref::ThreadPool pool_;
   std::vector<ref::SlotBuffer> combine_;
   std::vector<ScheduleStats> stats_;
+  std::vector<std::vector<ScheduleRow>> schedules_;
 };
 
 }  // namespace

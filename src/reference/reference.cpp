@@ -149,6 +149,41 @@ void routed_forward_rank(const Problem& p, ThreadPool& pool, const RankSchedule&
   }
 }
 
+std::vector<SlotBuffer> shared_forward_rank(const Problem& p, ThreadPool& pool, const RankForward& rank) {
+  const std::int64_t T = p.tokens_per_rank, H = p.hidden;
+  std::vector<SlotBuffer> shared_out;
+  if (p.num_shared() == 0) return shared_out;
+  const Matrix X = gather_rows(p, pool, T, [&](std::int64_t t) { return bf16_ptr(rank.inputs.x) + t * H; });
+  for (int s = 0; s < p.num_shared(); ++s) {
+    const auto& sw = rank.weights.shared[s];
+    const auto w = forward_weights(p, pool, bf16_ptr(sw.w_gate), bf16_ptr(sw.w_up), bf16_ptr(sw.w_down),
+                                   p.shared_intermediate[s]);
+    const Matrix O = ffn_forward(p, pool, X, T, w);
+    SlotBuffer out(O.size());
+    for (std::size_t i = 0; i < O.size(); ++i) out[i] = num::bf16_from_float(O[i]);
+    shared_out.push_back(std::move(out));
+  }
+  return shared_out;
+}
+
+void combine_epilogue_rank(const Problem& p, ThreadPool& pool, const std::vector<SlotBuffer>& shared_out,
+                           const SlotBuffer& combine, const float* weights, std::uint16_t* y) {
+  const std::int64_t T = p.tokens_per_rank, H = p.hidden, k = p.top_k;
+  // Fixed order: shared experts first, then the k slots in j order.
+  pool.parallel_for(T, 8, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t t = b; t < e; ++t)
+      for (std::int64_t h = 0; h < H; ++h) {
+        float acc = 0.0f;
+        for (const auto& so : shared_out) acc = acc + num::bf16_to_float(so[t * H + h]);
+        for (std::int64_t j = 0; j < k; ++j) {
+          const float term = weights[t * k + j] * num::bf16_to_float(combine[(t * k + j) * H + h]);
+          acc = acc + term;
+        }
+        y[t * H + h] = num::bf16_from_float(acc);
+      }
+  });
+}
+
 void forward(const Problem& p, ThreadPool& pool, std::span<const RankForward> ranks,
              std::span<const RankSchedule> scheds, std::vector<SlotBuffer>* combine_out) {
   const int R = p.ep_size;
@@ -159,36 +194,9 @@ void forward(const Problem& p, ThreadPool& pool, std::span<const RankForward> ra
   for (int d = 0; d < R; ++d) routed_forward_rank(p, pool, scheds[d], d, ranks, combine);
 
   for (int r = 0; r < R; ++r) {
-    const RankForward& rk = ranks[r];
-    // Shared experts on this rank's own tokens.
-    std::vector<SlotBuffer> shared_out;
-    if (p.num_shared() > 0) {
-      const Matrix X = gather_rows(p, pool, T, [&](std::int64_t t) { return bf16_ptr(rk.inputs.x) + t * H; });
-      for (int s = 0; s < p.num_shared(); ++s) {
-        const auto& sw = rk.weights.shared[s];
-        const auto w = forward_weights(p, pool, bf16_ptr(sw.w_gate), bf16_ptr(sw.w_up), bf16_ptr(sw.w_down),
-                                       p.shared_intermediate[s]);
-        const Matrix O = ffn_forward(p, pool, X, T, w);
-        SlotBuffer out(O.size());
-        for (std::size_t i = 0; i < O.size(); ++i) out[i] = num::bf16_from_float(O[i]);
-        shared_out.push_back(std::move(out));
-      }
-    }
-    // Epilogue: fixed order, shared experts first, then the k slots in j order.
-    const float* weights = rk.inputs.router_weights.as<const float>();
-    std::uint16_t* y = rk.y.as<std::uint16_t>();
-    pool.parallel_for(T, 8, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t t = b; t < e; ++t)
-        for (std::int64_t h = 0; h < H; ++h) {
-          float acc = 0.0f;
-          for (const auto& so : shared_out) acc = acc + num::bf16_to_float(so[t * H + h]);
-          for (std::int64_t j = 0; j < k; ++j) {
-            const float term = weights[t * k + j] * num::bf16_to_float(combine[r][(t * k + j) * H + h]);
-            acc = acc + term;
-          }
-          y[t * H + h] = num::bf16_from_float(acc);
-        }
-    });
+    const std::vector<SlotBuffer> shared_out = shared_forward_rank(p, pool, ranks[r]);
+    combine_epilogue_rank(p, pool, shared_out, combine[r], ranks[r].inputs.router_weights.as<const float>(),
+                          ranks[r].y.as<std::uint16_t>());
   }
   if (combine_out) *combine_out = std::move(combine);
 }

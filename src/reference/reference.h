@@ -30,6 +30,13 @@ void routed_forward_rank(const Problem& problem, ThreadPool& pool, const RankSch
                          int dest, std::span<const RankForward> ranks,
                          std::span<SlotBuffer> combine);
 
+// The shared experts of one rank on its own tokens: one bf16 [T, H] buffer per expert.
+std::vector<SlotBuffer> shared_forward_rank(const Problem& problem, ThreadPool& pool, const RankForward& rank);
+
+// y = bf16(sum_s shared_s + sum_j w_j * combine_j) in the fixed order (see the top).
+void combine_epilogue_rank(const Problem& problem, ThreadPool& pool, const std::vector<SlotBuffer>& shared_out,
+                           const SlotBuffer& combine, const float* router_weights, std::uint16_t* y);
+
 // Full forward of all ranks (ranks.size() == R) under their schedules (one per rank, from
 // build_all_schedules). If `combine_out` is given, it receives every rank's combine slots.
 void forward(const Problem& problem, ThreadPool& pool, std::span<const RankForward> ranks,

@@ -31,7 +31,7 @@ routing and data:
   --save DIR              write problem.json, inputs, outputs and gradients as .npy
 execution:
   --backend cpu|cuda      default: cuda when a GPU is present, else cpu
-  --ep-mode all|slice     all ranks here (default) or one rank's slice (cuda)
+  --ep-mode all|slice     all ranks here, or one rank's slice (cuda; the default there for EP > 8)
   --active-rank R         the rank a slice runs (default 0)
   --pass forward|backward|both   default: both on cpu, forward on cuda
   --check                 compare with the CPU reference (MoK's tolerances)
@@ -68,9 +68,11 @@ int run_command(const std::vector<std::string>& argv) {
 
   LayerOptions options;
   options.backend = backend_from_string(args.take_or("backend", gpu ? "cuda" : "cpu"));
-  const std::string ep_mode = args.take_or("ep-mode", "all");
-  if (ep_mode != "all" && ep_mode != "slice") throw Error("option --ep-mode: must be all or slice, got '" + ep_mode + "'");
-  options.ep_mode = ep_mode == "all" ? EpMode::all_ranks : EpMode::rank_slice;
+  // With no --ep-mode, a large EP group on the GPU runs as one rank's slice.
+  const std::string ep_mode = args.take_or("ep-mode", "auto");
+  if (ep_mode != "all" && ep_mode != "slice" && ep_mode != "auto")
+    throw Error("option --ep-mode: must be all or slice, got '" + ep_mode + "'");
+  options.ep_mode = ep_mode == "slice" ? EpMode::rank_slice : EpMode::all_ranks;
   options.active_rank = static_cast<int>(args.take_int("active-rank").value_or(0));
   options.cpu_threads = static_cast<int>(args.take_int("threads").value_or(0));
   const bool on_cuda = options.backend == Backend::cuda;
@@ -103,6 +105,7 @@ int run_command(const std::vector<std::string>& argv) {
   } else {
     ProblemArgs pa = parse_problem(args, gpu && on_cuda ? "qwen3.5-397b-a17b" : "small", gpu);
     args.finish();
+    if (ep_mode == "auto" && on_cuda && pa.problem.ep_size > 8) options.ep_mode = EpMode::rank_slice;
     shape_name = pa.shape_name.empty() ? "custom" : pa.shape_name;
     const Routing routing = generate_routing(pa.problem, routing_spec, seed);
     const int weights_rank = options.ep_mode == EpMode::rank_slice ? options.active_rank : -1;

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The one script that checks mok on a GPU machine: builds (or uses prebuilt binaries), checks
+# the SASS for HGMMA and the compiler's register/spill report, runs the GPU tests, the
+# compute-sanitizer memcheck and racecheck on a small shape, then the benchmarks.
+# Full logs go to $OUT (default ./device-out); a short table is printed last.
+#
+#   scripts/device_check.sh [--bin DIR] [--skip-tests] [--skip-sanitizer] [--bench ARGS...]
+#
+# --bin DIR   use prebuilt binaries in DIR (mok, mok_gpu_tests) instead of building
+# --bench ... run bench/run.py with these arguments after the checks
+set -uo pipefail
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+BIN=""
+RUN_TESTS=1
+RUN_SAN=1
+BENCH_ARGS=()
+GTEST_FILTER=${GTEST_FILTER:-*}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bin) BIN=$2; shift 2 ;;
+    --skip-tests) RUN_TESTS=0; shift ;;
+    --skip-sanitizer) RUN_SAN=0; shift ;;
+    --bench) shift; BENCH_ARGS=("$@"); break ;;
+    *) echo "device_check: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+summary=()
+note() { summary+=("$1"); echo "== $1"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
+note "gpu: $(tail -1 "$OUT/gpu.txt")"
+
+if [ -z "$BIN" ]; then
+  start=$(date +%s)
+  if cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1 &&
+     ninja -C build > "$OUT/build.log" 2>&1; then
+    note "build: ok in $(( $(date +%s) - start )) s"
+  else
+    note "build: FAILED (see build.log)"; tail -30 "$OUT/build.log"; printf '%s\n' "${summary[@]}"; exit 1
+  fi
+  BIN=build/bin
+  grep -E "registers|spill" "$OUT/build.log" > "$OUT/ptxas.txt" || true
+fi
+
+if command -v cuobjdump > /dev/null; then
+  cuobjdump --dump-sass "$BIN/mok" > "$OUT/mok.sass" 2>&1
+  cuobjdump --dump-resource-usage "$BIN/mok" > "$OUT/resource_usage.txt" 2>&1
+  note "sass: HGMMA instructions: $(grep -c HGMMA "$OUT/mok.sass"), megakernel: $(grep -A1 forward_megakernel "$OUT/resource_usage.txt" | grep -o 'REG:[0-9]*\|STACK:[0-9]*\|LOCAL:[0-9]*' | tr '\n' ' ')"
+fi
+
+if [ $RUN_TESTS = 1 ]; then
+  start=$(date +%s)
+  timeout 420 "$BIN/mok_gpu_tests" --gtest_filter="$GTEST_FILTER" --gtest_output=xml:"$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1
+  rc=$?
+  grep -E "^\[check\]|^\[graph\]" "$OUT/gpu_tests.log" > "$OUT/gpu_checks.txt" || true
+  note "gpu tests: rc=$rc, $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/gpu_tests.log" | tr '\n' ' ') in $(( $(date +%s) - start )) s"
+  grep -E "^\[  FAILED  \]" "$OUT/gpu_tests.log" | head -20
+fi
+
+if [ $RUN_SAN = 1 ] && command -v compute-sanitizer > /dev/null; then
+  for tool in memcheck racecheck; do
+    timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/mok" run --backend cuda --shape tiny \
+      --pass forward --iters 1 --warmup 0 --check > "$OUT/sanitizer_$tool.log" 2>&1
+    note "compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | head -1)"
+  done
+fi
+
+if [ ${#BENCH_ARGS[@]} -gt 0 ]; then
+  PYTHONUNBUFFERED=1 python3 bench/run.py --mok "$BIN/mok" "${BENCH_ARGS[@]}" 2>&1 | tee "$OUT/bench.log"
+  note "bench: rc=${PIPESTATUS[0]}"
+fi
+
+echo
+echo "==== summary ===="
+printf '%s\n' "${summary[@]}"

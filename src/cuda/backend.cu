@@ -1,0 +1,546 @@
+// mok: the CUDA backend behind mok::Layer (Backend::cuda), Hopper sm_90a.
+//
+// A forward is eight stream-ordered launches and no host synchronisation:
+//   memset(counters) -> stage x -> schedule validate -> count -> scatter -> plan
+//   -> megakernel (dispatch + every expert FFN + combine push) -> combine epilogue.
+// The grid and every buffer are sized from the schedule capacity on the host; the device
+// reads the real row counts. Device-side input errors (bad expert ids, capacity) are
+// recorded on the device, poison y, and are raised by Layer::synchronize().
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <list>
+#include <sstream>
+
+#include "core/backend.h"
+#include "core/validate.h"
+#include "cuda/combine.cuh"
+#include "cuda/common.cuh"
+#include "cuda/forward_types.h"
+#include "cuda/megakernel.cuh"
+#include "cuda/schedule.cuh"
+
+namespace mok {
+namespace cuda {
+
+std::string describe_device_error(const DeviceError& e, int T, int k) {
+  std::ostringstream s;
+  const long long slot = e.index % (static_cast<long long>(T) * k);
+  const long long t = slot / k, j = slot % k;
+  const int rank = static_cast<int>(e.index / (static_cast<long long>(T) * k));
+  switch (e.code) {
+    case kExpertOutOfRange:
+      s << "top_experts[rank " << rank << "][token " << t << ", slot " << j << "] = " << e.value
+        << ": expert id must be in [0, num_experts)";
+      break;
+    case kDuplicateExpert:
+      s << "top_experts[rank " << rank << "][token " << t << "]: expert " << e.value << " appears twice (slot " << j
+        << "); a token's experts must be distinct";
+      break;
+    case kNonFiniteWeight:
+      s << "router_weights[rank " << rank << "][token " << t << ", slot " << j << "]: must be finite";
+      break;
+    case kCapacityExceeded:
+      s << "schedule: rank " << e.rank << " receives " << e.value << " padded rows, more than its capacity of "
+        << e.index << "; raise Config::schedule_capacity_factor (1.0 covers every routing). No token was dropped: "
+        << "the forward's output was poisoned with NaN";
+      break;
+    case kWaitTimeout: {
+      const char* site = e.where == kWaitRowsReady ? "a GEMM waiting for its pulled rows"
+                         : e.where == kWaitActReady ? "a down GEMM waiting for its SwiGLU rows"
+                                                    : "a pull waiting for a free ring slot";
+      s << "device wait timed out on rank " << e.rank << ": " << site << ", row tile " << e.index
+        << " (counter stuck at " << e.value << ")";
+      break;
+    }
+    default:
+      s << "device error code " << e.code;
+  }
+  return s.str();
+}
+
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    MOK_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
+    require(q == cudaDriverEntryPointSuccess && p != nullptr, "CUDA driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A 2D bf16 tensor [outer, inner] (row-major) read in boxes of 64 x box_rows, 128B swizzle.
+CUtensorMap encode_2d(const void* base, std::uint64_t inner, std::uint64_t outer, std::uint32_t box_rows) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {inner, outer};
+  const cuuint64_t strides[1] = {inner * 2};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kTileK), box_rows};
+  const cuuint32_t elem[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims,
+                                          strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  require(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (code " + std::to_string(int(r)) + ")");
+  return map;
+}
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+    if (bytes) MOK_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  ~DeviceBuffer() {
+    if (ptr_) cudaFree(ptr_);
+  }
+  template <typename T> T* as() const { return static_cast<T*>(ptr_); }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+std::uint64_t wait_timeout_ns() {
+  const char* env = std::getenv("MOK_WAIT_TIMEOUT_MS");
+  const double ms = env ? std::atof(env) : 20000.0;
+  return static_cast<std::uint64_t>((ms > 0 ? ms : 20000.0) * 1e6);
+}
+
+int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
+
+void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw Error(std::string("CUDA launch of ") + what + " failed: " + cudaGetErrorString(e));
+}
+
+// One call's pointers, uploaded once per distinct set and kept (host copy pinned and
+// immutable) so a captured CUDA graph that copied them stays valid.
+struct CallArgs {
+  std::vector<const void*> key;
+  void* host = nullptr;  // pinned
+  DeviceBuffer device;
+  RankMaps* maps = nullptr;                // device views into `device`
+  const __nv_bfloat16** x_source = nullptr;
+  const int** tops = nullptr;
+  const float** weights = nullptr;
+  CallRank* calls = nullptr;
+  ~CallArgs() {
+    if (host) cudaFreeHost(host);
+  }
+};
+
+}  // namespace
+
+class CudaBackend final : public BackendImpl {
+ public:
+  CudaBackend(const Problem& p, const Config& c, const LayerOptions& o) : problem_(p), config_(c), options_(o) {
+    validate_rules();
+    MOK_CUDA_CHECK(cudaSetDevice(o.cuda_device));
+    cudaDeviceProp prop;
+    MOK_CUDA_CHECK(cudaGetDeviceProperties(&prop, o.cuda_device));
+    require(prop.major == 9 && prop.minor == 0,
+            std::string("backend = cuda: this build targets sm_90a (Hopper); device ") + prop.name + " is sm_" +
+                std::to_string(prop.major) + std::to_string(prop.minor));
+    stream_ = static_cast<cudaStream_t>(o.cuda_stream);
+    sms_ = prop.multiProcessorCount;
+
+    const int R = p.ep_size;
+    num_ranks_ = o.ep_mode == EpMode::all_ranks ? R : 1;
+    first_rank_ = o.ep_mode == EpMode::all_ranks ? 0 : o.active_rank;
+    capacity_ = static_cast<int>(schedule_capacity_rows(p, c));
+    cap_tiles_ = capacity_ / kTileM;
+    ring_tiles_ = std::max(1, std::min(c.macrobatch_rows, capacity_) / kTileM);
+    chunks_ = ceil_div(static_cast<long long>(R) * p.tokens_per_rank * p.top_k, kScheduleChunk);
+    gateup_tiles_ = ceil_div(p.intermediate, kGateUpCols);
+    down_tiles_ = ceil_div(p.hidden, kDownCols);
+    shared_row_tiles_ = ceil_div(p.tokens_per_rank, kTileM);
+
+    comm_ctas_ = c.forward_comm_sms > 0 ? c.forward_comm_sms : std::clamp(sms_ / 16, 2, 16);
+    require(comm_ctas_ < sms_, "Config.forward_comm_sms = " + std::to_string(comm_ctas_) +
+                                   ": must leave compute SMs (the GPU has " + std::to_string(sms_) + ")");
+    config_.forward_comm_sms = comm_ctas_;
+    if (config_.backward_comm_sms == 0) config_.backward_comm_sms = comm_ctas_;
+    compute_ctas_ = sms_ - comm_ctas_;
+    lag_ = std::min(ceil_div(compute_ctas_, gateup_tiles_ + down_tiles_) + 1, ring_tiles_ - 1);
+
+    allocate();
+    MOK_CUDA_CHECK(cudaFuncSetAttribute(forward_megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  }
+
+  ~CudaBackend() override { cudaStreamSynchronize(stream_); }  // buffers may still be in use
+
+  void forward(std::span<const RankForward> ranks) override {
+    check_forward_args(problem_, options_, ranks, Device::cuda);
+    for (const auto& r : ranks)
+      require(r.inputs.x.device_index == options_.cuda_device,
+              "x: must be on cuda:" + std::to_string(options_.cuda_device) + ", got " + r.inputs.x.describe());
+    const CallArgs& a = call_args(ranks);
+    const Problem& p = problem_;
+    const int T = p.tokens_per_rank, H = p.hidden;
+
+    MOK_CUDA_CHECK(cudaMemsetAsync(counters_.as<int>(), 0, counters_.bytes(), stream_));
+
+    EpilogueParams ep{T, H, p.top_k, p.num_shared(), plans_dev_.as<RankPlan>(), a.calls, error_.as<DeviceError>()};
+    const dim3 row_grid(ceil_div(static_cast<long long>(T) * H / 8, 256), num_ranks_);
+    stage_x_kernel<<<row_grid, 256, 0, stream_>>>(ep);
+    check_launch("stage_x_kernel");
+
+    ScheduleParams sp{};
+    sp.top_experts = a.tops;
+    sp.router_weights = a.weights;
+    sp.ep_size = p.ep_size;
+    sp.tokens = T;
+    sp.top_k = p.top_k;
+    sp.num_experts = p.num_experts;
+    sp.local_experts = p.local_experts();
+    sp.first_rank = first_rank_;
+    sp.num_ranks = num_ranks_;
+    sp.chunks = chunks_;
+    sp.capacity_rows = capacity_;
+    sp.plans = plans_dev_.as<RankPlan>();
+    sp.error = error_.as<DeviceError>();
+    schedule_validate_kernel<<<dim3(ceil_div(T, 256), p.ep_size), 256, 0, stream_>>>(sp);
+    check_launch("schedule_validate_kernel");
+    const dim3 sched_grid(chunks_, p.local_experts(), num_ranks_);
+    schedule_count_kernel<<<sched_grid, kScheduleThreads, 0, stream_>>>(sp);
+    check_launch("schedule_count_kernel");
+    schedule_scatter_kernel<<<sched_grid, kScheduleThreads, 0, stream_>>>(sp);
+    check_launch("schedule_scatter_kernel");
+
+    PlanParams pp{};
+    pp.plans = plans_dev_.as<RankPlan>();
+    pp.num_ranks = num_ranks_;
+    pp.num_shared = p.num_shared();
+    pp.tokens = T;
+    for (int s = 0; s < p.num_shared(); ++s) pp.shared_gateup_tiles[s] = ceil_div(p.shared_intermediate[s], kGateUpCols);
+    pp.gateup_tiles = gateup_tiles_;
+    pp.down_tiles = down_tiles_;
+    pp.lag = lag_;
+    pp.max_row_tiles = cap_tiles_;
+    pp.tasks = tasks_.as<Task>();
+    pp.num_tasks = task_counts_.as<int>();
+    pp.pulls = pulls_.as<int2>();
+    pp.num_pulls = task_counts_.as<int>() + 1;
+    schedule_plan_kernel<<<1, 1024, 0, stream_>>>(pp);
+    check_launch("schedule_plan_kernel");
+
+    ForwardParams fp{};
+    fp.ep_size = p.ep_size;
+    fp.tokens = T;
+    fp.hidden = H;
+    fp.inter = p.intermediate;
+    fp.top_k = p.top_k;
+    fp.local_experts = p.local_experts();
+    fp.num_shared = p.num_shared();
+    fp.capacity_rows = capacity_;
+    fp.ring_tiles = ring_tiles_;
+    fp.first_rank = first_rank_;
+    fp.num_ranks = num_ranks_;
+    fp.num_comm_ctas = comm_ctas_;
+    fp.gateup_tiles = gateup_tiles_;
+    fp.down_tiles = down_tiles_;
+    fp.swiglu_limit = p.swiglu_limit ? *p.swiglu_limit : 0.0f;
+    fp.timeout_ns = timeout_ns_;
+    fp.x_source = a.x_source;
+    fp.combine_of = combine_of_dev_.as<__nv_bfloat16*>();
+    fp.plans = plans_dev_.as<RankPlan>();
+    fp.maps = a.maps;
+    fp.tasks = tasks_.as<Task>();
+    fp.num_tasks = task_counts_.as<int>();
+    fp.pulls = pulls_.as<int2>();
+    fp.num_pulls = task_counts_.as<int>() + 1;
+    fp.error = error_.as<DeviceError>();
+    forward_megakernel<<<comm_ctas_ + compute_ctas_, kComputeThreads, kSmemBytes, stream_>>>(fp);
+    check_launch("forward_megakernel");
+
+    combine_epilogue_kernel<<<row_grid, 256, 0, stream_>>>(ep);
+    check_launch("combine_epilogue_kernel");
+  }
+
+  void backward(std::span<const RankBackward>) override {
+    throw Error("backward on the cuda backend is not built yet (the CPU reference has it: backend = cpu)");
+  }
+
+  std::vector<ScheduleStats> last_schedule_stats() const override {
+    MOK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::vector<ScheduleStats> out;
+    const int E_loc = problem_.local_experts();
+    for (int d = 0; d < num_ranks_; ++d) {
+      std::vector<int> counts(static_cast<std::size_t>(E_loc) * chunks_);
+      int tiles = 0;
+      MOK_CUDA_CHECK(cudaMemcpy(counts.data(), plans_host_[d].expert_counts, counts.size() * 4, cudaMemcpyDeviceToHost));
+      MOK_CUDA_CHECK(cudaMemcpy(&tiles, plans_host_[d].num_row_tiles, 4, cudaMemcpyDeviceToHost));
+      ScheduleStats s;
+      s.rows_per_local_expert.assign(E_loc, 0);
+      for (int e = 0; e < E_loc; ++e)
+        for (int c = 0; c < chunks_; ++c) s.rows_per_local_expert[e] += counts[e * chunks_ + c];
+      for (auto n : s.rows_per_local_expert) s.real_rows += n;
+      s.padded_rows = static_cast<std::int64_t>(tiles) * kTileM;
+      s.capacity_rows = capacity_;
+      out.push_back(std::move(s));
+    }
+    return out;
+  }
+
+  void synchronize() const override {
+    MOK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    DeviceError e;
+    MOK_CUDA_CHECK(cudaMemcpy(&e, error_.as<DeviceError>(), sizeof(e), cudaMemcpyDeviceToHost));
+    if (e.code != kOk) {
+      MOK_CUDA_CHECK(cudaMemset(error_.as<DeviceError>(), 0, sizeof(DeviceError)));
+      throw Error(describe_device_error(e, problem_.tokens_per_rank, problem_.top_k));
+    }
+  }
+
+  TensorView combine_slots(int rank) const override {
+    return TensorView::contiguous(combine_[rank].as<void>(), DType::bf16,
+                                  {std::int64_t(problem_.tokens_per_rank) * problem_.top_k, problem_.hidden},
+                                  Device::cuda, options_.cuda_device);
+  }
+
+  std::size_t workspace_bytes() const override { return workspace_bytes_; }
+  Config resolved_config() const override { return config_; }
+
+  std::vector<std::vector<ScheduleRow>> last_schedules() const override {
+    MOK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::vector<std::vector<ScheduleRow>> out;
+    for (int d = 0; d < num_ranks_; ++d) {
+      int tiles = 0;
+      MOK_CUDA_CHECK(cudaMemcpy(&tiles, plans_host_[d].num_row_tiles, 4, cudaMemcpyDeviceToHost));
+      std::vector<ScheduleRow> rows(static_cast<std::size_t>(tiles) * kTileM);
+      static_assert(sizeof(ScheduleRow) == sizeof(int2));
+      MOK_CUDA_CHECK(cudaMemcpy(rows.data(), plans_host_[d].rows, rows.size() * sizeof(int2), cudaMemcpyDeviceToHost));
+      out.push_back(std::move(rows));
+    }
+    return out;
+  }
+
+ private:
+  void validate_rules() const {
+    const Problem& p = problem_;
+    const std::string rule = " must be a multiple of 64 for the cuda backend (TMA tiles of 64 along the contraction)";
+    require(p.hidden % kAlignRule == 0, "Problem.hidden = " + std::to_string(p.hidden) + ":" + rule);
+    require(p.intermediate % kAlignRule == 0, "Problem.intermediate = " + std::to_string(p.intermediate) + ":" + rule);
+    for (int s = 0; s < p.num_shared(); ++s)
+      require(p.shared_intermediate[s] % kAlignRule == 0,
+              "Problem.shared_intermediate[" + std::to_string(s) + "] = " + std::to_string(p.shared_intermediate[s]) +
+                  ":" + rule);
+    require(p.num_shared() <= kMaxShared, "Problem.shared_intermediate: at most " + std::to_string(kMaxShared) +
+                                              " shared experts on the cuda backend");
+    require(p.precision == Precision::bf16,
+            "Problem.precision = mxfp8: the cuda backend runs bf16 so far (the CPU reference has mxfp8)");
+    require(config_.tile_rows == kTileM, "Config.tile_rows = " + std::to_string(config_.tile_rows) +
+                                             ": the cuda backend's GEMM tile is 128 rows; use 128");
+    require(p.ep_size <= 4095, "Problem.ep_size: at most 4095 ranks");
+  }
+
+  void allocate() {
+    const Problem& p = problem_;
+    const int R = p.ep_size, T = p.tokens_per_rank, H = p.hidden, I = p.intermediate;
+    const std::size_t ring_rows = static_cast<std::size_t>(ring_tiles_) * kTileM;
+    auto track = [&](DeviceBuffer b) {
+      workspace_bytes_ += b.bytes();
+      return b;
+    };
+    // Counters zeroed per forward: rows_ready, act_ready, down_done per rank, then shared.
+    const std::size_t per_rank_counters = 3 * static_cast<std::size_t>(cap_tiles_) + p.num_shared() * shared_row_tiles_;
+    counters_ = track(DeviceBuffer(std::max<std::size_t>(1, num_ranks_ * per_rank_counters) * sizeof(int)));
+    error_ = track(DeviceBuffer(sizeof(DeviceError)));
+    MOK_CUDA_CHECK(cudaMemset(error_.as<void>(), 0, sizeof(DeviceError)));
+    long long shared_tasks = 0;
+    for (int w : p.shared_intermediate) shared_tasks += static_cast<long long>(shared_row_tiles_) * (ceil_div(w, kGateUpCols) + down_tiles_);
+    const long long max_tasks = num_ranks_ * (shared_tasks + static_cast<long long>(cap_tiles_) * (gateup_tiles_ + down_tiles_));
+    tasks_ = track(DeviceBuffer(std::max<long long>(1, max_tasks) * sizeof(Task)));
+    pulls_ = track(DeviceBuffer(std::max<long long>(1, static_cast<long long>(num_ranks_) * cap_tiles_) * sizeof(int2)));
+    task_counts_ = track(DeviceBuffer(2 * sizeof(int)));
+
+    combine_.clear();
+    for (int r = 0; r < R; ++r) combine_.push_back(track(DeviceBuffer(static_cast<std::size_t>(T) * p.top_k * H * 2)));
+    std::vector<__nv_bfloat16*> combine_ptrs;
+    for (auto& b : combine_) combine_ptrs.push_back(b.as<__nv_bfloat16>());
+    combine_of_dev_ = track(DeviceBuffer(R * sizeof(void*)));
+    MOK_CUDA_CHECK(cudaMemcpy(combine_of_dev_.as<void>(), combine_ptrs.data(), R * sizeof(void*), cudaMemcpyHostToDevice));
+
+    plans_host_.assign(num_ranks_, RankPlan{});
+    fixed_maps_.assign(num_ranks_, RankMaps{});
+    for (int d = 0; d < num_ranks_; ++d) {
+      RankPlan& plan = plans_host_[d];
+      int* counters = counters_.as<int>() + d * per_rank_counters;
+      plan.rows_ready = counters;
+      plan.act_ready = counters + cap_tiles_;
+      plan.down_done = counters + 2 * cap_tiles_;
+      rank_buffers_.push_back(track(DeviceBuffer(static_cast<std::size_t>(capacity_) * sizeof(int2))));
+      plan.rows = rank_buffers_.back().as<int2>();
+      rank_buffers_.push_back(track(DeviceBuffer(std::max(1, cap_tiles_) * sizeof(int))));
+      plan.block_expert = rank_buffers_.back().as<int>();
+      rank_buffers_.push_back(track(DeviceBuffer(sizeof(int) * (1 + static_cast<std::size_t>(p.local_experts()) * chunks_))));
+      plan.num_row_tiles = rank_buffers_.back().as<int>();
+      plan.expert_counts = plan.num_row_tiles + 1;
+      rank_buffers_.push_back(track(DeviceBuffer(ring_rows * H * 2)));
+      plan.ring = rank_buffers_.back().as<__nv_bfloat16>();
+      rank_buffers_.push_back(track(DeviceBuffer(ring_rows * I * 2)));
+      plan.act = rank_buffers_.back().as<__nv_bfloat16>();
+      rank_buffers_.push_back(track(DeviceBuffer(static_cast<std::size_t>(T) * H * 2)));
+      plan.x_staged = rank_buffers_.back().as<__nv_bfloat16>();
+      plan.combine = combine_[first_rank_ + d].as<__nv_bfloat16>();
+      RankMaps& m = fixed_maps_[d];
+      m.ring = encode_2d(plan.ring, H, ring_rows, kTileM);
+      m.act = encode_2d(plan.act, I, ring_rows, kTileM);
+      m.x_staged = encode_2d(plan.x_staged, H, T, kTileM);
+      for (int s = 0; s < p.num_shared(); ++s) {
+        const int w = p.shared_intermediate[s];
+        SharedPlan& sp = plan.shared[s];
+        sp.width = w;
+        sp.gateup_tiles = ceil_div(w, kGateUpCols);
+        sp.act_ready = counters + 3 * cap_tiles_ + s * shared_row_tiles_;
+        rank_buffers_.push_back(track(DeviceBuffer(static_cast<std::size_t>(T) * w * 2)));
+        sp.act = rank_buffers_.back().as<__nv_bfloat16>();
+        rank_buffers_.push_back(track(DeviceBuffer(static_cast<std::size_t>(T) * H * 2)));
+        sp.out = rank_buffers_.back().as<__nv_bfloat16>();
+        m.shared_act[s] = encode_2d(sp.act, w, T, kTileM);
+      }
+    }
+    plans_dev_ = track(DeviceBuffer(num_ranks_ * sizeof(RankPlan)));
+    MOK_CUDA_CHECK(cudaMemcpy(plans_dev_.as<void>(), plans_host_.data(), num_ranks_ * sizeof(RankPlan), cudaMemcpyHostToDevice));
+  }
+
+  // The device block of pointers and tensor maps for this call's tensors (cached).
+  const CallArgs& call_args(std::span<const RankForward> ranks) {
+    const Problem& p = problem_;
+    const int R = p.ep_size;
+    std::vector<const void*> key;
+    for (const auto& r : ranks) {
+      key.push_back(r.inputs.x.data);
+      key.push_back(r.inputs.top_experts.data);
+      key.push_back(r.inputs.router_weights.data);
+    }
+    for (int d = 0; d < num_ranks_; ++d) {
+      const RankForward& r = ranks[first_rank_ + d];
+      key.push_back(r.y.data);
+      key.push_back(r.weights.w_gate.data);
+      key.push_back(r.weights.w_up.data);
+      key.push_back(r.weights.w_down.data);
+      for (const auto& s : r.weights.shared) {
+        key.push_back(s.w_gate.data);
+        key.push_back(s.w_up.data);
+        key.push_back(s.w_down.data);
+      }
+    }
+    for (auto it = cache_.begin(); it != cache_.end(); ++it)
+      if (it->key == key) {
+        cache_.splice(cache_.begin(), cache_, it);
+        return cache_.front();
+      }
+    if (cache_.size() >= kCacheEntries) {
+      cudaStreamCaptureStatus status;
+      MOK_CUDA_CHECK(cudaStreamIsCapturing(stream_, &status));
+      require(status == cudaStreamCaptureStatusNone,
+              "forward: more than " + std::to_string(kCacheEntries) +
+                  " distinct tensor sets seen, and the stream is capturing; reuse tensors in captured graphs");
+      MOK_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the oldest entry may still be in use
+      cache_.pop_back();
+    }
+    cache_.emplace_front();
+    CallArgs& a = cache_.front();
+    a.key = std::move(key);
+
+    // Layout: RankMaps[num_ranks] | x_source[R] | tops[R] | weights[R] | CallRank[num_ranks].
+    const std::size_t maps_bytes = num_ranks_ * sizeof(RankMaps);
+    const std::size_t ptr_bytes = R * sizeof(void*);
+    const std::size_t total = maps_bytes + 3 * ptr_bytes + num_ranks_ * sizeof(CallRank);
+    MOK_CUDA_CHECK(cudaMallocHost(&a.host, total));
+    a.device = DeviceBuffer(total);
+    auto* hmaps = static_cast<RankMaps*>(a.host);
+    auto* hx = reinterpret_cast<const __nv_bfloat16**>(static_cast<char*>(a.host) + maps_bytes);
+    auto* htops = reinterpret_cast<const int**>(static_cast<char*>(a.host) + maps_bytes + ptr_bytes);
+    auto* hw = reinterpret_cast<const float**>(static_cast<char*>(a.host) + maps_bytes + 2 * ptr_bytes);
+    auto* hcalls = reinterpret_cast<CallRank*>(static_cast<char*>(a.host) + maps_bytes + 3 * ptr_bytes);
+    for (int r = 0; r < R; ++r) {
+      const bool computed = r >= first_rank_ && r < first_rank_ + num_ranks_;
+      // Rows of computed ranks come from their staged (symmetric) copy; in a rank slice the
+      // other ranks' x is read where it was filled in advance.
+      hx[r] = computed ? plans_host_[r - first_rank_].x_staged : ranks[r].inputs.x.as<const __nv_bfloat16>();
+      htops[r] = ranks[r].inputs.top_experts.as<const int>();
+      hw[r] = ranks[r].inputs.router_weights.as<const float>();
+    }
+    const int H = p.hidden, I = p.intermediate, E = p.local_experts();
+    for (int d = 0; d < num_ranks_; ++d) {
+      const RankForward& r = ranks[first_rank_ + d];
+      RankMaps& m = hmaps[d];
+      m = fixed_maps_[d];
+      m.w_gate = encode_2d(r.weights.w_gate.data, H, static_cast<std::uint64_t>(E) * I, kGateUpCols);
+      m.w_up = encode_2d(r.weights.w_up.data, H, static_cast<std::uint64_t>(E) * I, kGateUpCols);
+      m.w_down = encode_2d(r.weights.w_down.data, I, static_cast<std::uint64_t>(E) * H, kDownCols);
+      for (int s = 0; s < p.num_shared(); ++s) {
+        const int w = p.shared_intermediate[s];
+        m.shared_w_gate[s] = encode_2d(r.weights.shared[s].w_gate.data, H, w, kGateUpCols);
+        m.shared_w_up[s] = encode_2d(r.weights.shared[s].w_up.data, H, w, kGateUpCols);
+        m.shared_w_down[s] = encode_2d(r.weights.shared[s].w_down.data, w, H, kDownCols);
+      }
+      hcalls[d] = CallRank{r.inputs.x.as<const __nv_bfloat16>(), r.inputs.router_weights.as<const float>(),
+                           r.y.as<__nv_bfloat16>()};
+    }
+    MOK_CUDA_CHECK(cudaMemcpyAsync(a.device.as<void>(), a.host, total, cudaMemcpyHostToDevice, stream_));
+    char* dev = a.device.as<char>();
+    a.maps = reinterpret_cast<RankMaps*>(dev);
+    a.x_source = reinterpret_cast<const __nv_bfloat16**>(dev + maps_bytes);
+    a.tops = reinterpret_cast<const int**>(dev + maps_bytes + ptr_bytes);
+    a.weights = reinterpret_cast<const float**>(dev + maps_bytes + 2 * ptr_bytes);
+    a.calls = reinterpret_cast<CallRank*>(dev + maps_bytes + 3 * ptr_bytes);
+    return a;
+  }
+
+  static constexpr std::size_t kCacheEntries = 8;
+
+  Problem problem_;
+  Config config_;
+  LayerOptions options_;
+  cudaStream_t stream_ = nullptr;
+  int sms_ = 0, num_ranks_ = 0, first_rank_ = 0;
+  int capacity_ = 0, cap_tiles_ = 0, ring_tiles_ = 0, chunks_ = 0;
+  int gateup_tiles_ = 0, down_tiles_ = 0, shared_row_tiles_ = 0;
+  int comm_ctas_ = 0, compute_ctas_ = 0, lag_ = 0;
+  std::uint64_t timeout_ns_ = wait_timeout_ns();
+  std::size_t workspace_bytes_ = 0;
+
+  DeviceBuffer counters_, error_, tasks_, pulls_, task_counts_, combine_of_dev_, plans_dev_;
+  std::vector<DeviceBuffer> combine_, rank_buffers_;
+  std::vector<RankPlan> plans_host_;
+  std::vector<RankMaps> fixed_maps_;
+  std::list<CallArgs> cache_;
+};
+
+}  // namespace cuda
+
+std::unique_ptr<BackendImpl> make_cuda_backend(const Problem& p, const Config& c, const LayerOptions& o) {
+  require(cuda_available(), "backend = cuda: no CUDA device is available");
+  return std::make_unique<cuda::CudaBackend>(p, c, o);
+}
+
+bool cuda_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::string cuda_device_name() {
+  if (!cuda_available()) return "none";
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return "unknown";
+  return prop.name;
+}
+
+}  // namespace mok

@@ -1,0 +1,69 @@
+// mok: the kernels around the megakernel: staging x into the rank's symmetric buffer
+// before it, and the fixed-order combine epilogue after it:
+//   y[t] = bf16( sum_s shared_s[t] + sum_j w[t,j] * combine[t*k+j] ), fp32, shared experts
+// first, then j in order, each product rounded then added (no FMA): the CPU's exact order,
+// so y is bitwise the CPU reference's whenever the combine rows are.
+#pragma once
+#include <cuda_bf16.h>
+
+#include "cuda/forward_types.h"
+
+namespace mok::cuda {
+
+struct CallRank {
+  const __nv_bfloat16* x;       // [T, H] user input
+  const float* router_weights;  // [T, k]
+  __nv_bfloat16* y;             // [T, H] user output
+};
+
+struct EpilogueParams {
+  int tokens, hidden, top_k, num_shared;
+  const RankPlan* plans;   // [num_ranks]
+  const CallRank* calls;   // [num_ranks]
+  const DeviceError* error;
+};
+
+// grid (ceil(T*H/8 / 256), num_ranks), 256 threads; each thread one 8-column chunk.
+__global__ void stage_x_kernel(const EpilogueParams p) {
+  const int d = blockIdx.y;
+  const long long chunks = static_cast<long long>(p.tokens) * p.hidden / 8;
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= chunks) return;
+  reinterpret_cast<int4*>(p.plans[d].x_staged)[i] = reinterpret_cast<const int4*>(p.calls[d].x)[i];
+}
+
+__global__ void combine_epilogue_kernel(const EpilogueParams p) {
+  const int d = blockIdx.y;
+  const int chunks_per_row = p.hidden / 8;
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<long long>(p.tokens) * chunks_per_row) return;
+  const long long t = i / chunks_per_row;
+  const int c = static_cast<int>(i % chunks_per_row) * 8;
+  const RankPlan& plan = p.plans[d];
+  float acc[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+  for (int s = 0; s < p.num_shared; ++s) {
+    const int4 v = *reinterpret_cast<const int4*>(plan.shared[s].out + t * p.hidden + c);
+    const __nv_bfloat16* b = reinterpret_cast<const __nv_bfloat16*>(&v);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], __bfloat162float(b[e]));
+  }
+  const float* w = p.calls[d].router_weights + t * p.top_k;
+  for (int j = 0; j < p.top_k; ++j) {
+    const float wj = w[j];
+    const int4 v = *reinterpret_cast<const int4*>(plan.combine + (t * p.top_k + j) * p.hidden + c);
+    const __nv_bfloat16* b = reinterpret_cast<const __nv_bfloat16*>(&v);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], __fmul_rn(wj, __bfloat162float(b[e])));
+  }
+  // A failed forward (bad routing, capacity, timeout) never returns plausible numbers.
+  const bool failed = p.error->code != kOk;
+  int4 out;
+  __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(&out);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) o[e] = failed ? __float2bfloat16_rn(__int_as_float(0x7fc00000)) : __float2bfloat16_rn(acc[e]);
+  *reinterpret_cast<int4*>(p.calls[d].y + t * p.hidden + c) = out;
+}
+
+}  // namespace mok::cuda

@@ -1,0 +1,117 @@
+// mok: CUDA plumbing shared by the kernels: error checks, device-side failure reporting,
+// synchronisation primitives that say their scope and memory order, and spin-waits that
+// time out loudly instead of hanging.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "mok/error.h"
+
+#define MOK_CUDA_CHECK(expr)                                                                    \
+  do {                                                                                          \
+    cudaError_t mok_err_ = (expr);                                                              \
+    if (mok_err_ != cudaSuccess)                                                                \
+      throw ::mok::Error(std::string("CUDA error: ") + cudaGetErrorString(mok_err_) + " in " + \
+                         #expr + " at " + __FILE__ + ":" + std::to_string(__LINE__));           \
+  } while (0)
+
+namespace mok::cuda {
+
+// What went wrong on the device. The first failure wins (atomicCAS on `code`); every role
+// watches `abort` and leaves its loop, so the kernel ends and the host can read this.
+enum DeviceErrorCode : int {
+  kOk = 0,
+  kExpertOutOfRange = 1,     // index = rank*T*k + slot, value = the id
+  kDuplicateExpert = 2,      // index = rank*T*k + slot, value = the id
+  kNonFiniteWeight = 3,      // index = rank*T*k + slot
+  kCapacityExceeded = 4,     // rank, value = padded rows needed, index = capacity
+  kWaitTimeout = 5,          // rank, where = which wait, index = the item waited for, value = seen
+};
+
+enum WaitSite : int {
+  kWaitRowsReady = 1,   // a GEMM waited for its rows to be pulled
+  kWaitActReady = 2,    // a down GEMM waited for its SwiGLU rows
+  kWaitRingFree = 3,    // a pull waited for a ring slot to be released
+};
+
+struct DeviceError {
+  int code;
+  int rank;
+  int where;
+  int pad;
+  long long index;
+  long long value;
+  int abort;  // set once any failure is recorded
+};
+
+std::string describe_device_error(const DeviceError& e, int tokens_per_rank, int top_k);
+
+#if defined(__CUDACC__)
+
+__device__ __forceinline__ void report_error(DeviceError* err, int code, int rank, int where, long long index,
+                                             long long value) {
+  if (atomicCAS(&err->code, 0, code) == 0) {
+    err->rank = rank;
+    err->where = where;
+    err->index = index;
+    err->value = value;
+  }
+  atomicExch(&err->abort, 1);
+}
+
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ int ld_volatile(const int* p) {
+  int v;
+  asm volatile("ld.volatile.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Release-add at GPU scope: every write this thread made (and, after a CTA barrier, its
+// CTA made) is visible to whoever acquires the new value.
+__device__ __forceinline__ void red_release_gpu_add(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Generic-proxy writes -> later async-proxy (TMA) reads of global memory.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
+__device__ __forceinline__ std::uint64_t globaltimer_ns() {
+  std::uint64_t t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Spins until *flag >= target (acquire, GPU scope). Returns false (after recording where
+// it was stuck) when `timeout_ns` passes, or at once when another role aborted.
+__device__ __forceinline__ bool wait_at_least(const int* flag, int target, DeviceError* err, int rank, int where,
+                                              long long item, std::uint64_t timeout_ns) {
+  if (ld_acquire_gpu(flag) >= target) return true;
+  const std::uint64_t start = globaltimer_ns();
+  for (int spin = 0;; ++spin) {
+    const int v = ld_acquire_gpu(flag);
+    if (v >= target) return true;
+    if ((spin & 63) == 63) {
+      if (ld_volatile(&err->abort)) return false;
+      if (globaltimer_ns() - start > timeout_ns) {
+        report_error(err, kWaitTimeout, rank, where, item, v);
+        printf("mok: device wait timed out: rank %d site %d item %lld (flag %d, waiting for %d)\n", rank, where,
+               item, v, target);
+        return false;
+      }
+    }
+    __nanosleep(64);
+  }
+}
+
+#endif  // __CUDACC__
+
+}  // namespace mok::cuda

@@ -1,0 +1,114 @@
+// mok: what the forward kernels share, host and device: tile shapes, task encoding, and the
+// per-rank plan (every buffer a rank's work touches). The host fills these once per layer
+// (buffers) and per call (weight tensor maps); the device fills the schedule parts.
+#pragma once
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cuda/common.cuh"
+
+namespace mok::cuda {
+
+// GEMM tiles. Every task is a 128-row tile; gate/up tiles cover 128 columns of I for both
+// gate and up (one 256-wide wgmma), down tiles 256 columns of H. K advances 64 at a time
+// (one 128-byte swizzled row per tile row).
+constexpr int kTileM = 128;
+constexpr int kGateUpCols = 128;
+constexpr int kDownCols = 256;
+constexpr int kTileK = 64;
+constexpr int kStages = 3;
+constexpr int kComputeThreads = 384;  // WG0 producer, WG1-2 consumers (one m64 half each)
+constexpr int kAlignRule = 64;        // H, I and shared widths must be multiples of this
+
+constexpr int kStageABytes = kTileM * kTileK * 2;     // 16 KiB
+constexpr int kStageBBytes = kDownCols * kTileK * 2;  // 32 KiB (gate 128 rows + up 128 rows)
+constexpr int kStageBytes = kStageABytes + kStageBBytes;
+constexpr int kStagingPitch = kDownCols + 8;          // bf16 per staging row (+16 B: no bank conflicts)
+constexpr int kStagingBytes = kTileM * kStagingPitch * 2;
+constexpr int kSmemBytes = 1024 /*align slack*/ + kStages * kStageBytes + kStagingBytes + 256 /*barriers*/;
+
+enum TaskKind : std::uint32_t { kRoutedGateUp = 0, kRoutedDown = 1, kSharedGateUp = 2, kSharedDown = 3 };
+
+// A compute task, packed: kind 4 bits | rank 12 | shared index 8 | column tile 12 | row tile 28.
+struct Task {
+  std::uint64_t bits;
+  __host__ __device__ static Task make(std::uint32_t kind, std::uint32_t rank, std::uint32_t shared,
+                                       std::uint32_t col_tile, std::uint32_t row_tile) {
+    return Task{std::uint64_t(kind) | (std::uint64_t(rank) << 4) | (std::uint64_t(shared) << 16) |
+                (std::uint64_t(col_tile) << 24) | (std::uint64_t(row_tile) << 36)};
+  }
+  __host__ __device__ std::uint32_t kind() const { return bits & 0xf; }
+  __host__ __device__ std::uint32_t rank() const { return (bits >> 4) & 0xfff; }
+  __host__ __device__ std::uint32_t shared() const { return (bits >> 16) & 0xff; }
+  __host__ __device__ std::uint32_t col_tile() const { return (bits >> 24) & 0xfff; }
+  __host__ __device__ std::uint32_t row_tile() const { return static_cast<std::uint32_t>(bits >> 36); }
+};
+
+// One shared expert of one rank.
+struct SharedPlan {
+  __nv_bfloat16* act;   // [T, I_s] SwiGLU output
+  __nv_bfloat16* out;   // [T, H] expert output
+  int* act_ready;       // [ceil(T/128)] gate/up tiles finished per row tile
+  int width;            // I_s
+  int gateup_tiles;     // ceil(I_s / 128)
+};
+
+constexpr int kMaxShared = 8;
+
+// Tensor maps of one rank (in device global memory, 64-byte aligned).
+struct RankMaps {
+  CUtensorMap ring;        // [ring_rows, H] pulled x rows          box 64 x 128
+  CUtensorMap act;         // [ring_rows, I] SwiGLU rows             box 64 x 128
+  CUtensorMap x_staged;    // [T, H] this rank's staged x            box 64 x 128
+  CUtensorMap w_gate;      // [E_loc*I, H]                           box 64 x 128
+  CUtensorMap w_up;        // [E_loc*I, H]                           box 64 x 128
+  CUtensorMap w_down;      // [E_loc*H, I]                           box 64 x 256
+  CUtensorMap shared_w_gate[kMaxShared];  // [I_s, H]                box 64 x 128
+  CUtensorMap shared_w_up[kMaxShared];    // [I_s, H]                box 64 x 128
+  CUtensorMap shared_w_down[kMaxShared];  // [H, I_s]                box 64 x 256
+  CUtensorMap shared_act[kMaxShared];     // [T, I_s]                box 64 x 128
+};
+
+// Per-rank state of one forward. Schedule fields are written by the schedule kernels.
+struct RankPlan {
+  // Schedule (device-built): rows in MoK's order, padded per expert to 128.
+  int2* rows;              // [capacity] (src_rank, slot = t*k + j); (-1, -1) for padding
+  int* block_expert;       // [capacity / 128] local expert of each row tile
+  int* num_row_tiles;      // [1] padded rows / 128 (0 after a capacity error)
+  int* expert_counts;      // [E_loc * chunks] rows per (expert, source chunk)
+  // Readiness counters, zeroed before each forward.
+  int* rows_ready;         // [capacity / 128] 1 when the tile's rows are in the ring
+  int* act_ready;          // [capacity / 128] gate/up tiles done
+  int* down_done;          // [capacity / 128] down tiles done (frees the ring slot)
+  // Buffers.
+  __nv_bfloat16* ring;     // [ring_rows, H]
+  __nv_bfloat16* act;      // [ring_rows, I]
+  __nv_bfloat16* x_staged; // [T, H] symmetric copy of this rank's x
+  __nv_bfloat16* combine;  // [T*k, H] this rank's combine slots (written by every rank)
+  const float* router_weights;  // [T, k]
+  SharedPlan shared[kMaxShared];
+};
+
+// Everything the megakernel reads, by value (__grid_constant__).
+struct ForwardParams {
+  int ep_size, tokens, hidden, inter, top_k, local_experts, num_shared;
+  int capacity_rows, ring_tiles;           // ring_tiles = ring_rows / 128
+  int first_rank, num_ranks;               // the ranks computed here (virtual: all; slice: one)
+  int num_comm_ctas;
+  int gateup_tiles, down_tiles;            // per routed row tile: ceil(I/128), ceil(H/256)
+  float swiglu_limit;                      // <= 0: no clamp
+  std::uint64_t timeout_ns;
+  const __nv_bfloat16* const* x_source;    // [R] where row pulls read each source rank's x
+  __nv_bfloat16* const* combine_of;        // [R] each rank's combine slots
+  RankPlan* plans;                         // [num_ranks]
+  const RankMaps* maps;                    // [num_ranks]
+  const Task* tasks;                       // compute tasks in dependency order
+  const int* num_tasks;                    // [1]
+  const int2* pulls;                       // (rank index, row tile) in dependency order
+  const int* num_pulls;                    // [1]
+  DeviceError* error;
+};
+
+}  // namespace mok::cuda

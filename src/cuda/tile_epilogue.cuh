@@ -1,0 +1,69 @@
+// mok: what the consumer warpgroups do with a finished accumulator tile.
+//
+// Accumulator layout of one m64nNk16 wgmma (per warpgroup, thread = 32*warp + lane):
+// register 4j+c holds row 16*warp + lane/4 + 8*(c/2), column 8j + 2*(lane%4) + c%2.
+// Tiles go through a padded shared-memory staging tile so that global stores are 16-byte
+// chunks of whole rows (rows are scattered to their owners' combine slots).
+#pragma once
+#include <cuda_bf16.h>
+
+#include "cuda/forward_types.h"
+#include "cuda/sm90.cuh"
+#include "numerics/numerics.h"
+
+namespace mok::cuda {
+
+constexpr int kConsumerThreads = 256;
+constexpr int kConsumerBarrier = 1;  // named barrier id for the two consumer warpgroups
+
+__device__ __forceinline__ void consumers_sync() { sm90::named_barrier_sync(kConsumerBarrier, kConsumerThreads); }
+
+// SwiGLU of a gate/up tile (gate in columns 0..127, up in 128..255 of the accumulator),
+// rounded to bf16 into staging [128][kStagingPitch].
+__device__ __forceinline__ void stage_swiglu(const float (&acc)[128], __nv_bfloat16* staging, int wg_row0,
+                                             float limit) {
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  const int row = wg_row0 + 16 * warp + lane / 4;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int col = 8 * j + 2 * (lane % 4);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float a0 = num::swiglu(acc[4 * j + 2 * h], acc[64 + 4 * j + 2 * h], limit);
+      const float a1 = num::swiglu(acc[4 * j + 2 * h + 1], acc[64 + 4 * j + 2 * h + 1], limit);
+      *reinterpret_cast<__nv_bfloat162*>(staging + (row + 8 * h) * kStagingPitch + col) =
+          __floats2bfloat162_rn(a0, a1);
+    }
+  }
+}
+
+// A down tile (256 columns), rounded to bf16 into staging.
+__device__ __forceinline__ void stage_output(const float (&acc)[128], __nv_bfloat16* staging, int wg_row0) {
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  const int row = wg_row0 + 16 * warp + lane / 4;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    const int col = 8 * j + 2 * (lane % 4);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      *reinterpret_cast<__nv_bfloat162*>(staging + (row + 8 * h) * kStagingPitch + col) =
+          __floats2bfloat162_rn(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+  }
+}
+
+// Copies staging rows out in 16-byte chunks: row r of the tile goes to dst_row(r) (nullptr
+// to skip), columns [0, cols) of the tile (cols a multiple of 8).
+template <int TileCols, typename DstRow>
+__device__ __forceinline__ void store_staging(const __nv_bfloat16* staging, int cols, DstRow dst_row) {
+  constexpr int kChunksPerRow = TileCols / 8;
+  const int ct = threadIdx.x - 128;  // consumer thread 0..255
+  for (int q = ct; q < kTileM * kChunksPerRow; q += kConsumerThreads) {
+    const int r = q / kChunksPerRow, c = (q % kChunksPerRow) * 8;
+    if (c >= cols) continue;
+    __nv_bfloat16* dst = dst_row(r);
+    if (dst == nullptr) continue;
+    *reinterpret_cast<int4*>(dst + c) = *reinterpret_cast<const int4*>(staging + r * kStagingPitch + c);
+  }
+}
+
+}  // namespace mok::cuda

@@ -1,0 +1,38 @@
+// GPU test helpers: run the CUDA backend and the CPU reference on the same data.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "core/compare.h"
+#include "core/device_mirror.h"
+#include "core/schedule.h"
+#include "mok/mok.h"
+
+namespace mok::test {
+
+// Skips the calling test (with a line saying why) when no CUDA GPU is present.
+#define MOK_REQUIRE_GPU()                                                        \
+  do {                                                                           \
+    if (!::mok::cuda_available()) GTEST_SKIP() << "no CUDA GPU: GPU test skipped"; \
+  } while (0)
+
+struct GpuRun {
+  LayerData data;                                // y filled from the GPU
+  std::vector<std::vector<ScheduleRow>> schedules;
+};
+
+Problem make_problem(int E, int H, int I, int k, std::vector<int> shared, int R, int T);
+
+// Runs the CUDA forward `repeats` times (all ranks here) and returns the last result.
+GpuRun run_gpu_all_ranks(const LayerData& host, const Config& config = {}, int repeats = 1);
+
+// CPU reference forward of all ranks.
+LayerData run_reference(const LayerData& host, const Config& config = {});
+
+// Concatenates every rank's y in rank order (the global batch's output).
+std::vector<std::uint16_t> global_y(const LayerData& data);
+
+void expect_close(const LayerData& gpu, const LayerData& ref, Precision precision, const std::string& what);
+
+}  // namespace mok::test
