@@ -68,7 +68,7 @@ if [ $RUN_SAN = 1 ] && command -v compute-sanitizer > /dev/null; then
 fi
 
 if [ ${#BENCH_ARGS[@]} -gt 0 ]; then
-  PYTHONUNBUFFERED=1 python3 bench/run.py --mok "$BIN/mok" "${BENCH_ARGS[@]}" 2>&1 | tee "$OUT/bench.log"
+  PYTHONUNBUFFERED=1 python3 bench/run.py --mok-bin "$BIN/mok" "${BENCH_ARGS[@]}" 2>&1 | tee "$OUT/bench.log"
   note "bench: rc=${PIPESTATUS[0]}"
 fi
 

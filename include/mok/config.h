@@ -10,7 +10,10 @@ namespace mok {
 struct Config {
   int minibatch_rows = 4096;             // overlap granularity (rows per readiness group)
   int macrobatch_rows = 131072;          // rows held at once in the row-buffer ring
-  double schedule_capacity_factor = 0.5; // capacity = factor * R*T*min(k, E/R) rows (+ padding)
+  // Rows a rank's schedule may hold: mean + factor * (worst - mean), plus each expert's
+  // padding, where mean = T*k (balanced routing) and worst = R*T*min(k, E/R) (every token
+  // routed here). 1.0 covers every routing; more rows than capacity is an error, never a drop.
+  double schedule_capacity_factor = 0.5;
   int forward_comm_sms = 0;              // 0: chosen by the library (MoK uses 40 on GB300)
   int backward_comm_sms = 0;             // 0: chosen by the library (MoK uses 28)
   int tile_rows = 128;                   // each expert's row segment is padded to this

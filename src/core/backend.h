@@ -2,6 +2,8 @@
 // config and every argument's shape/dtype/device before a backend sees them.
 #pragma once
 #include <memory>
+#include <string>
+#include <utility>
 #include <span>
 #include <vector>
 
@@ -24,6 +26,10 @@ class BackendImpl {
   // The schedules of the last call, one per rank computed here (for tests).
   virtual std::vector<std::vector<ScheduleRow>> last_schedules() const = 0;
 };
+
+// The CUDA forward's kernels (host stub address, name), to recognise them in captured
+// graphs; empty without CUDA.
+std::vector<std::pair<const void*, std::string>> cuda_forward_kernels();
 
 // Internal access to a Layer's backend (tests, benchmarks).
 struct LayerInternals {

@@ -145,9 +145,11 @@ std::string Config::describe() const {
 }
 
 std::int64_t schedule_capacity_rows(const Problem& problem, const Config& config) {
-  const std::int64_t max_rows = std::int64_t(problem.ep_size) * problem.tokens_per_rank *
-                                std::min(problem.top_k, problem.local_experts());
-  std::int64_t cap = static_cast<std::int64_t>(std::ceil(config.schedule_capacity_factor * double(max_rows)));
+  // worst: every token of every rank sends min(k, E/R) rows here; mean: T*k rows.
+  const double worst = double(problem.ep_size) * problem.tokens_per_rank *
+                       std::min(problem.top_k, problem.local_experts());
+  const double mean = double(problem.tokens_per_rank) * problem.top_k;
+  std::int64_t cap = static_cast<std::int64_t>(std::ceil(mean + config.schedule_capacity_factor * (worst - mean)));
   cap += std::int64_t(problem.local_experts()) * (config.tile_rows - 1);
   return (cap + config.tile_rows - 1) / config.tile_rows * config.tile_rows;
 }

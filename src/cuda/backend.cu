@@ -127,20 +127,27 @@ void check_launch(const char* what) {
   if (e != cudaSuccess) throw Error(std::string("CUDA launch of ") + what + " failed: " + cudaGetErrorString(e));
 }
 
-// One call's pointers, uploaded once per distinct set and kept (host copy pinned and
-// immutable) so a captured CUDA graph that copied them stays valid.
-struct CallArgs {
-  std::vector<const void*> key;
+// One call's pointers and tensor maps, uploaded once per distinct set of tensors into one
+// of a few slots allocated up front (so nothing is allocated while a stream captures),
+// and kept unchanged while cached, so a captured CUDA graph that copied them stays valid.
+struct ArgSlot {
   void* host = nullptr;  // pinned
   DeviceBuffer device;
-  RankMaps* maps = nullptr;                // device views into `device`
+  ArgSlot() = default;
+  ArgSlot(ArgSlot&& o) noexcept : host(o.host), device(std::move(o.device)) { o.host = nullptr; }
+  ~ArgSlot() {
+    if (host) cudaFreeHost(host);
+  }
+};
+
+struct CallArgs {
+  std::vector<const void*> key;
+  std::size_t slot = 0;
+  RankMaps* maps = nullptr;  // device views into the slot
   const __nv_bfloat16** x_source = nullptr;
   const int** tops = nullptr;
   const float** weights = nullptr;
   CallRank* calls = nullptr;
-  ~CallArgs() {
-    if (host) cudaFreeHost(host);
-  }
 };
 
 }  // namespace
@@ -414,6 +421,12 @@ class CudaBackend final : public BackendImpl {
         m.shared_act[s] = encode_2d(sp.act, w, T, kTileM);
       }
     }
+    for (std::size_t i = 0; i < kCacheEntries; ++i) {
+      ArgSlot slot;
+      MOK_CUDA_CHECK(cudaMallocHost(&slot.host, arg_slot_bytes()));
+      slot.device = track(DeviceBuffer(arg_slot_bytes()));
+      slots_.push_back(std::move(slot));
+    }
     plans_dev_ = track(DeviceBuffer(num_ranks_ * sizeof(RankPlan)));
     MOK_CUDA_CHECK(cudaMemcpy(plans_dev_.as<void>(), plans_host_.data(), num_ranks_ * sizeof(RankPlan), cudaMemcpyHostToDevice));
   }
@@ -445,30 +458,32 @@ class CudaBackend final : public BackendImpl {
         cache_.splice(cache_.begin(), cache_, it);
         return cache_.front();
       }
-    if (cache_.size() >= kCacheEntries) {
+    std::size_t slot = cache_.size();
+    if (cache_.size() >= slots_.size()) {
       cudaStreamCaptureStatus status;
       MOK_CUDA_CHECK(cudaStreamIsCapturing(stream_, &status));
       require(status == cudaStreamCaptureStatusNone,
-              "forward: more than " + std::to_string(kCacheEntries) +
+              "forward: more than " + std::to_string(slots_.size()) +
                   " distinct tensor sets seen, and the stream is capturing; reuse tensors in captured graphs");
       MOK_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the oldest entry may still be in use
+      slot = cache_.back().slot;
       cache_.pop_back();
     }
     cache_.emplace_front();
     CallArgs& a = cache_.front();
     a.key = std::move(key);
+    a.slot = slot;
 
     // Layout: RankMaps[num_ranks] | x_source[R] | tops[R] | weights[R] | CallRank[num_ranks].
     const std::size_t maps_bytes = num_ranks_ * sizeof(RankMaps);
     const std::size_t ptr_bytes = R * sizeof(void*);
-    const std::size_t total = maps_bytes + 3 * ptr_bytes + num_ranks_ * sizeof(CallRank);
-    MOK_CUDA_CHECK(cudaMallocHost(&a.host, total));
-    a.device = DeviceBuffer(total);
-    auto* hmaps = static_cast<RankMaps*>(a.host);
-    auto* hx = reinterpret_cast<const __nv_bfloat16**>(static_cast<char*>(a.host) + maps_bytes);
-    auto* htops = reinterpret_cast<const int**>(static_cast<char*>(a.host) + maps_bytes + ptr_bytes);
-    auto* hw = reinterpret_cast<const float**>(static_cast<char*>(a.host) + maps_bytes + 2 * ptr_bytes);
-    auto* hcalls = reinterpret_cast<CallRank*>(static_cast<char*>(a.host) + maps_bytes + 3 * ptr_bytes);
+    const std::size_t total = arg_slot_bytes();
+    char* host = static_cast<char*>(slots_[slot].host);
+    auto* hmaps = reinterpret_cast<RankMaps*>(host);
+    auto* hx = reinterpret_cast<const __nv_bfloat16**>(host + maps_bytes);
+    auto* htops = reinterpret_cast<const int**>(host + maps_bytes + ptr_bytes);
+    auto* hw = reinterpret_cast<const float**>(host + maps_bytes + 2 * ptr_bytes);
+    auto* hcalls = reinterpret_cast<CallRank*>(host + maps_bytes + 3 * ptr_bytes);
     for (int r = 0; r < R; ++r) {
       const bool computed = r >= first_rank_ && r < first_rank_ + num_ranks_;
       // Rows of computed ranks come from their staged (symmetric) copy; in a rank slice the
@@ -494,14 +509,18 @@ class CudaBackend final : public BackendImpl {
       hcalls[d] = CallRank{r.inputs.x.as<const __nv_bfloat16>(), r.inputs.router_weights.as<const float>(),
                            r.y.as<__nv_bfloat16>()};
     }
-    MOK_CUDA_CHECK(cudaMemcpyAsync(a.device.as<void>(), a.host, total, cudaMemcpyHostToDevice, stream_));
-    char* dev = a.device.as<char>();
+    MOK_CUDA_CHECK(cudaMemcpyAsync(slots_[slot].device.as<void>(), host, total, cudaMemcpyHostToDevice, stream_));
+    char* dev = slots_[slot].device.as<char>();
     a.maps = reinterpret_cast<RankMaps*>(dev);
     a.x_source = reinterpret_cast<const __nv_bfloat16**>(dev + maps_bytes);
     a.tops = reinterpret_cast<const int**>(dev + maps_bytes + ptr_bytes);
     a.weights = reinterpret_cast<const float**>(dev + maps_bytes + 2 * ptr_bytes);
     a.calls = reinterpret_cast<CallRank*>(dev + maps_bytes + 3 * ptr_bytes);
     return a;
+  }
+
+  std::size_t arg_slot_bytes() const {
+    return num_ranks_ * sizeof(RankMaps) + 3 * problem_.ep_size * sizeof(void*) + num_ranks_ * sizeof(CallRank);
   }
 
   static constexpr std::size_t kCacheEntries = 8;
@@ -522,6 +541,7 @@ class CudaBackend final : public BackendImpl {
   std::vector<RankPlan> plans_host_;
   std::vector<RankMaps> fixed_maps_;
   std::list<CallArgs> cache_;
+  std::vector<ArgSlot> slots_;
 };
 
 }  // namespace cuda
@@ -529,6 +549,17 @@ class CudaBackend final : public BackendImpl {
 std::unique_ptr<BackendImpl> make_cuda_backend(const Problem& p, const Config& c, const LayerOptions& o) {
   require(cuda_available(), "backend = cuda: no CUDA device is available");
   return std::make_unique<cuda::CudaBackend>(p, c, o);
+}
+
+std::vector<std::pair<const void*, std::string>> cuda_forward_kernels() {
+  using namespace cuda;
+  return {{reinterpret_cast<const void*>(stage_x_kernel), "stage_x_kernel"},
+          {reinterpret_cast<const void*>(schedule_validate_kernel), "schedule_validate_kernel"},
+          {reinterpret_cast<const void*>(schedule_count_kernel), "schedule_count_kernel"},
+          {reinterpret_cast<const void*>(schedule_scatter_kernel), "schedule_scatter_kernel"},
+          {reinterpret_cast<const void*>(schedule_plan_kernel), "schedule_plan_kernel"},
+          {reinterpret_cast<const void*>(forward_megakernel), "forward_megakernel"},
+          {reinterpret_cast<const void*>(combine_epilogue_kernel), "combine_epilogue_kernel"}};
 }
 
 bool cuda_available() {

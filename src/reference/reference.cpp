@@ -1,5 +1,6 @@
 #include "reference/reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -128,10 +129,12 @@ std::vector<RankSchedule> build_all_schedules(const Problem& problem, const Conf
   return scheds;
 }
 
-void routed_forward_rank(const Problem& p, ThreadPool& pool, const RankSchedule& sched, int dest,
-                         std::span<const RankForward> ranks, std::span<SlotBuffer> combine) {
+SlotBuffer routed_rows_rank(const Problem& p, ThreadPool& pool, const RankSchedule& sched, int dest,
+                            std::span<const RankForward> ranks) {
   const std::int64_t H = p.hidden, I = p.intermediate;
   const RankWeights& W = ranks[dest].weights;
+  SlotBuffer out(static_cast<std::size_t>(sched.real_rows() * H));
+  std::int64_t written = 0;
   for (int e = 0; e < p.local_experts(); ++e) {
     const std::int64_t n = sched.expert_rows[e];
     if (n == 0) continue;
@@ -142,10 +145,21 @@ void routed_forward_rank(const Problem& p, ThreadPool& pool, const RankSchedule&
       return bf16_ptr(ranks[rows[r].src_rank].inputs.x) + std::int64_t(rows[r].slot / p.top_k) * H;
     });
     const Matrix O = ffn_forward(p, pool, X, n, w);
-    for (std::int64_t r = 0; r < n; ++r) {
-      std::uint16_t* slot = combine[rows[r].src_rank].data() + std::int64_t(rows[r].slot) * H;
-      for (std::int64_t h = 0; h < H; ++h) slot[h] = num::bf16_from_float(O[r * H + h]);
-    }
+    for (std::int64_t i = 0; i < n * H; ++i) out[written * H + i] = num::bf16_from_float(O[i]);
+    written += n;
+  }
+  return out;
+}
+
+void routed_forward_rank(const Problem& p, ThreadPool& pool, const RankSchedule& sched, int dest,
+                         std::span<const RankForward> ranks, std::span<SlotBuffer> combine) {
+  const std::int64_t H = p.hidden;
+  const SlotBuffer rows = routed_rows_rank(p, pool, sched, dest, ranks);
+  std::int64_t r = 0;
+  for (const auto& row : sched.rows) {
+    if (row.src_rank < 0) continue;
+    std::copy_n(&rows[r * H], H, &combine[row.src_rank][std::int64_t(row.slot) * H]);
+    ++r;
   }
 }
 

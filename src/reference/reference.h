@@ -24,6 +24,11 @@ namespace mok::ref {
 // Combine slots of one rank: bf16 bits [T*k, H].
 using SlotBuffer = std::vector<std::uint16_t>;
 
+// The real rows of destination rank `dest`'s schedule, in schedule order: bf16 [n, H],
+// each row the expert's output before the router weight.
+SlotBuffer routed_rows_rank(const Problem& problem, ThreadPool& pool, const RankSchedule& sched, int dest,
+                            std::span<const RankForward> ranks);
+
 // Routed expert rows of destination rank `dest`: reads x of every source rank, writes each
 // produced row into combine[src][slot]. Only the slots routed to `dest` are touched.
 void routed_forward_rank(const Problem& problem, ThreadPool& pool, const RankSchedule& sched,

@@ -26,6 +26,14 @@ double parse_number(const std::string& text, const std::string& what) {
   }
 }
 
+// An integer field: a number with no fractional part that fits an int.
+int parse_int(const std::string& text, const std::string& what) {
+  const double v = parse_number(text, what);
+  if (v != std::floor(v) || v < -2147483648.0 || v > 2147483647.0)
+    throw Error("routing: " + what + " '" + text + "' is not an integer");
+  return static_cast<int>(v);
+}
+
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
   std::stringstream ss(s);
@@ -100,13 +108,13 @@ RoutingSpec RoutingSpec::parse(const std::string& text) {
     s.kind = RoutingKind::hot;
     want_at_most(3);
     if (parts.size() > 1) s.hot_fraction = parse_number(parts[1], "hot fraction");
-    if (parts.size() > 2) s.hot_expert = static_cast<int>(parse_number(parts[2], "hot expert"));
+    if (parts.size() > 2) s.hot_expert = parse_int(parts[2], "hot expert");
     require(s.hot_fraction >= 0 && s.hot_fraction <= 1,
             "routing: hot fraction must be in [0, 1], got " + std::to_string(s.hot_fraction));
   } else if (kind == "worst") {
     s.kind = RoutingKind::worst;
     want_at_most(2);
-    if (parts.size() > 1) s.worst_rank = static_cast<int>(parse_number(parts[1], "worst rank"));
+    if (parts.size() > 1) s.worst_rank = parse_int(parts[1], "worst rank");
   } else if (kind == "file") {
     s.kind = RoutingKind::file;
     s.path = text.size() > 5 ? text.substr(5) : "";

@@ -11,6 +11,7 @@ const char* kHelp = R"(usage: mok <command> [options]
 commands:
   run      run the layer on a shape (default command); mok run --help
   shapes   list the named shapes
+  bench    time the CUDA forward MoK's way and write the peers' inputs (bench/run.py drives it)
 With no arguments, mok runs the default shape on the best available backend.
 )";
 
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
   try {
     if (command == "run") return mok::cli::run_command(args);
     if (command == "shapes") return mok::cli::shapes_command(args);
+    if (command == "bench") return mok::cli::bench_command(args);
     if (command == "help" || command == "--help") {
       std::fputs(kHelp, stdout);
       return 0;

@@ -1,0 +1,68 @@
+"""Numerical checks and timing statistics shared by the benchmark scripts.
+
+Pure Python: nothing here imports torch. `compare` takes the array module as an argument
+(numpy on the CPU, torch on the GPU) so the same arithmetic runs in the tests and on the
+device.
+"""
+
+# MoK's bars (MISSION.md "Reference numbers"), the same as mok_tolerance() in
+# src/core/compare.cpp: max-abs error and sum|diff|/sum|ref|.
+TOLERANCES = {
+    "bf16": {"max_abs": 0.5, "rel": 0.01},
+    "mxfp8": {"max_abs": 1.0, "rel": 0.1},
+}
+
+
+def tolerance(precision):
+    """MoK's forward bar for a precision name ("bf16" or "mxfp8")."""
+    try:
+        return dict(TOLERANCES[precision])
+    except KeyError:
+        raise ValueError(f"unknown precision {precision!r}; known: {sorted(TOLERANCES)}") from None
+
+
+def compare(out, ref, xp):
+    """Compares `out` with `ref` (same shape, float32 arrays of module `xp`) as mok does.
+
+    Elements where ref is not finite are skipped; an element where ref is finite and out is
+    not counts in `non_finite` (and so fails the check). Sums are taken in float64.
+    Returns a dict of plain Python numbers: max_abs, rel, non_finite, count.
+    """
+    if tuple(out.shape) != tuple(ref.shape):
+        raise ValueError(f"compare: shapes differ: {tuple(out.shape)} vs {tuple(ref.shape)}")
+    ref_ok = xp.isfinite(ref)
+    out_ok = xp.isfinite(out)
+    both = ref_ok & out_ok
+    non_finite = int((ref_ok & ~out_ok).sum())
+    zero = xp.zeros_like(ref)
+    diff = xp.where(both, xp.abs(out - ref), zero)
+    mag = xp.where(both, xp.abs(ref), zero)
+    count = 1
+    for d in tuple(ref.shape):
+        count *= int(d)
+    max_abs = float(diff.max()) if count else 0.0
+    sum_diff = float(diff.sum(dtype=xp.float64))
+    sum_ref = float(mag.sum(dtype=xp.float64))
+    if sum_ref > 0:
+        rel = sum_diff / sum_ref
+    else:
+        rel = float("inf") if sum_diff > 0 else 0.0
+    return {"max_abs": max_abs, "rel": rel, "non_finite": non_finite, "count": count}
+
+
+def passes(stats, tol):
+    """True when a `compare` result meets a `tolerance`; NaN never passes."""
+    max_abs, rel = stats["max_abs"], stats["rel"]
+    # Comparisons with NaN are False, so a NaN in either number fails here.
+    return bool(stats["non_finite"] == 0 and max_abs <= tol["max_abs"] and rel <= tol["rel"])
+
+
+def summarize_ms(samples):
+    """Median, min and max of per-iteration times in ms.
+
+    The median is sorted[n // 2] (the upper median for even n), as `mok run` computes it.
+    """
+    if not samples:
+        raise ValueError("summarize_ms: no samples")
+    s = sorted(float(x) for x in samples)
+    return {"median_ms": s[len(s) // 2], "min_ms": s[0], "max_ms": s[-1], "samples": len(s)}

@@ -1,0 +1,362 @@
+#!/usr/bin/env python3
+"""The PyTorch peer: the usual eager MoE pipeline on exactly the work `mok bench` ran.
+
+    python3 bench/peer_torch.py DIR [--warmup 500] [--iters 100]
+
+Reads DIR (mok.json and the .npy peer inputs, bench/README.md "The contract"), then on the
+GPU:
+  1. checks the pipeline's routed rows against rows_ref.npy and its y against y_ref.npy
+     with MoK's bar; a peer that fails its check is not timed (the failure is recorded);
+  2. times the forward pipeline: dispatch (index_select, standing in for the all-to-all),
+     argsort permute, one grouped GEMM for gate/up, SwiGLU, one grouped GEMM for down,
+     unpermute, then shared experts + weighted combine for the local tokens;
+  3. times the two grouped GEMMs alone on pre-permuted inputs;
+  4. times autograd backward of that forward (see bench/README.md for its upstream
+     gradients);
+  5. measures the ceilings: dense bf16 GEMM, fp8 e4m3 GEMM, device-to-device copy;
+and writes DIR/peer.json. Exit status: 0 all good, 1 a check failed or a part raised
+(peer.json still written), 2 no CUDA GPU.
+"""
+import argparse
+import json
+import os
+import platform
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import checks  # noqa: E402
+import workdir  # noqa: E402
+
+SCHEMA = 1
+
+
+# ---- timing -----------------------------------------------------------------------------
+
+def time_cuda(fn, warmup, iters):
+    """Warm-up calls, then `iters` calls each between two CUDA events; times in ms."""
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return checks.summarize_ms([s.elapsed_time(e) for s, e in events])
+
+
+# ---- the pipeline (eager PyTorch, as users write it) ------------------------------------
+
+def swiglu(h, width, limit):
+    """silu(gate) * up on h = [gate | up] ([n, 2*width], bf16); clamped when limit is set."""
+    import torch.nn.functional as F
+    g, u = h[:, :width], h[:, width:]
+    if limit is not None:
+        g = g.clamp(max=limit)
+        u = u.clamp(-limit, limit)
+    return F.silu(g) * u
+
+
+def routed_rows(x_recv, row_expert, w13, w2, num_local, width, limit):
+    """Expert outputs of the received rows, in arrival order ([N, H] bf16, not weighted).
+
+    w13: [E_loc, 2I, H] (gate rows then up rows), w2: [E_loc, H, I]; both are handed to
+    _grouped_mm as transposed views ([E_loc, H, 2I] and [E_loc, I, H]).
+    """
+    import torch
+    order = torch.argsort(row_expert, stable=True)
+    x_perm = x_recv.index_select(0, order)
+    offs = torch.cumsum(torch.bincount(row_expert, minlength=num_local), 0).to(torch.int32)
+    h = torch._grouped_mm(x_perm, w13.transpose(-2, -1), offs=offs)
+    a = swiglu(h, width, limit)
+    o = torch._grouped_mm(a, w2.transpose(-2, -1), offs=offs)
+    out = torch.empty_like(o)
+    out[order] = o
+    return out
+
+
+def shared_out(x, w13s, w2s, width, limit):
+    """One shared expert on x [T, H]: gate and up in one dense matmul, then down."""
+    return swiglu(x @ w13s.t(), width, limit) @ w2s.t()
+
+
+def local_y(x_local, shared, router_weights, combine_local, limit):
+    """y of the local tokens: shared experts + router-weighted combine slots, fp32 sum -> bf16."""
+    import torch
+    T, k = router_weights.shape
+    acc = (router_weights.unsqueeze(-1) * combine_local.view(T, k, -1).float()).sum(1)
+    for w13s, w2s, width in shared:
+        acc = acc + shared_out(x_local, w13s, w2s, width, limit).float()
+    return acc.to(torch.bfloat16)
+
+
+class Work:
+    """The peer inputs on the GPU, with the fused weights made once (outside every timing)."""
+
+    def __init__(self, doc, arrays, device):
+        import numpy as np
+        import torch
+
+        def bf16(bits):
+            return torch.from_numpy(np.ascontiguousarray(bits).view(np.int16)).view(torch.bfloat16).to(device)
+
+        def plain(a):
+            return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+        p = doc["problem"]
+        self.R, self.T, self.H, self.I, self.k, self.E_loc, widths = workdir.problem_dims(p)
+        self.limit = None if p.get("swiglu_limit") is None else float(p["swiglu_limit"])
+        self.x_all = bf16(arrays["x_all"])
+        self.row_source = plain(arrays["row_source"]).long()
+        self.row_expert = plain(arrays["row_expert"]).long()
+        self.row_weight = plain(arrays["row_weight"]).float()
+        self.N = int(self.row_source.numel())
+        self.w13 = torch.cat([bf16(arrays["w_gate"]), bf16(arrays["w_up"])], dim=1).contiguous()
+        self.w2 = bf16(arrays["w_down"]).contiguous()
+        self.shared = []
+        for s, width in zip(arrays["shared"], widths):
+            w13s = torch.cat([bf16(s["w_gate"]), bf16(s["w_up"])], dim=0).contiguous()
+            self.shared.append((w13s, bf16(s["w_down"]).contiguous(), width))
+        self.x_local = bf16(arrays["x_local"])
+        self.router_weights = plain(arrays["router_weights"]).float()
+        self.combine_local = bf16(arrays["combine_local"])
+        self.rows_ref = bf16(arrays["rows_ref"])
+        self.y_ref = bf16(arrays["y_ref"])
+        self.dy_local = bf16(arrays["dy_local"]) if "dy_local" in arrays else None
+        counts = np.bincount(arrays["row_expert"].astype(np.int64), minlength=self.E_loc)
+        self.expert_rows = {"min": int(counts.min()), "max": int(counts.max()), "mean": float(counts.mean())}
+
+    def forward(self):
+        x_recv = self.x_all.index_select(0, self.row_source)  # what the all-to-all delivers
+        out = routed_rows(x_recv, self.row_expert, self.w13, self.w2, self.E_loc, self.I, self.limit)
+        y = local_y(self.x_local, self.shared, self.router_weights, self.combine_local, self.limit)
+        return out, y
+
+
+# ---- the measured parts ------------------------------------------------------------------
+
+def check_forward(work, tol):
+    out, y = work.forward()
+    import torch
+    torch.cuda.synchronize()
+    res = {"tolerance": tol}
+    for name, got, ref in (("rows", out, work.rows_ref), ("y", y, work.y_ref)):
+        st = checks.compare(got.float(), ref.float(), torch)
+        st["passes"] = checks.passes(st, tol)
+        res[name] = st
+    res["passes"] = res["rows"]["passes"] and res["y"]["passes"]
+    return res
+
+
+def time_grouped_gemms(work, warmup, iters):
+    """The two grouped GEMMs alone, on rows already permuted by expert."""
+    import torch
+    order = torch.argsort(work.row_expert, stable=True)
+    x_perm = work.x_all.index_select(0, work.row_source.index_select(0, order)).contiguous()
+    offs = torch.cumsum(torch.bincount(work.row_expert, minlength=work.E_loc), 0).to(torch.int32)
+    w13t, w2t = work.w13.transpose(-2, -1), work.w2.transpose(-2, -1)
+    a_perm = swiglu(torch._grouped_mm(x_perm, w13t, offs=offs), work.I, work.limit).contiguous()
+
+    def gate_up():
+        return torch._grouped_mm(x_perm, w13t, offs=offs)
+
+    def down():
+        return torch._grouped_mm(a_perm, w2t, offs=offs)
+
+    def both():
+        gate_up()
+        down()
+
+    return {"grouped_gemms": time_cuda(both, warmup, iters),
+            "gate_up_gemm": time_cuda(gate_up, warmup, iters),
+            "down_gemm": time_cuda(down, warmup, iters)}
+
+
+BACKWARD_INCLUDES = (
+    "torch.autograd.grad of the forward graph (built once, retain_graph=True) w.r.t. the received rows "
+    "x_recv, the local expert weights, x_local, the router weights, the combine slots and the shared "
+    "weights; upstream gradients: dy_local.npy for y and, for the routed rows, row_weight * dy_rows with "
+    "dy_rows a seeded random bf16 [N,H] (the remote tokens' dy is not in the work directory)")
+
+
+def time_backward(work, warmup, iters, seed):
+    import torch
+    leaf = lambda t: t.detach().requires_grad_()  # noqa: E731  (shares storage, no copy)
+    x_recv = leaf(work.x_all.index_select(0, work.row_source))
+    x_local = leaf(work.x_local)
+    w13, w2 = leaf(work.w13), leaf(work.w2)
+    rw, comb = leaf(work.router_weights), leaf(work.combine_local)
+    shared = [(leaf(a), leaf(b), width) for a, b, width in work.shared]
+    with torch.enable_grad():
+        out = routed_rows(x_recv, work.row_expert, w13, w2, work.E_loc, work.I, work.limit)
+        y = local_y(x_local, shared, rw, comb, work.limit)
+    gen = torch.Generator(device=work.x_all.device)
+    gen.manual_seed(seed)
+    dy_rows = torch.randn(work.N, work.H, generator=gen, device=work.x_all.device, dtype=torch.float32)
+    g_rows = (work.row_weight.unsqueeze(-1) * dy_rows).to(torch.bfloat16)
+    del dy_rows
+    inputs = [x_recv, w13, w2, x_local, rw, comb] + [t for a, b, _ in shared for t in (a, b)]
+
+    def backward():
+        return torch.autograd.grad([out, y], inputs, grad_outputs=[g_rows, work.dy_local],
+                                   retain_graph=True, allow_unused=True)
+
+    grads = backward()
+    finite = all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
+    del grads
+    timing = time_cuda(backward, warmup, iters)
+    timing["grads_finite"] = finite
+    return timing
+
+
+def ceiling_dense_bf16(n, warmup, iters):
+    import torch
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    t = time_cuda(lambda: torch.matmul(a, b, out=c), warmup, iters)
+    t.update({"m": n, "n": n, "k": n, "tflops": 2.0 * n ** 3 / (t["median_ms"] * 1e-3) / 1e12,
+              "how": "torch.matmul bf16, random normal data"})
+    return t
+
+
+def ceiling_fp8(n, warmup, iters, fast_accum=True):
+    import torch
+    a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm wants
+    one = torch.ones((), device="cuda", dtype=torch.float32)
+    t = time_cuda(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                                           use_fast_accum=fast_accum), warmup, iters)
+    t.update({"m": n, "n": n, "k": n, "tflops": 2.0 * n ** 3 / (t["median_ms"] * 1e-3) / 1e12,
+              "use_fast_accum": fast_accum,
+              "how": "torch._scaled_mm e4m3 x e4m3 -> bf16, per-tensor scales, random normal data"})
+    return t
+
+
+def ceiling_copy(nbytes, warmup, iters):
+    import torch
+    src = torch.empty(nbytes, device="cuda", dtype=torch.uint8).fill_(1)
+    dst = torch.empty_like(src)
+    t = time_cuda(lambda: dst.copy_(src), warmup, iters)
+    t.update({"bytes": nbytes, "bytes_moved": 2 * nbytes,
+              "gbps": 2.0 * nbytes / (t["median_ms"] * 1e-3) / 1e9,
+              "how": "Tensor.copy_ device to device; bytes read + bytes written per second"})
+    return t
+
+
+# ---- driver ------------------------------------------------------------------------------
+
+def gpu_env():
+    import torch
+    props = torch.cuda.get_device_properties(0)
+    return {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0),
+            "sms": props.multi_processor_count, "capability": f"{props.major}.{props.minor}",
+            "python": platform.python_version()}
+
+
+def cuda_ready():
+    try:
+        import torch
+    except ImportError:
+        return False, "PyTorch is not installed"
+    if not torch.cuda.is_available():
+        return False, "torch.cuda.is_available() is False"
+    return True, ""
+
+
+def measure_peer(work, args, result, attempt):
+    """Checks the pipeline, then times it, its grouped GEMMs and its backward. False when the
+    check fails (the timings are then skipped)."""
+    result["rows"] = {"N": work.N, "per_local_expert": work.expert_rows}
+    tol = checks.tolerance(result["problem"]["precision"])
+    result["check"] = attempt("check", lambda: check_forward(work, tol))
+    if not (result["check"] and result["check"]["passes"]):
+        reason = "the peer failed its forward check" if result["check"] else "the forward check raised"
+        for part in ("forward", "grouped_gemms", "backward"):
+            result["skipped"][part] = reason
+        return False
+    result["forward"] = attempt("forward", lambda: time_cuda(work.forward, args.warmup, args.iters))
+    gg = attempt("grouped_gemms", lambda: time_grouped_gemms(work, args.warmup, args.iters))
+    if gg:
+        result.update(gg)
+    if args.no_backward:
+        result["skipped"]["backward"] = "--no-backward"
+    else:
+        result["backward"] = attempt("backward", lambda: time_backward(work, args.warmup, args.iters, args.seed))
+    return True
+
+
+def run(args):
+    import torch
+    doc, arrays = workdir.load_work(args.work_dir, need_backward=not args.no_backward)
+    result = {"tool": "peer_torch", "schema": SCHEMA, "work_dir": os.path.abspath(args.work_dir),
+              "env": gpu_env(), "shape": doc["shape"], "problem": doc["problem"],
+              "peer": "pytorch eager pipeline: index_select dispatch, argsort permute, torch._grouped_mm x2, "
+                      "SwiGLU, unpermute, shared experts, weighted combine (bf16)",
+              "peer_precision": "bf16",
+              "timing": {"warmup": args.warmup, "iters": args.iters, "ceiling_warmup": args.ceiling_warmup,
+                         "ceiling_iters": args.ceiling_iters, "median": "sorted[n//2] of per-iteration CUDA-event times"},
+              "check": None, "forward": None, "grouped_gemms": None, "gate_up_gemm": None, "down_gemm": None,
+              "backward": None, "backward_includes": BACKWARD_INCLUDES, "ceilings": {}, "skipped": {}, "errors": {}}
+    ok = True
+
+    def attempt(name, fn):
+        nonlocal ok
+        try:
+            return fn()
+        except Exception as exc:  # recorded, and the other parts still run
+            ok = False
+            result["errors"][name] = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+            return None
+
+    ok = measure_peer(Work(doc, arrays, torch.device("cuda")), args, result, attempt) and ok
+    del arrays
+    torch.cuda.empty_cache()
+    if args.no_ceilings:
+        result["skipped"]["ceilings"] = "--no-ceilings"
+    else:
+        cw, ci = args.ceiling_warmup, args.ceiling_iters
+        result["ceilings"]["dense_bf16"] = attempt("dense_bf16", lambda: ceiling_dense_bf16(args.gemm_n, cw, ci))
+        result["ceilings"]["fp8_e4m3"] = attempt("fp8_e4m3", lambda: ceiling_fp8(args.gemm_n, cw, ci, True))
+        result["ceilings"]["fp8_e4m3_exact_accum"] = attempt(
+            "fp8_e4m3_exact_accum", lambda: ceiling_fp8(args.gemm_n, cw, ci, False))
+        nbytes = int(args.copy_gib * (1 << 30))
+        result["ceilings"]["copy"] = attempt("copy", lambda: ceiling_copy(nbytes, cw, ci))
+    return result, ok
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("work_dir", help="the directory `mok bench --work-dir` wrote")
+    ap.add_argument("--warmup", type=int, default=500)
+    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--ceiling-warmup", type=int, default=20)
+    ap.add_argument("--ceiling-iters", type=int, default=50)
+    ap.add_argument("--gemm-n", type=int, default=8192, help="M=N=K of the GEMM ceilings")
+    ap.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy ceiling's buffer")
+    ap.add_argument("--seed", type=int, default=1, help="seed of the routed rows' upstream gradient")
+    ap.add_argument("--no-backward", action="store_true")
+    ap.add_argument("--no-ceilings", action="store_true")
+    args = ap.parse_args(argv)
+    if args.iters < 1 or args.warmup < 0 or args.ceiling_iters < 1 or args.ceiling_warmup < 0:
+        ap.error("--iters/--ceiling-iters must be >= 1 and the warm-ups >= 0")
+    ready, why = cuda_ready()
+    if not ready:
+        print(f"peer_torch.py: no CUDA GPU ({why}); the PyTorch peer runs on the device only", file=sys.stderr)
+        return 2
+    result, ok = run(args)
+    path = os.path.join(args.work_dir, workdir.PEER_JSON)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    fwd = result["forward"]["median_ms"] if result["forward"] else None
+    print(f"peer_torch.py: check {'PASS' if result['check'] and result['check']['passes'] else 'FAIL'}, "
+          f"forward median {fwd} ms; wrote {path}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""Benchmark records: the arithmetic (FLOPs, bytes, ratios) and the record files.
+
+Pure Python, no torch, no numpy. A record is built only from mok.json (written by
+`mok bench`), peer.json (written by peer_torch.py) and the environment (git, the clock):
+nothing in it is typed by hand. bench/README.md describes every field.
+"""
+import datetime
+import json
+import os
+import re
+import subprocess
+
+SCHEMA = 1
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(BENCH_DIR)
+RESULTS_DIR = os.path.join(BENCH_DIR, "results")
+
+
+# ---- arithmetic -------------------------------------------------------------------------
+
+def _dims(problem):
+    T, H, I, k = (int(problem[key]) for key in ("tokens_per_rank", "hidden", "intermediate", "top_k"))
+    E, R = int(problem["num_experts"]), int(problem["ep_size"])
+    return T, H, I, k, E, R, [int(w) for w in problem.get("shared_intermediate") or []]
+
+
+def mok_flops(problem, backward=False):
+    """MoK's FLOP count for one rank: 6*(T + T*k)*H*I forward (the shared expert counted as T
+    rows of width I, whatever the shapes' shared experts are), twice that backward."""
+    T, H, I, k, _, _, _ = _dims(problem)
+    f = 6.0 * (T + T * k) * H * I
+    return 2.0 * f if backward else f
+
+
+def mok_tflops(problem, ms, backward=False):
+    """TFLOP/s by MoK's formula for a time in milliseconds (None when ms is None or <= 0)."""
+    if ms is None or ms <= 0:
+        return None
+    return mok_flops(problem, backward) / (ms * 1e-3) / 1e12
+
+
+def performed_flops(problem, n_rows, backward=False):
+    """FLOPs the rank actually performs: 6*N*H*I for its N routed rows plus 6*T*H*I_s for each
+    shared expert (twice that backward). Equals mok_flops for MoK's shapes when N = T*k."""
+    T, H, I, _, _, _, shared = _dims(problem)
+    f = 6.0 * n_rows * H * I + sum(6.0 * T * H * w for w in shared)
+    return 2.0 * f if backward else f
+
+
+def grouped_gemm_flops(problem, n_rows):
+    """FLOPs of the two routed grouped GEMMs alone: gate/up 2*N*H*2I + down 2*N*I*H."""
+    _, H, I, _, _, _, _ = _dims(problem)
+    return 6.0 * n_rows * H * I
+
+
+def tflops(flops, ms):
+    if ms is None or ms <= 0:
+        return None
+    return flops / (ms * 1e-3) / 1e12
+
+
+def hbm_bytes_forward(problem, n_rows):
+    """Minimum bytes through HBM of one rank's forward (bf16 = 2 bytes):
+    routed x rows read N*H*2 + the rank's weights read once (3*E_loc*I*H*2 + sum_s 3*I_s*H*2)
+    + x_local read for the shared experts T*H*2 (only when there is one)
+    + combine rows written N*H*2 + epilogue reads T*k*H*2 + y written T*H*2."""
+    T, H, I, k, E, R, shared = _dims(problem)
+    e_loc = E // R
+    weights = 3 * e_loc * I * H * 2 + sum(3 * w * H * 2 for w in shared)
+    x_local = T * H * 2 if shared else 0
+    return n_rows * H * 2 + weights + x_local + n_rows * H * 2 + T * k * H * 2 + T * H * 2
+
+
+def link_bytes_forward(problem, n_remote):
+    """Bytes over the links in one rank's forward: rows pulled from and pushed to other ranks."""
+    _, H, _, _, _, _, _ = _dims(problem)
+    return 2 * n_remote * H * 2
+
+
+def gbps(nbytes, ms):
+    if ms is None or ms <= 0:
+        return None
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+def ratio(a, b):
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+# ---- environment ------------------------------------------------------------------------
+
+def _git(args, cwd):
+    try:
+        r = subprocess.run(["git"] + args, cwd=cwd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def collect_env(repo_root=REPO_ROOT, mok_json=None):
+    """The commit (git rev-parse HEAD and whether the tree is dirty) and the UTC date.
+
+    Where the tree has no .git (a copy on the device), the commit comes from the
+    MOK_BENCH_COMMIT environment variable, else from mok.json's optional "build" object
+    ({"commit": ..., "dirty": ...}), else it is "unknown"; `source` says which.
+    """
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    top = _git(["rev-parse", "--show-toplevel"], repo_root)
+    # Only this repository's own .git counts (not one of a folder above a copy of the tree).
+    in_repo = top is not None and os.path.realpath(top) == os.path.realpath(repo_root)
+    sha = _git(["rev-parse", "HEAD"], repo_root) if in_repo else None
+    if sha:
+        status = _git(["status", "--porcelain", "--untracked-files=no"], repo_root)
+        env["commit"] = {"sha": sha, "dirty": None if status is None else bool(status), "source": "git"}
+    elif os.environ.get("MOK_BENCH_COMMIT"):
+        env["commit"] = {"sha": os.environ["MOK_BENCH_COMMIT"],
+                         "dirty": {"1": True, "0": False}.get(os.environ.get("MOK_BENCH_DIRTY", "")),
+                         "source": "MOK_BENCH_COMMIT"}
+    elif mok_json and isinstance(mok_json.get("build"), dict) and mok_json["build"].get("commit"):
+        b = mok_json["build"]
+        env["commit"] = {"sha": str(b["commit"]), "dirty": b.get("dirty"), "source": "mok.json build"}
+    else:
+        env["commit"] = {"sha": "unknown", "dirty": None, "source": "none"}
+    return env
+
+
+# ---- the record -------------------------------------------------------------------------
+
+def _timed(entry, flops=None):
+    """A copy of a {median_ms, min_ms, max_ms, ...} entry, with TFLOP/s when flops is given."""
+    if not entry:
+        return None
+    out = {key: entry[key] for key in ("median_ms", "min_ms", "max_ms") if key in entry}
+    if flops is not None:
+        out["tflops"] = tflops(flops, out.get("median_ms"))
+    return out
+
+
+def make_record(mok, peer, env):
+    """One benchmark record from mok.json, peer.json (may be None) and collect_env()."""
+    problem = mok["problem"]
+    rows = mok["rows"]
+    n_rows = int(rows["real"])
+    n_remote = int(rows.get("remote", 0))
+    f_fwd, f_bwd = mok_flops(problem), mok_flops(problem, backward=True)
+    perf_fwd = performed_flops(problem, n_rows)
+    peer = peer or {}
+    penv = peer.get("env") or {}
+    mok_check = (mok.get("check") or {}).get("forward")
+    peer_check = peer.get("check")
+
+    mok_fwd = _timed(mok.get("forward"), f_fwd)
+    mok_bwd = _timed(mok.get("backward"), f_bwd)
+    pipe_fwd = _timed(peer.get("forward"), f_fwd)
+    pipe_bwd = _timed(peer.get("backward"), f_bwd)
+    gg = _timed(peer.get("grouped_gemms"), grouped_gemm_flops(problem, n_rows))
+    for entry in (mok_fwd, pipe_fwd):
+        if entry:
+            entry["tflops_performed"] = tflops(perf_fwd, entry["median_ms"])
+
+    ceilings = peer.get("ceilings") or {}
+    dense = (ceilings.get("dense_bf16") or {}).get("tflops")
+    fp8 = (ceilings.get("fp8_e4m3") or {}).get("tflops")
+    fp8_exact = (ceilings.get("fp8_e4m3_exact_accum") or {}).get("tflops")
+    copy = (ceilings.get("copy") or {}).get("gbps")
+    ms = lambda e: e["median_ms"] if e else None  # noqa: E731
+    tf = lambda e: e.get("tflops") if e else None  # noqa: E731
+
+    hbm = hbm_bytes_forward(problem, n_rows)
+    link = link_bytes_forward(problem, n_remote)
+    mok_gbps = gbps(hbm, ms(mok_fwd))
+    pipe_gbps = gbps(hbm, ms(pipe_fwd))
+
+    mok_pass = None if mok_check is None else bool(mok_check.get("passes"))
+    peer_pass = None if peer_check is None else bool(peer_check.get("passes"))
+    commit = env["commit"]
+    return {
+        "schema": SCHEMA,
+        "date": env["date"],
+        "commit": {"sha": commit["sha"], "short": commit["sha"][:7] if commit["sha"] != "unknown" else "unknown",
+                   "dirty": commit.get("dirty"), "source": commit.get("source")},
+        "gpu": {"name": mok.get("gpu", {}).get("name"), "sms": mok.get("gpu", {}).get("sms"),
+                "driver": mok.get("gpu", {}).get("driver"), "cuda_runtime": mok.get("gpu", {}).get("cuda_runtime"),
+                "torch": penv.get("torch"), "torch_cuda": penv.get("torch_cuda"), "peer_gpu": penv.get("gpu"),
+                "capability": penv.get("capability")},
+        "shape": mok["shape"],
+        "ep_mode": mok["ep_mode"],
+        "active_rank": mok.get("active_rank"),
+        "tokens_per_rank": int(problem["tokens_per_rank"]),
+        "precision": problem["precision"],
+        "problem": problem,
+        "routing": mok.get("routing"),
+        "rows": {"real": n_rows, "remote": n_remote, "padded": rows.get("padded")},
+        "config": mok.get("config"),
+        "timing": {"mok": mok.get("timing"), "peer": peer.get("timing")},
+        "flops": {"mok_forward": f_fwd, "mok_backward": f_bwd, "performed_forward": perf_fwd,
+                  "grouped_gemms": grouped_gemm_flops(problem, n_rows)},
+        "mok": {"forward": mok_fwd, "backward": mok_bwd, "check": mok_check},
+        "peers": {
+            "pytorch_pipeline": {"forward": pipe_fwd, "backward": pipe_bwd, "check": peer_check,
+                                 "precision": peer.get("peer_precision"), "what": peer.get("peer"),
+                                 "backward_includes": peer.get("backward_includes"),
+                                 "skipped": peer.get("skipped"), "errors": peer.get("errors")},
+            "pytorch_grouped_gemms": {"forward": gg, "gate_up": _timed(peer.get("gate_up_gemm")),
+                                      "down": _timed(peer.get("down_gemm"))},
+        } if peer else {},
+        "ceilings": {"dense_bf16_tflops": dense, "fp8_e4m3_tflops": fp8, "fp8_e4m3_exact_accum_tflops": fp8_exact,
+                     "copy_gbps": copy,
+                     "detail": ceilings or None},
+        "ratios": {
+            "speedup_forward_vs_pytorch": ratio(ms(pipe_fwd), ms(mok_fwd)),
+            "speedup_backward_vs_pytorch": ratio(ms(pipe_bwd), ms(mok_bwd)),
+            "mok_forward_of_dense_ceiling": ratio(tf(mok_fwd), dense),
+            "mok_backward_of_dense_ceiling": ratio(tf(mok_bwd), dense),
+            "pytorch_forward_of_dense_ceiling": ratio(tf(pipe_fwd), dense),
+            "grouped_gemms_of_dense_ceiling": ratio(tf(gg), dense),
+            "pytorch_pipeline_over_grouped_gemms": ratio(ms(pipe_fwd), ms(gg)),
+            "mok_over_grouped_gemms": ratio(ms(mok_fwd), ms(gg)),
+        },
+        "bytes": {"hbm_forward": hbm, "link_forward": link,
+                  "mok_hbm_gbps": mok_gbps, "mok_hbm_of_copy_ceiling": ratio(mok_gbps, copy),
+                  "pytorch_hbm_gbps": pipe_gbps, "pytorch_hbm_of_copy_ceiling": ratio(pipe_gbps, copy),
+                  "mok_link_gbps": gbps(link, ms(mok_fwd))},
+        "check": {"mok": mok_pass, "pytorch": peer_pass,
+                  "passes": bool(mok_pass) and (peer_pass is not False)},
+    }
+
+
+# ---- files ------------------------------------------------------------------------------
+
+def _safe(name):
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", str(name)).strip("-") or "unnamed"
+
+
+def record_basename(record):
+    """<UTC date>_<shape>_<epmode>_<short commit> (no suffix, no extension)."""
+    day = record["date"][:10]
+    return "_".join(_safe(p) for p in (day, record["shape"], record["ep_mode"], record["commit"]["short"]))
+
+
+def write_record(record, results_dir=RESULTS_DIR):
+    """Writes results_dir/<basename>.json, or <basename>_2.json, _3, ... : never overwrites."""
+    os.makedirs(results_dir, exist_ok=True)
+    base = record_basename(record)
+    n = 1
+    while True:
+        path = os.path.join(results_dir, f"{base}.json" if n == 1 else f"{base}_{n}.json")
+        try:
+            with open(path, "x") as f:  # exclusive create: fails if the file exists
+                json.dump(record, f, indent=1, sort_keys=False)
+                f.write("\n")
+            return path
+        except FileExistsError:
+            n += 1
+
+
+def load_record(path):
+    with open(path) as f:
+        rec = json.load(f)
+    if not isinstance(rec, dict) or rec.get("schema") != SCHEMA or "shape" not in rec:
+        raise ValueError(f"{path}: not a mok benchmark record (schema {SCHEMA})")
+    return rec

@@ -1,0 +1,341 @@
+#!/usr/bin/env python3
+"""Regenerates bench/REPORT.md and the plots under bench/plots/ from the benchmark records.
+
+    python3 bench/report.py                 # every record in bench/results/
+    python3 bench/report.py FILE.json ...   # only these records
+
+Runs anywhere (no GPU, no torch): matplotlib with the Agg backend. When several records
+share (shape, EP mode, routing, tokens per rank, precision), the newest (by its "date",
+then by file name) wins.
+"""
+import argparse
+import glob
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import records  # noqa: E402
+import run  # noqa: E402  (DEFAULT_RUNS; imports no torch)
+
+BENCH_DIR = records.BENCH_DIR
+DEFAULT_OUT = os.path.join(BENCH_DIR, "REPORT.md")
+DEFAULT_PLOTS = os.path.join(BENCH_DIR, "plots")
+
+# The order of shapes in tables and plots: run.py's default runs first, then by name.
+SHAPE_ORDER = [shape for shape, _, _, _ in run.DEFAULT_RUNS]
+DEFAULT_TOKENS = {shape: tokens for shape, _, _, tokens in run.DEFAULT_RUNS}
+PLOT_FILES = ("tflops_per_shape.png", "dense_ceiling_fraction.png")
+
+
+# ---- selecting records ------------------------------------------------------------------
+
+def routing_spec(rec):
+    return (rec.get("routing") or {}).get("spec", "?")
+
+
+def record_key(rec):
+    return (rec["shape"], rec["ep_mode"], routing_spec(rec), int(rec["tokens_per_rank"]), rec["precision"])
+
+
+def _shape_rank(shape):
+    return (SHAPE_ORDER.index(shape), "") if shape in SHAPE_ORDER else (len(SHAPE_ORDER), shape)
+
+
+def sort_key(rec):
+    shape, mode, routing, tokens, precision = record_key(rec)
+    return (_shape_rank(shape), mode, routing, precision, tokens)
+
+
+def load_records(paths):
+    """(path, record) for each readable record; unreadable files are reported and skipped."""
+    out = []
+    for p in paths:
+        try:
+            out.append((p, records.load_record(p)))
+        except (OSError, ValueError) as exc:
+            print(f"report.py: skipping {p}: {exc}", file=sys.stderr)
+    return out
+
+
+def newest_per_key(loaded):
+    """The newest record of each (shape, EP mode, routing, tokens, precision), sorted for display."""
+    best = {}
+    for path, rec in loaded:
+        key = record_key(rec)
+        rank = (rec.get("date", ""), os.path.basename(path))
+        if key not in best or rank > best[key][0]:
+            best[key] = (rank, rec)
+    return sorted((rec for _, rec in best.values()), key=sort_key)
+
+
+def bar_records(recs):
+    """One record per (shape, EP mode, routing, precision) for the per-shape plots: the one at
+    the shape's default tokens per rank if present, else the one with the most tokens."""
+    groups = {}
+    for rec in recs:
+        shape, mode, routing, tokens, precision = record_key(rec)
+        groups.setdefault((shape, mode, routing, precision), []).append(rec)
+    chosen = []
+    for (shape, *_), group in groups.items():
+        at_default = [r for r in group if int(r["tokens_per_rank"]) == DEFAULT_TOKENS.get(shape)]
+        chosen.append(at_default[0] if at_default else max(group, key=lambda r: int(r["tokens_per_rank"])))
+    return sorted(chosen, key=sort_key)
+
+
+def sweep_groups(recs):
+    """{(shape, mode, routing, precision): records sorted by tokens} where >= 2 token counts exist."""
+    groups = {}
+    for rec in recs:
+        shape, mode, routing, tokens, precision = record_key(rec)
+        groups.setdefault((shape, mode, routing, precision), []).append(rec)
+    return {k: sorted(v, key=lambda r: int(r["tokens_per_rank"])) for k, v in groups.items()
+            if len({int(r["tokens_per_rank"]) for r in v}) >= 2}
+
+
+# ---- values -----------------------------------------------------------------------------
+
+def _get(rec, *path):
+    cur = rec
+    for p in path:
+        if not isinstance(cur, dict):
+            return None
+        cur = cur.get(p)
+    return cur
+
+
+def values(rec):
+    pipe = ("peers", "pytorch_pipeline")
+    return {
+        "mok_ms": _get(rec, "mok", "forward", "median_ms"),
+        "mok_tflops": _get(rec, "mok", "forward", "tflops"),
+        "mok_bwd_ms": _get(rec, "mok", "backward", "median_ms"),
+        "mok_bwd_tflops": _get(rec, "mok", "backward", "tflops"),
+        "pt_ms": _get(rec, *pipe, "forward", "median_ms"),
+        "pt_tflops": _get(rec, *pipe, "forward", "tflops"),
+        "pt_bwd_ms": _get(rec, *pipe, "backward", "median_ms"),
+        "pt_bwd_tflops": _get(rec, *pipe, "backward", "tflops"),
+        "gg_ms": _get(rec, "peers", "pytorch_grouped_gemms", "forward", "median_ms"),
+        "gg_tflops": _get(rec, "peers", "pytorch_grouped_gemms", "forward", "tflops"),
+        "speedup": _get(rec, "ratios", "speedup_forward_vs_pytorch"),
+        "mok_frac": _get(rec, "ratios", "mok_forward_of_dense_ceiling"),
+        "pt_frac": _get(rec, "ratios", "pytorch_forward_of_dense_ceiling"),
+        "gg_frac": _get(rec, "ratios", "grouped_gemms_of_dense_ceiling"),
+        "dense": _get(rec, "ceilings", "dense_bf16_tflops"),
+    }
+
+
+def check_text(rec):
+    c = rec.get("check") or {}
+    if c.get("passes"):
+        return "PASS"
+    parts = []
+    if c.get("mok") is not True:
+        parts.append(f"mok {'FAIL' if c.get('mok') is False else 'unchecked'}")
+    if c.get("pytorch") is False:
+        parts.append("pytorch FAIL")
+    return "FAIL (" + ", ".join(parts) + ")" if parts else "FAIL"
+
+
+# ---- markdown ---------------------------------------------------------------------------
+
+def _f(v, spec, suffix=""):
+    return "–" if v is None else format(v, spec) + suffix
+
+
+def ep_text(rec):
+    ep = (rec.get("problem") or {}).get("ep_size")
+    return f"{rec['ep_mode']} (EP={ep})" if ep is not None else rec["ep_mode"]
+
+
+def _cell(text):
+    return str(text).replace("|", "\\|")
+
+
+def markdown(recs, plots, out_dir):
+    lines = ["# mok benchmark report", "",
+             "Generated by `python3 bench/report.py` from the records in `bench/results/` "
+             "(bench/README.md explains every number). Forward pass, median of the timed iterations; "
+             "TFLOP/s by MoK's formula 6*(T + T*k)*H*I (grouped GEMMs: the FLOPs they perform, 6*N*H*I); "
+             "speedup = PyTorch pipeline ms / mok ms; % ceiling = mok TFLOP/s over the dense bf16 GEMM "
+             "measured in the same run. When several records share shape, EP mode, routing, tokens and "
+             "precision, the newest is shown.", ""]
+    if not recs:
+        lines += ["No records yet: run `python3 bench/run.py` on a GPU machine.", ""]
+        return "\n".join(lines)
+    head = ["shape", "EP mode", "routing", "tokens", "precision", "mok ms", "mok TFLOP/s", "PyTorch ms",
+            "PyTorch TFLOP/s", "grouped GEMMs ms", "speedup", "% dense ceiling", "check", "commit", "GPU"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for rec in recs:
+        v = values(rec)
+        commit = rec["commit"]["short"] + ("+dirty" if rec["commit"].get("dirty") else "")
+        cells = [rec["shape"], ep_text(rec), routing_spec(rec), rec["tokens_per_rank"], rec["precision"],
+                 _f(v["mok_ms"], ".3f"), _f(v["mok_tflops"], ".1f"), _f(v["pt_ms"], ".3f"),
+                 _f(v["pt_tflops"], ".1f"), _f(v["gg_ms"], ".3f"), _f(v["speedup"], ".2f", "x"),
+                 _f(None if v["mok_frac"] is None else 100 * v["mok_frac"], ".1f", "%"), check_text(rec),
+                 commit, (rec.get("gpu") or {}).get("name") or "?"]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    lines.append("")
+    bwd = [r for r in recs if values(r)["mok_bwd_ms"] is not None or values(r)["pt_bwd_ms"] is not None]
+    if bwd:
+        lines += ["## Backward", "", "| shape | EP mode | routing | tokens | mok ms | mok TFLOP/s | PyTorch ms "
+                  "| PyTorch TFLOP/s | speedup |", "|---|---|---|---|---|---|---|---|---|"]
+        for rec in bwd:
+            v = values(rec)
+            sp = records.ratio(v["pt_bwd_ms"], v["mok_bwd_ms"])
+            cells = [rec["shape"], ep_text(rec), routing_spec(rec), rec["tokens_per_rank"],
+                     _f(v["mok_bwd_ms"], ".3f"), _f(v["mok_bwd_tflops"], ".1f"), _f(v["pt_bwd_ms"], ".3f"),
+                     _f(v["pt_bwd_tflops"], ".1f"), _f(sp, ".2f", "x")]
+            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        lines.append("")
+    lines += ["## Ceilings measured with each record", "",
+              "| shape | tokens | dense bf16 TFLOP/s | fp8 e4m3 TFLOP/s (fast accum / exact) | copy GB/s "
+              "| mok HBM GB/s (min bytes) | PyTorch HBM GB/s (min bytes) |",
+              "|---|---|---|---|---|---|---|"]
+    for rec in recs:
+        c = rec.get("ceilings") or {}
+        lines.append("| " + " | ".join(_cell(x) for x in (
+            rec["shape"], rec["tokens_per_rank"], _f(c.get("dense_bf16_tflops"), ".0f"),
+            _f(c.get("fp8_e4m3_tflops"), ".0f") + " / " + _f(c.get("fp8_e4m3_exact_accum_tflops"), ".0f"),
+            _f(c.get("copy_gbps"), ".0f"), _f(_get(rec, "bytes", "mok_hbm_gbps"), ".0f"),
+            _f(_get(rec, "bytes", "pytorch_hbm_gbps"), ".0f"))) + " |")
+    lines.append("")
+    if plots:
+        lines += ["## Plots", ""]
+        for title, path in plots:
+            rel = os.path.relpath(path, out_dir).replace(os.sep, "/")
+            lines += [f"### {title}", "", f"![{title}]({rel})", ""]
+    return "\n".join(lines)
+
+
+# ---- plots ------------------------------------------------------------------------------
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _label(rec, multi_routing):
+    ep = rec["problem"].get("ep_size")
+    lab = f"{rec['shape']}\nEP={ep} T={rec['tokens_per_rank']}"
+    if multi_routing:
+        lab += f"\n{routing_spec(rec)}"
+    if rec["precision"] != "bf16":
+        lab += f" {rec['precision']}"
+    return lab
+
+
+def _grouped_bars(path, recs, series, ylabel, title, percent=False):
+    plt = _plt()
+    multi = len({routing_spec(r) for r in recs}) > 1
+    labels = [_label(r, multi) for r in recs]
+    present = [(name, key) for name, key in series if any(values(r)[key] is not None for r in recs)]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(recs) + 2), 4.8))
+    width = 0.8 / max(1, len(present))
+    for i, (name, key) in enumerate(present):
+        ys = [values(r)[key] for r in recs]
+        ys = [float("nan") if y is None else (100 * y if percent else y) for y in ys]
+        xs = [j + (i - (len(present) - 1) / 2) * width for j in range(len(recs))]
+        ax.bar(xs, ys, width, label=name)
+    ax.set_xticks(range(len(recs)))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if percent:
+        ax.axhline(100, color="black", linewidth=0.8, linestyle="--")
+    ax.grid(axis="y", alpha=0.3)
+    if present:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _sweep_plot(path, key, recs):
+    plt = _plt()
+    shape, mode, routing, precision = key
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    toks = [int(r["tokens_per_rank"]) for r in recs]
+    for name, k in (("mok forward", "mok_tflops"), ("PyTorch pipeline", "pt_tflops"),
+                    ("PyTorch grouped GEMMs only", "gg_tflops"), ("mok backward", "mok_bwd_tflops"),
+                    ("PyTorch backward", "pt_bwd_tflops")):
+        ys = [values(r)[k] for r in recs]
+        if any(y is not None for y in ys):
+            ax.plot(toks, [float("nan") if y is None else y for y in ys], marker="o", label=name)
+    dense = [values(r)["dense"] for r in recs if values(r)["dense"] is not None]
+    if dense:
+        ax.axhline(sorted(dense)[len(dense) // 2], color="black", linestyle="--", linewidth=0.8,
+                   label="dense bf16 GEMM ceiling")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(toks)
+    ax.set_xticklabels([str(t) for t in toks])
+    ax.set_xlabel("tokens per rank")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(f"{shape} {mode} ({routing}, {precision})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _safe(text):
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")
+
+
+def make_plots(recs, plots_dir):
+    """Writes the PNGs; returns [(title, path)]. Removes sweep plots left by an earlier run."""
+    os.makedirs(plots_dir, exist_ok=True)
+    for old in glob.glob(os.path.join(plots_dir, "sweep_*.png")) + \
+            [os.path.join(plots_dir, f) for f in PLOT_FILES]:
+        if os.path.exists(old):
+            os.remove(old)
+    out = []
+    if not recs:
+        return out
+    bars = bar_records(recs)
+    p = os.path.join(plots_dir, PLOT_FILES[0])
+    _grouped_bars(p, bars, [("mok forward", "mok_tflops"), ("PyTorch pipeline", "pt_tflops"),
+                            ("PyTorch grouped GEMMs only", "gg_tflops"), ("mok backward", "mok_bwd_tflops"),
+                            ("PyTorch backward", "pt_bwd_tflops")],
+                  "TFLOP/s", "TFLOP/s per shape (MoK's formula; GEMMs only: performed FLOPs)")
+    out.append(("TFLOP/s per shape", p))
+    p = os.path.join(plots_dir, PLOT_FILES[1])
+    _grouped_bars(p, bars, [("mok forward", "mok_frac"), ("PyTorch pipeline", "pt_frac"),
+                            ("PyTorch grouped GEMMs only", "gg_frac")],
+                  "% of dense bf16 GEMM", "Fraction of the dense bf16 GEMM ceiling (same run)", percent=True)
+    out.append(("Fraction of the dense GEMM ceiling", p))
+    for key, group in sorted(sweep_groups(recs).items(), key=lambda kv: sort_key(kv[1][0])):
+        p = os.path.join(plots_dir, "sweep_" + _safe("_".join(key)) + ".png")
+        _sweep_plot(p, key, group)
+        out.append((f"Tokens-per-rank sweep: {key[0]} {key[1]} ({key[2]}, {key[3]})", p))
+    return out
+
+
+def generate(paths, out_path=DEFAULT_OUT, plots_dir=DEFAULT_PLOTS):
+    """Reads the records at `paths`, writes the markdown and the plots; returns the records shown."""
+    recs = newest_per_key(load_records(paths))
+    plots = make_plots(recs, plots_dir)
+    text = markdown(recs, plots, os.path.dirname(os.path.abspath(out_path)))
+    with open(out_path, "w") as f:
+        f.write(text + "\n")
+    return recs
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("files", nargs="*", help="record files (default: every .json in --results-dir)")
+    ap.add_argument("--results-dir", default=records.RESULTS_DIR)
+    ap.add_argument("--out", default=DEFAULT_OUT, help="the markdown file to write")
+    ap.add_argument("--plots-dir", default=DEFAULT_PLOTS)
+    args = ap.parse_args(argv)
+    paths = args.files or sorted(glob.glob(os.path.join(args.results_dir, "*.json")))
+    recs = generate(paths, args.out, args.plots_dir)
+    print(f"report.py: {len(recs)} record(s) -> {args.out}, plots in {args.plots_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Runs the benchmark suite on the GPU: mok, then the PyTorch peer, then one record per run.
+
+    python3 bench/run.py                          # the seven default shapes
+    python3 bench/run.py --shapes glm-5.2,qwen3-30b-a3b
+    python3 bench/run.py --sweep --shapes qwen3.5-397b-a17b   # tokens per rank 512..16384
+
+For each run: `MOK_BIN bench --shape S --ep-mode M --ep R --tokens T --routing X --warmup W
+--iters N --work-dir DIR`, then `python3 bench/peer_torch.py DIR --warmup W --iters N`, then
+a record in bench/results/ (records.py). One failing run does not stop the others; the exit
+status is non-zero when any run failed, and a summary table is printed last.
+Exit status 2: no CUDA GPU (or no PyTorch) here.
+"""
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import records  # noqa: E402
+import workdir  # noqa: E402
+
+BENCH_DIR = records.BENCH_DIR
+REPO_ROOT = records.REPO_ROOT
+
+# (shape, ep mode, EP size, tokens per rank): MoK's four shapes as one rank's slice of an
+# EP-64 group at 2048 tokens per rank, and the single-GPU shapes at EP=1.
+DEFAULT_RUNS = [
+    ("qwen3.5-397b-a17b", "slice", 64, 2048),
+    ("deepseek-v4-pro", "slice", 64, 2048),
+    ("kimi-k2.7-code", "slice", 64, 2048),
+    ("glm-5.2", "slice", 64, 2048),
+    ("qwen3-30b-a3b", "all", 1, 16384),
+    ("mixtral-8x7b", "all", 1, 4096),
+    ("gpt-oss-20b", "all", 1, 4096),
+]
+SWEEP_TOKENS = [512, 1024, 2048, 4096, 8192, 16384]
+NO_GPU_EXIT = 2
+
+
+def cuda_status(assume_no_gpu=False):
+    """(True, description) when torch sees a CUDA GPU, else (False, why)."""
+    if assume_no_gpu:
+        return False, "--assume-no-gpu was given"
+    try:
+        import torch
+    except ImportError as exc:
+        return False, f"PyTorch cannot be imported ({exc})"
+    try:
+        if not torch.cuda.is_available():
+            return False, "torch.cuda.is_available() is False"
+        return True, torch.cuda.get_device_name(0)
+    except Exception as exc:  # a broken driver shows up here
+        return False, f"CUDA is not usable ({type(exc).__name__}: {exc})"
+
+
+def plan_runs(args):
+    """The list of (shape, ep_mode, ep, tokens) to run, from the command line."""
+    defaults = {s: (m, r, t) for s, m, r, t in DEFAULT_RUNS}
+    shapes = [s for s in (args.shapes.split(",") if args.shapes else []) if s]
+    if args.sweep:
+        if len(shapes) != 1:
+            raise SystemExit("run.py: --sweep needs exactly one shape (--shapes NAME)")
+        tokens = [int(t) for t in args.sweep_tokens.split(",")] if args.sweep_tokens else SWEEP_TOKENS
+        mode, ep, _ = defaults.get(shapes[0], ("slice", 64, None))
+        return [(shapes[0], args.ep_mode or mode, args.ep or ep, t) for t in tokens]
+    if not shapes:
+        shapes = [s for s, _, _, _ in DEFAULT_RUNS]
+    runs = []
+    for s in shapes:
+        mode, ep, tokens = defaults.get(s, (None, None, None))
+        runs.append((s, args.ep_mode or mode, args.ep or ep, args.tokens or tokens))
+    return runs
+
+
+def mok_command(args, shape, ep_mode, ep, tokens, work):
+    cmd = shlex.split(args.mok_bin) + ["bench", "--shape", shape]
+    if ep_mode:
+        cmd += ["--ep-mode", ep_mode]
+    if ep:
+        cmd += ["--ep", str(ep)]
+    if tokens:
+        cmd += ["--tokens", str(tokens)]
+    if args.dtype:
+        cmd += ["--dtype", args.dtype]
+    cmd += ["--routing", args.routing, "--warmup", str(args.warmup), "--iters", str(args.iters), "--work-dir", work]
+    for extra in args.mok_arg:
+        cmd += shlex.split(extra)
+    return cmd
+
+
+def peer_command(args, work):
+    cmd = [sys.executable, os.path.join(BENCH_DIR, "peer_torch.py"), work, "--warmup", str(args.warmup),
+           "--iters", str(args.iters), "--ceiling-warmup", str(args.ceiling_warmup),
+           "--ceiling-iters", str(args.ceiling_iters)]
+    if args.no_backward:
+        cmd.append("--no-backward")
+    return cmd
+
+
+def run_one(args, shape, ep_mode, ep, tokens):
+    """Runs mok and the peer for one configuration; returns a summary row (dict)."""
+    label = f"{shape} {ep_mode or '-'} EP={ep or '-'} T={tokens or '-'}"
+    row = {"label": label, "shape": shape, "ok": False, "error": None, "record": None}
+    work = os.path.join(args.work_root, "_".join(str(p) for p in (shape, ep_mode, ep, tokens)))
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    print(f"\n=== {label}: work directory {work}", flush=True)
+
+    cmd = mok_command(args, shape, ep_mode, ep, tokens, work)
+    print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    rc = subprocess.call(cmd)
+    if rc != 0:
+        row["error"] = f"mok bench exited {rc}"
+        if not os.path.exists(os.path.join(work, workdir.MOK_JSON)):
+            return row
+        # mok.json is there (a failed check, say): record the run all the same.
+    try:
+        mok = workdir.load_mok_json(work)
+    except (workdir.ContractError, ValueError) as exc:
+        row["error"] = row["error"] or f"mok.json: {exc}"
+        return row
+
+    peer = None
+    if args.no_peer:
+        print("(--no-peer: the PyTorch peer is not run)")
+    else:
+        cmd = peer_command(args, work)
+        print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+        rc = subprocess.call(cmd)
+        peer_path = os.path.join(work, workdir.PEER_JSON)
+        if os.path.exists(peer_path):
+            peer = workdir.read_json(peer_path)
+        if rc != 0 and not row["error"]:
+            row["error"] = f"peer_torch.py exited {rc}"
+
+    record = records.make_record(mok, peer, records.collect_env(REPO_ROOT, mok))
+    row["record"] = record
+    row["path"] = records.write_record(record, args.results_dir)
+    print(f"record: {row['path']}", flush=True)
+    if not record["check"]["passes"] and not row["error"]:
+        row["error"] = "check failed"
+    row["ok"] = row["error"] is None
+    if row["ok"] and not args.keep_work:
+        shutil.rmtree(work, ignore_errors=True)
+    return row
+
+
+def _fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def summary_table(rows):
+    head = ("run", "mok ms", "pytorch ms", "speedup", "mok TFLOP/s", "% GEMM ceil", "check")
+    lines = []
+    for r in rows:
+        rec = r.get("record")
+        if rec:
+            mf = rec["mok"]["forward"] or {}
+            pf = (rec.get("peers", {}).get("pytorch_pipeline") or {}).get("forward") or {}
+            frac = rec["ratios"]["mok_forward_of_dense_ceiling"]
+            c = rec["check"]
+            check = "PASS" if c["passes"] else f"FAIL (mok {c['mok']}, pytorch {c['pytorch']})"
+            cells = (r["label"], _fmt(mf.get("median_ms"), ".3f"), _fmt(pf.get("median_ms"), ".3f"),
+                     _fmt(rec["ratios"]["speedup_forward_vs_pytorch"], ".2f") + "x",
+                     _fmt(mf.get("tflops"), ".1f"), _fmt(None if frac is None else 100 * frac, ".1f"), check)
+            if r["error"] and c["passes"]:
+                cells = cells[:-1] + (f"ERROR: {r['error']}",)
+        else:
+            cells = (r["label"], "-", "-", "-", "-", "-", f"ERROR: {r['error']}")
+        lines.append(cells)
+    widths = [max(len(h), *(len(c[i]) for c in lines)) if lines else len(h) for i, h in enumerate(head)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
+    out += ["  ".join(c.ljust(w) for c, w in zip(cells, widths)) for cells in lines]
+    return "\n".join(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", help="comma-separated shape names (default: the seven default runs)")
+    ap.add_argument("--sweep", action="store_true", help="tokens per rank 512..16384 on the one shape given")
+    ap.add_argument("--sweep-tokens", help="comma-separated tokens per rank for --sweep")
+    ap.add_argument("--ep-mode", choices=("slice", "all"), help="override the shape's EP mode")
+    ap.add_argument("--ep", type=int, help="override the shape's EP size")
+    ap.add_argument("--tokens", type=int, help="override the shape's tokens per rank")
+    ap.add_argument("--dtype", choices=("bf16", "mxfp8"), help="passed to mok bench (default: mok's)")
+    ap.add_argument("--routing", default="gaussian",
+                    help="gaussian | zipf[:s] | hot[:f[:e]] | worst[:r] | file:DIR (passed to mok bench)")
+    ap.add_argument("--warmup", type=int, default=500)
+    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--ceiling-warmup", type=int, default=20)
+    ap.add_argument("--ceiling-iters", type=int, default=50)
+    ap.add_argument("--mok-bin", default=os.path.join(REPO_ROOT, "build", "bin", "mok"),
+                    help="the mok binary (a command line: split like a shell would)")
+    ap.add_argument("--mok-arg", action="append", default=[], help="extra argument(s) for mok bench; repeatable")
+    ap.add_argument("--work-root", default=os.path.join(BENCH_DIR, "work"))
+    ap.add_argument("--results-dir", default=records.RESULTS_DIR)
+    ap.add_argument("--keep-work", action="store_true", help="keep each work directory (large .npy files)")
+    ap.add_argument("--no-backward", action="store_true", help="skip the peer's backward timing")
+    ap.add_argument("--no-peer", action="store_true", help="record mok alone (no PyTorch peer)")
+    ap.add_argument("--assume-no-gpu", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.iters < 1 or args.warmup < 0:
+        ap.error("--iters must be >= 1 and --warmup >= 0")
+
+    ok, what = cuda_status(args.assume_no_gpu)
+    if not ok:
+        print(f"run.py: no CUDA GPU: {what}.\n"
+              f"The benchmarks run on a machine with an NVIDIA GPU and PyTorch (see bench/README.md);\n"
+              f"`python3 bench/report.py` regenerates the report from existing records anywhere.",
+              file=sys.stderr)
+        return NO_GPU_EXIT
+    mok_exe = shlex.split(args.mok_bin)[0] if args.mok_bin.strip() else ""
+    if not (shutil.which(mok_exe) or os.path.isfile(mok_exe)):
+        print(f"run.py: the mok binary '{args.mok_bin}' does not exist; build it (cmake) or pass --mok-bin",
+              file=sys.stderr)
+        return 1
+    print(f"run.py: GPU {what}")
+    runs = plan_runs(args)
+    rows = []
+    for shape, mode, ep, tokens in runs:
+        try:
+            rows.append(run_one(args, shape, mode, ep, tokens))
+        except Exception as exc:  # keep going with the next run
+            rows.append({"label": f"{shape} {mode} EP={ep} T={tokens}", "shape": shape, "ok": False,
+                         "error": f"{type(exc).__name__}: {exc}", "record": None})
+    failed = [r for r in rows if not r["ok"]]
+    print(f"\n{len(rows) - len(failed)} of {len(rows)} runs passed")
+    print(summary_table(rows))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""A stand-in for `mok bench`, for tests of run.py only (TEST FIXTURE, never a result).
+
+Accepts the command line run.py gives `mok bench` and writes a small synthetic work
+directory (synth_workdir.py) whatever the shape: the shape name is kept, the sizes are not.
+    fake_mok.py bench --shape S --ep-mode M --ep R --tokens T --routing X
+                      --warmup W --iters N --work-dir DIR [other options ignored]
+Set FAKE_MOK_FAIL_SHAPE=S to make it fail (exit 3, no mok.json) for shape S, and
+FAKE_MOK_CHECK_FAIL_SHAPE=S to make its check fail (mok.json written, passes false, exit 3).
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from synth_workdir import make_workdir  # noqa: E402
+
+
+def main(argv):
+    if not argv or argv[0] != "bench":
+        print("fake_mok: only the 'bench' command is emulated", file=sys.stderr)
+        return 1
+    ap = argparse.ArgumentParser(prog="fake_mok bench")
+    ap.add_argument("--shape", required=True)
+    ap.add_argument("--ep-mode", default="all")
+    ap.add_argument("--ep", type=int)
+    ap.add_argument("--tokens", type=int)
+    ap.add_argument("--routing", default="gaussian")
+    ap.add_argument("--warmup", type=int, default=0)
+    ap.add_argument("--iters", type=int, default=1)
+    ap.add_argument("--work-dir", required=True)
+    args, _ = ap.parse_known_args(argv[1:])
+    if os.environ.get("FAKE_MOK_FAIL_SHAPE") == args.shape:
+        print(f"fake_mok: failing on purpose for shape {args.shape}", file=sys.stderr)
+        return 3
+    tokens = min(args.tokens or 64, 256)
+    make_workdir(args.work_dir, shape=args.shape, ep_mode=args.ep_mode, tokens=tokens, routing=args.routing,
+                 warmup=args.warmup, iters=args.iters, forward_ms=0.5, backward_ms=1.0)
+    if os.environ.get("FAKE_MOK_CHECK_FAIL_SHAPE") == args.shape:
+        import json
+        path = os.path.join(args.work_dir, "mok.json")
+        with open(path) as f:
+            doc = json.load(f)
+        doc["check"]["forward"].update({"max_abs": 9.0, "rel": 0.5, "passes": False})
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1)
+        print("fake_mok: check FAILED (on purpose)", file=sys.stderr)
+        return 3
+    print(f"fake_mok: wrote {args.work_dir}/mok.json (synthetic)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

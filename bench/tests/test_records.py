@@ -1,0 +1,228 @@
+import copy
+import json
+import os
+import subprocess
+import tempfile
+import unittest
+
+import helpers  # noqa: F401  (sets sys.path)
+from helpers import env, fixture
+
+import records
+
+QWEN = {"num_experts": 512, "hidden": 4096, "intermediate": 1024, "top_k": 10, "shared_intermediate": [1024],
+        "ep_size": 64, "tokens_per_rank": 2048, "precision": "bf16", "swiglu_limit": None}
+# A small problem whose byte counts are worked out by hand below.
+SMALL = {"num_experts": 4, "hidden": 8, "intermediate": 4, "top_k": 2, "shared_intermediate": [2],
+         "ep_size": 2, "tokens_per_rank": 3, "precision": "bf16", "swiglu_limit": None}
+
+
+class Arithmetic(unittest.TestCase):
+    def test_mok_tflops_qwen(self):
+        # 6 * (2048 + 2048*10) * 4096 * 1024 = 566,935,683,072 FLOPs
+        self.assertEqual(records.mok_flops(QWEN), 566935683072.0)
+        self.assertAlmostEqual(records.mok_tflops(QWEN, 1.0), 566.935683072, places=9)
+        self.assertAlmostEqual(records.mok_tflops(QWEN, 2.0, backward=True), 566.935683072, places=9)
+        self.assertAlmostEqual(records.mok_tflops(QWEN, 4.0), 141.733920768, places=9)
+
+    def test_mok_tflops_counts_shared_even_without_one(self):
+        # MoK's formula counts T rows for the shared expert whatever the shape has.
+        p = dict(QWEN, shared_intermediate=[])
+        self.assertEqual(records.mok_flops(p), records.mok_flops(QWEN))
+        self.assertEqual(records.performed_flops(p, 20480), 6.0 * 20480 * 4096 * 1024)
+        self.assertEqual(records.performed_flops(QWEN, 20480), records.mok_flops(QWEN))
+
+    def test_mission_reference_numbers(self):
+        # MISSION.md: the PyTorch grouped GEMMs on one EP=64 Qwen3.5 rank (20480 rows) took
+        # 0.80 ms = 646 TFLOP/s; that is 6*N*H*I (routed rows only).
+        self.assertAlmostEqual(records.tflops(records.grouped_gemm_flops(QWEN, 20480), 0.80), 644.2, delta=0.1)
+
+    def test_no_time_no_rate(self):
+        self.assertIsNone(records.mok_tflops(QWEN, None))
+        self.assertIsNone(records.mok_tflops(QWEN, 0))
+        self.assertIsNone(records.gbps(100, None))
+        self.assertIsNone(records.ratio(1.0, None))
+        self.assertIsNone(records.ratio(1.0, 0))
+
+    def test_hbm_bytes_small_by_hand(self):
+        # N=5 rows, H=8, I=4, E_loc=2, one shared width 2, T=3, k=2, bf16:
+        #   routed x rows read     5*8*2      =  80
+        #   routed weights         3*2*4*8*2  = 384
+        #   shared weights         3*2*8*2    =  96
+        #   x_local for shared     3*8*2      =  48
+        #   combine rows written   5*8*2      =  80
+        #   epilogue reads         3*2*8*2    =  96
+        #   y written              3*8*2      =  48   -> 832
+        self.assertEqual(records.hbm_bytes_forward(SMALL, 5), 832)
+        # Without a shared expert there are no shared weights and no x_local read for them.
+        self.assertEqual(records.hbm_bytes_forward(dict(SMALL, shared_intermediate=[]), 5), 832 - 96 - 48)
+        # Two shared experts of widths 2 and 6: 3*(2+6)*8*2 = 384 of shared weights.
+        self.assertEqual(records.hbm_bytes_forward(dict(SMALL, shared_intermediate=[2, 6]), 5), 832 - 96 + 384)
+
+    def test_link_bytes_small_by_hand(self):
+        self.assertEqual(records.link_bytes_forward(SMALL, 3), 2 * 3 * 8 * 2)
+        self.assertEqual(records.link_bytes_forward(SMALL, 0), 0)
+
+
+class MakeRecord(unittest.TestCase):
+    def setUp(self):
+        self.mok = fixture("fixture_mok_qwen35_slice.json")
+        self.peer = fixture("fixture_peer_qwen35_slice.json")
+        self.rec = records.make_record(self.mok, self.peer, env())
+
+    def test_identity_fields(self):
+        r = self.rec
+        self.assertEqual(r["schema"], records.SCHEMA)
+        self.assertEqual(r["shape"], "qwen3.5-397b-a17b")
+        self.assertEqual(r["ep_mode"], "slice")
+        self.assertEqual(r["tokens_per_rank"], 2048)
+        self.assertEqual(r["precision"], "bf16")
+        self.assertEqual(r["routing"]["spec"], "gaussian")
+        self.assertEqual(r["routing"]["max_over_mean_expert"], 1.5)
+        self.assertEqual(r["commit"], {"sha": "0123456789abcdef0123456789abcdef01234567", "short": "0123456",
+                                       "dirty": False, "source": "test"})
+        self.assertEqual(r["date"], "2001-02-03T04:05:06Z")
+        self.assertEqual(r["gpu"]["name"], "FIXTURE-GPU")
+        self.assertEqual(r["gpu"]["driver"], "0.0-fixture")
+        self.assertEqual(r["gpu"]["torch"], "0.0-fixture")
+        self.assertEqual(r["rows"], {"real": 20480, "remote": 20160, "padded": 20992})
+
+    def test_timings_and_tflops(self):
+        r = self.rec
+        self.assertEqual(r["mok"]["forward"]["median_ms"], 1.0)
+        self.assertAlmostEqual(r["mok"]["forward"]["tflops"], 566.935683072, places=6)
+        self.assertAlmostEqual(r["mok"]["backward"]["tflops"], 2 * 566.935683072 / 4, places=6)
+        pipe = r["peers"]["pytorch_pipeline"]
+        self.assertAlmostEqual(pipe["forward"]["tflops"], 566.935683072 / 3, places=6)
+        self.assertAlmostEqual(pipe["backward"]["tflops"], 2 * 566.935683072 / 8, places=6)
+        gg = r["peers"]["pytorch_grouped_gemms"]["forward"]
+        self.assertAlmostEqual(gg["tflops"], 6.0 * 20480 * 4096 * 1024 / 1e-3 / 1e12, places=6)
+        self.assertEqual(r["peers"]["pytorch_grouped_gemms"]["gate_up"]["median_ms"], 0.625)
+
+    def test_ratios(self):
+        q = self.rec["ratios"]
+        self.assertAlmostEqual(q["speedup_forward_vs_pytorch"], 3.0)
+        self.assertAlmostEqual(q["speedup_backward_vs_pytorch"], 2.0)
+        self.assertAlmostEqual(q["mok_forward_of_dense_ceiling"], 0.566935683072, places=9)
+        self.assertAlmostEqual(q["pytorch_pipeline_over_grouped_gemms"], 3.0)
+        self.assertAlmostEqual(q["mok_over_grouped_gemms"], 1.0)
+        self.assertEqual(self.rec["ceilings"]["dense_bf16_tflops"], 1000.0)
+        self.assertEqual(self.rec["ceilings"]["fp8_e4m3_tflops"], 2000.0)
+        self.assertEqual(self.rec["ceilings"]["fp8_e4m3_exact_accum_tflops"], 1250.0)
+        self.assertEqual(self.rec["ceilings"]["copy_gbps"], 4000.0)
+
+    def test_bytes(self):
+        b = self.rec["bytes"]
+        H, I, T, k = 4096, 1024, 2048, 10
+        want = 20480 * H * 2 + 3 * 8 * I * H * 2 + 3 * I * H * 2 + T * H * 2 + 20480 * H * 2 + T * k * H * 2 + T * H * 2
+        self.assertEqual(b["hbm_forward"], want)
+        self.assertEqual(b["link_forward"], 2 * 20160 * H * 2)
+        self.assertAlmostEqual(b["mok_hbm_gbps"], want / 1e-3 / 1e9)
+        self.assertAlmostEqual(b["mok_hbm_of_copy_ceiling"], want / 1e-3 / 1e9 / 4000.0)
+
+    def test_check_passes(self):
+        self.assertEqual(self.rec["check"], {"mok": True, "pytorch": True, "passes": True})
+
+    def test_failed_peer(self):
+        rec = records.make_record(fixture("fixture_mok_mixtral_all.json"),
+                                  fixture("fixture_peer_mixtral_all_failed.json"), env())
+        self.assertEqual(rec["check"], {"mok": True, "pytorch": False, "passes": False})
+        self.assertIsNone(rec["peers"]["pytorch_pipeline"]["forward"])
+        self.assertIsNone(rec["ratios"]["speedup_forward_vs_pytorch"])
+        self.assertIsNone(rec["ceilings"]["fp8_e4m3_tflops"])
+        self.assertIn("forward", rec["peers"]["pytorch_pipeline"]["skipped"])
+        self.assertIsNone(rec["mok"]["backward"])
+        self.assertAlmostEqual(rec["ratios"]["mok_forward_of_dense_ceiling"],
+                               6.0 * (4096 + 8192) * 4096 * 14336 / 2e-3 / 1e12 / 1000.0)
+
+    def test_mok_alone(self):
+        rec = records.make_record(self.mok, None, env())
+        self.assertEqual(rec["peers"], {})
+        self.assertEqual(rec["check"], {"mok": True, "pytorch": None, "passes": True})
+        self.assertIsNone(rec["ceilings"]["dense_bf16_tflops"])
+
+    def test_failed_mok_check(self):
+        mok = copy.deepcopy(self.mok)
+        mok["check"]["forward"]["passes"] = False
+        rec = records.make_record(mok, self.peer, env())
+        self.assertFalse(rec["check"]["passes"])
+
+    def test_record_is_json(self):
+        json.loads(json.dumps(self.rec))
+
+
+class Files(unittest.TestCase):
+    def setUp(self):
+        self.rec = records.make_record(fixture("fixture_mok_qwen35_slice.json"),
+                                       fixture("fixture_peer_qwen35_slice.json"), env())
+
+    def test_name(self):
+        self.assertEqual(records.record_basename(self.rec), "2001-02-03_qwen3.5-397b-a17b_slice_0123456")
+        odd = dict(self.rec, shape="loaded:/tmp/x y")
+        self.assertEqual(records.record_basename(odd), "2001-02-03_loaded-tmp-x-y_slice_0123456")
+
+    def test_never_overwrites(self):
+        with tempfile.TemporaryDirectory() as d:
+            p1 = records.write_record(self.rec, d)
+            p2 = records.write_record(self.rec, d)
+            p3 = records.write_record(self.rec, d)
+            self.assertEqual(os.path.basename(p1), "2001-02-03_qwen3.5-397b-a17b_slice_0123456.json")
+            self.assertEqual(os.path.basename(p2), "2001-02-03_qwen3.5-397b-a17b_slice_0123456_2.json")
+            self.assertEqual(os.path.basename(p3), "2001-02-03_qwen3.5-397b-a17b_slice_0123456_3.json")
+            self.assertEqual(records.load_record(p1), json.loads(json.dumps(self.rec)))
+            self.assertEqual(sorted(os.listdir(d)), sorted(os.path.basename(p) for p in (p1, p2, p3)))
+
+    def test_creates_results_dir(self):
+        with tempfile.TemporaryDirectory() as d:
+            p = records.write_record(self.rec, os.path.join(d, "a", "b"))
+            self.assertTrue(os.path.exists(p))
+
+    def test_load_rejects_other_json(self):
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "x.json")
+            with open(p, "w") as f:
+                json.dump({"hello": 1}, f)
+            with self.assertRaises(ValueError):
+                records.load_record(p)
+
+    def test_default_results_dir_is_bench_results(self):
+        self.assertEqual(records.RESULTS_DIR, os.path.join(helpers.BENCH_DIR, "results"))
+
+
+class Environment(unittest.TestCase):
+    def test_git_commit(self):
+        e = records.collect_env()
+        self.assertRegex(e["date"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=records.REPO_ROOT, capture_output=True, text=True)
+        if head.returncode != 0:
+            self.skipTest("not a git checkout")
+        self.assertEqual(e["commit"]["sha"], head.stdout.strip())
+        self.assertEqual(e["commit"]["source"], "git")
+        self.assertIn(e["commit"]["dirty"], (True, False))
+
+    def test_no_git_fallbacks(self):
+        with tempfile.TemporaryDirectory() as d:
+            old = os.environ.pop("MOK_BENCH_COMMIT", None)
+            try:
+                e = records.collect_env(d, {"build": {"commit": "feedface" * 5, "dirty": True}})
+                self.assertEqual(e["commit"], {"sha": "feedface" * 5, "dirty": True, "source": "mok.json build"})
+                e = records.collect_env(d, {})
+                self.assertEqual(e["commit"], {"sha": "unknown", "dirty": None, "source": "none"})
+                os.environ["MOK_BENCH_COMMIT"] = "abcdef1234"
+                e = records.collect_env(d, {"build": {"commit": "feedface"}})
+                self.assertEqual(e["commit"]["sha"], "abcdef1234")
+                self.assertEqual(e["commit"]["source"], "MOK_BENCH_COMMIT")
+            finally:
+                os.environ.pop("MOK_BENCH_COMMIT", None)
+                if old is not None:
+                    os.environ["MOK_BENCH_COMMIT"] = old
+
+    def test_unknown_commit_name(self):
+        rec = records.make_record(fixture("fixture_mok_qwen35_slice.json"), None,
+                                  {"date": "2001-02-03T04:05:06Z",
+                                   "commit": {"sha": "unknown", "dirty": None, "source": "none"}})
+        self.assertEqual(records.record_basename(rec), "2001-02-03_qwen3.5-397b-a17b_slice_unknown")
+
+
+if __name__ == "__main__":
+    unittest.main()

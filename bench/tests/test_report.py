@@ -1,0 +1,141 @@
+import copy
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import helpers
+from helpers import env, fixture
+
+import records
+import report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def assert_png(test, path):
+    with open(path, "rb") as f:
+        data = f.read()
+    test.assertEqual(data[:8], PNG_MAGIC, path)
+    test.assertEqual(data[12:16], b"IHDR", path)
+    width, height = struct.unpack(">II", data[16:24])
+    test.assertGreater(width, 100)
+    test.assertGreater(height, 100)
+    test.assertEqual(data[-8:-4], b"IEND", path)
+
+
+def fixture_records(d):
+    """Writes fixture-derived records into d; returns their paths."""
+    qwen = (fixture("fixture_mok_qwen35_slice.json"), fixture("fixture_peer_qwen35_slice.json"))
+    mix = (fixture("fixture_mok_mixtral_all.json"), fixture("fixture_peer_mixtral_all_failed.json"))
+    paths = []
+    # An old qwen record that a newer one with the same key replaces.
+    old_mok = copy.deepcopy(qwen[0])
+    old_mok["forward"]["median_ms"] = 10.0
+    paths.append(records.write_record(records.make_record(old_mok, qwen[1], env(date="2001-01-01T00:00:00Z")), d))
+    paths.append(records.write_record(records.make_record(*qwen, env(date="2001-02-03T04:05:06Z")), d))
+    paths.append(records.write_record(records.make_record(*mix, env()), d))
+    # A tokens-per-rank sweep of the qwen shape (mok time proportional to tokens).
+    for t in (512, 1024, 4096):
+        m, p = copy.deepcopy(qwen[0]), copy.deepcopy(qwen[1])
+        m["problem"]["tokens_per_rank"] = t
+        m["rows"]["real"] = t * 10
+        m["forward"]["median_ms"] = t / 2048
+        paths.append(records.write_record(records.make_record(m, p, env()), d))
+    return paths
+
+
+class Report(unittest.TestCase):
+    def test_generate(self):
+        with tempfile.TemporaryDirectory() as d:
+            results = os.path.join(d, "results")
+            fixture_records(results)
+            out = os.path.join(d, "REPORT.md")
+            plots = os.path.join(d, "plots")
+            report.main(["--results-dir", results, "--out", out, "--plots-dir", plots])
+            text = helpers.read_text(out)
+            table = [line for line in text.splitlines() if line.startswith("| qwen3.5") or line.startswith("| mixtral")]
+            first = text.splitlines().index(next(line for line in text.splitlines() if line.startswith("| shape")))
+            main_rows = []
+            for line in text.splitlines()[first + 2:]:
+                if not line.startswith("|"):
+                    break
+                main_rows.append(line)
+            # 4 qwen token counts (the old 2048 record replaced) + mixtral
+            self.assertEqual(len(main_rows), 5, main_rows)
+            q2048 = [r for r in main_rows if r.startswith("| qwen3.5-397b-a17b | slice (EP=64) | gaussian | 2048 |")]
+            self.assertEqual(len(q2048), 1)
+            cells = [c.strip() for c in q2048[0].strip("|").split("|")]
+            self.assertEqual(cells[5:], ["1.000", "566.9", "3.000", "189.0", "1.000", "3.00x", "56.7%", "PASS",
+                                         "0123456", "FIXTURE-GPU"])
+            mix = [r for r in main_rows if r.startswith("| mixtral-8x7b")]
+            self.assertEqual(len(mix), 1)
+            self.assertIn("FAIL (pytorch FAIL)", mix[0])
+            self.assertIn("| all (EP=1) |", mix[0])
+            # Shapes in run.py's order; sweep rows by tokens.
+            self.assertEqual([r.split("|")[4].strip() for r in main_rows], ["512", "1024", "2048", "4096", "4096"])
+            self.assertTrue(main_rows[-1].startswith("| mixtral-8x7b"))
+            self.assertTrue(table)
+            # Plots exist, are PNGs, and are linked relative to the markdown.
+            names = sorted(os.listdir(plots))
+            self.assertIn("tflops_per_shape.png", names)
+            self.assertIn("dense_ceiling_fraction.png", names)
+            sweeps = [n for n in names if n.startswith("sweep_")]
+            self.assertEqual(sweeps, ["sweep_qwen3.5-397b-a17b_slice_gaussian_bf16.png"])
+            for n in names:
+                assert_png(self, os.path.join(plots, n))
+                self.assertIn(f"(plots/{n})", text)
+            self.assertIn("## Backward", text)
+            self.assertIn("| qwen3.5-397b-a17b | slice (EP=64) | gaussian | 2048 | 4.000 | 283.5 | 8.000 | 141.7 | 2.00x |",
+                          text)
+            self.assertIn("| qwen3.5-397b-a17b | 2048 | 1000 | 2000 / 1250 | 4000 |", text)
+
+    def test_newest_wins(self):
+        with tempfile.TemporaryDirectory() as d:
+            paths = fixture_records(d)
+            recs = report.newest_per_key(report.load_records(paths))
+            q = [r for r in recs if r["shape"] == "qwen3.5-397b-a17b" and r["tokens_per_rank"] == 2048]
+            self.assertEqual(len(q), 1)
+            self.assertEqual(q[0]["mok"]["forward"]["median_ms"], 1.0)
+            # Same date: the later file name (the _2 suffix) wins.
+            rec = records.make_record(fixture("fixture_mok_mixtral_all.json"), None, env())
+            rec["mok"]["forward"]["median_ms"] = 7.0
+            p = records.write_record(rec, d)
+            self.assertTrue(p.endswith("_2.json"))
+            recs = report.newest_per_key(report.load_records(paths + [p]))
+            m = [r for r in recs if r["shape"] == "mixtral-8x7b"]
+            self.assertEqual(m[0]["mok"]["forward"]["median_ms"], 7.0)
+
+    def test_given_files_only_and_empty(self):
+        with tempfile.TemporaryDirectory() as d:
+            paths = fixture_records(os.path.join(d, "results"))
+            out, plots = os.path.join(d, "R.md"), os.path.join(d, "p")
+            recs = report.generate(paths[2:3], out, plots)
+            self.assertEqual([r["shape"] for r in recs], ["mixtral-8x7b"])
+            self.assertEqual(sorted(os.listdir(plots)), ["dense_ceiling_fraction.png", "tflops_per_shape.png"])
+            recs = report.generate([], out, plots)
+            self.assertEqual(recs, [])
+            self.assertIn("No records yet", helpers.read_text(out))
+            self.assertEqual(os.listdir(plots), [])
+
+    def test_bad_file_is_skipped(self):
+        with tempfile.TemporaryDirectory() as d:
+            bad = os.path.join(d, "bad.json")
+            with open(bad, "w") as f:
+                f.write("{not json")
+            self.assertEqual(report.load_records([bad]), [])
+
+    def test_command_line(self):
+        with tempfile.TemporaryDirectory() as d:
+            fixture_records(os.path.join(d, "results"))
+            r = subprocess.run([sys.executable, os.path.join(helpers.BENCH_DIR, "report.py"), "--results-dir",
+                                os.path.join(d, "results"), "--out", os.path.join(d, "R.md"), "--plots-dir",
+                                os.path.join(d, "plots")], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("5 record(s)", r.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()

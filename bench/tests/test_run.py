@@ -1,0 +1,159 @@
+"""run.py without a GPU, and driven end to end by a fake `mok bench` and a fake torch.
+
+No real torch is needed or imported: a fake `torch` package on PYTHONPATH either fails to
+import, reports no CUDA, or reports a CUDA device (for the --no-peer end-to-end run).
+"""
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+import types
+import unittest
+
+import helpers
+
+import run
+
+RUN_PY = os.path.join(helpers.BENCH_DIR, "run.py")
+PEER_PY = os.path.join(helpers.BENCH_DIR, "peer_torch.py")
+FAKE_MOK = os.path.join(helpers.TESTS_DIR, "fake_mok.py")
+
+FAKE_TORCH = {
+    "missing": "raise ImportError('simulated: no torch here')\n",
+    "no_cuda": "class cuda:\n    @staticmethod\n    def is_available():\n        return False\n",
+    "cuda": ("class cuda:\n    @staticmethod\n    def is_available():\n        return True\n"
+             "    @staticmethod\n    def get_device_name(i=0):\n        return 'FAKE-GPU (test)'\n"),
+}
+
+
+def run_with_fake_torch(kind, args, extra_env=None, script=RUN_PY):
+    with tempfile.TemporaryDirectory() as d:
+        os.makedirs(os.path.join(d, "torch"))
+        with open(os.path.join(d, "torch", "__init__.py"), "w") as f:
+            f.write(FAKE_TORCH[kind])
+        e = dict(os.environ, PYTHONPATH=d + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        e.update(extra_env or {})
+        return subprocess.run([sys.executable, script] + args, capture_output=True, text=True, env=e, timeout=600)
+
+
+class NoGpu(unittest.TestCase):
+    def test_flag(self):
+        r = subprocess.run([sys.executable, RUN_PY, "--assume-no-gpu"], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("no CUDA GPU", r.stderr)
+
+    def test_torch_missing(self):
+        r = run_with_fake_torch("missing", [])
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("run.py: no CUDA GPU: PyTorch cannot be imported", r.stderr)
+        self.assertIn("bench/README.md", r.stderr)
+        self.assertEqual(r.stdout, "")
+
+    def test_cuda_unavailable(self):
+        r = run_with_fake_torch("no_cuda", ["--shapes", "glm-5.2"])
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("torch.cuda.is_available() is False", r.stderr)
+
+    def test_peer_without_gpu(self):
+        r = run_with_fake_torch("missing", ["/nonexistent"], script=PEER_PY)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("no CUDA GPU", r.stderr)
+
+
+def ns(**kw):
+    base = dict(shapes=None, sweep=False, sweep_tokens=None, ep_mode=None, ep=None, tokens=None)
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+class Plan(unittest.TestCase):
+    def test_defaults(self):
+        runs = run.plan_runs(ns())
+        self.assertEqual(runs, [("qwen3.5-397b-a17b", "slice", 64, 2048), ("deepseek-v4-pro", "slice", 64, 2048),
+                                ("kimi-k2.7-code", "slice", 64, 2048), ("glm-5.2", "slice", 64, 2048),
+                                ("qwen3-30b-a3b", "all", 1, 16384), ("mixtral-8x7b", "all", 1, 4096),
+                                ("gpt-oss-20b", "all", 1, 4096)])
+
+    def test_overrides_and_unknown_shape(self):
+        self.assertEqual(run.plan_runs(ns(shapes="glm-5.2,medium", tokens=512)),
+                         [("glm-5.2", "slice", 64, 512), ("medium", None, None, 512)])
+        self.assertEqual(run.plan_runs(ns(shapes="glm-5.2", ep_mode="all", ep=8)), [("glm-5.2", "all", 8, 2048)])
+
+    def test_sweep(self):
+        runs = run.plan_runs(ns(shapes="qwen3.5-397b-a17b", sweep=True))
+        self.assertEqual([r[3] for r in runs], [512, 1024, 2048, 4096, 8192, 16384])
+        self.assertTrue(all(r[:3] == ("qwen3.5-397b-a17b", "slice", 64) for r in runs))
+        self.assertEqual([r[3] for r in run.plan_runs(ns(shapes="qwen3-30b-a3b", sweep=True, sweep_tokens="512,1024"))],
+                         [512, 1024])
+        with self.assertRaises(SystemExit):
+            run.plan_runs(ns(sweep=True))
+
+    def test_mok_command(self):
+        args = types.SimpleNamespace(mok_bin="build/bin/mok", dtype=None, routing="zipf:1.2", warmup=500, iters=100,
+                                     mok_arg=["--comm-sms 32"])
+        self.assertEqual(run.mok_command(args, "glm-5.2", "slice", 64, 2048, "/w"),
+                         ["build/bin/mok", "bench", "--shape", "glm-5.2", "--ep-mode", "slice", "--ep", "64",
+                          "--tokens", "2048", "--routing", "zipf:1.2", "--warmup", "500", "--iters", "100",
+                          "--work-dir", "/w", "--comm-sms", "32"])
+        args.dtype = "mxfp8"
+        args.mok_bin = "python3 fake.py"
+        cmd = run.mok_command(args, "medium", None, None, None, "/w")
+        self.assertEqual(cmd[:5], ["python3", "fake.py", "bench", "--shape", "medium"])
+        self.assertIn("--dtype", cmd)
+        self.assertNotIn("--ep", cmd)
+
+
+class EndToEnd(unittest.TestCase):
+    """run.py -> fake mok bench -> record, with --no-peer (the peer needs a real GPU)."""
+
+    def test_records_and_summary(self):
+        with tempfile.TemporaryDirectory() as d:
+            results = os.path.join(d, "results")
+            args = ["--shapes", "glm-5.2,qwen3-30b-a3b,mixtral-8x7b", "--tokens", "64", "--no-peer",
+                    "--warmup", "0", "--iters", "1", "--mok-bin", f"{sys.executable} {FAKE_MOK}",
+                    "--work-root", os.path.join(d, "work"), "--results-dir", results]
+            r = run_with_fake_torch("cuda", args, {"FAKE_MOK_FAIL_SHAPE": "qwen3-30b-a3b"})
+            # One run failed: exit non-zero, the others still produced records.
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            files = sorted(glob.glob(os.path.join(results, "*.json")))
+            self.assertEqual(len(files), 2, files)
+            shapes = sorted(helpers.read_json(f)["shape"] for f in files)
+            self.assertEqual(shapes, ["glm-5.2", "mixtral-8x7b"])
+            for f in files:
+                rec = helpers.read_json(f)
+                self.assertEqual(rec["gpu"]["name"], "SYNTHETIC-GPU (test fixture)")
+                self.assertEqual(rec["mok"]["forward"]["median_ms"], 0.5)
+                self.assertTrue(rec["check"]["passes"])
+            # The summary table comes last.
+            tail = r.stdout.strip().splitlines()
+            self.assertIn("2 of 3 runs passed", r.stdout)
+            self.assertTrue(tail[-4].startswith("run "), tail[-4:])
+            self.assertIn("mok ms", tail[-4])
+            self.assertIn("% GEMM ceil", tail[-4])
+            self.assertIn("ERROR: mok bench exited 3", r.stdout.splitlines()[-2])
+            # Successful work directories are removed; the failed one is kept.
+            self.assertEqual(sorted(os.listdir(os.path.join(d, "work"))), ["qwen3-30b-a3b_all_1_64"])
+
+    def test_failed_mok_check_is_recorded(self):
+        with tempfile.TemporaryDirectory() as d:
+            results = os.path.join(d, "results")
+            args = ["--shapes", "glm-5.2", "--tokens", "64", "--no-peer", "--mok-bin", f"{sys.executable} {FAKE_MOK}",
+                    "--work-root", os.path.join(d, "work"), "--results-dir", results]
+            r = run_with_fake_torch("cuda", args, {"FAKE_MOK_CHECK_FAIL_SHAPE": "glm-5.2"})
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            files = glob.glob(os.path.join(results, "*.json"))
+            self.assertEqual(len(files), 1)
+            rec = helpers.read_json(files[0])
+            self.assertEqual(rec["check"], {"mok": False, "pytorch": None, "passes": False})
+            self.assertIn("FAIL (mok False, pytorch None)", r.stdout.splitlines()[-1])
+
+    def test_missing_binary(self):
+        with tempfile.TemporaryDirectory() as d:
+            r = run_with_fake_torch("cuda", ["--mok-bin", os.path.join(d, "nope"), "--results-dir", d])
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("does not exist", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

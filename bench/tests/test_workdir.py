@@ -1,0 +1,137 @@
+"""The work-directory contract, on a synthetic work directory (synth_workdir.py).
+
+Also runs the peer's pipeline steps in numpy (argsort permute, bincount offsets, one GEMM per
+expert segment, SwiGLU, unpermute, weighted combine) to show that the steps peer_torch.py
+takes in torch reproduce rows_ref and y_ref from the contract's inputs.
+"""
+import os
+import tempfile
+import unittest
+
+import numpy as np
+
+import helpers  # noqa: F401  (sets sys.path)
+
+import checks
+import workdir
+from synth_workdir import make_workdir
+
+
+def f32(bits):
+    return workdir.bf16_bits_to_f32(bits)
+
+
+def swiglu(h, width, limit):
+    g, u = h[:, :width], h[:, width:]
+    if limit is not None:
+        g = np.minimum(g, limit)
+        u = np.clip(u, -limit, limit)
+    return workdir.round_bf16(workdir.round_bf16(g / (1 + np.exp(-g))) * u)
+
+
+def numpy_pipeline(doc, a):
+    """peer_torch.routed_rows and local_y, step by step, in numpy (bf16 rounding at the same places)."""
+    R, T, H, I, k, El, widths = workdir.problem_dims(doc["problem"])
+    limit = doc["problem"].get("swiglu_limit")
+    x_recv = f32(a["x_all"])[a["row_source"]]
+    order = np.argsort(a["row_expert"], kind="stable")
+    x_perm = x_recv[order]
+    offs = np.cumsum(np.bincount(a["row_expert"], minlength=El)).astype(np.int32)
+    w13 = np.concatenate([f32(a["w_gate"]), f32(a["w_up"])], axis=1)  # [El, 2I, H]
+    w2 = f32(a["w_down"])
+    o = np.zeros((len(order), H), dtype=np.float32)
+    start = 0
+    for e, end in enumerate(offs):
+        h = workdir.round_bf16(x_perm[start:end] @ w13[e].T)
+        o[start:end] = workdir.round_bf16(swiglu(h, I, limit) @ w2[e].T)
+        start = end
+    out = np.empty_like(o)
+    out[order] = o
+    acc = (a["router_weights"][..., None] * f32(a["combine_local"]).reshape(T, k, H)).sum(1)
+    x_local = f32(a["x_local"])
+    for s, width in zip(a["shared"], widths):
+        w13s = np.concatenate([f32(s["w_gate"]), f32(s["w_up"])], axis=0)
+        h = workdir.round_bf16(x_local @ w13s.T)
+        acc = acc + workdir.round_bf16(swiglu(h, width, limit) @ f32(s["w_down"]).T)
+    return out, workdir.round_bf16(acc)
+
+
+class Contract(unittest.TestCase):
+    def _check(self, **kw):
+        with tempfile.TemporaryDirectory() as d:
+            doc = make_workdir(d, **kw)
+            doc2, a = workdir.load_work(d)
+            self.assertEqual(doc, doc2)
+            R, T, H, I, k, El, widths = workdir.problem_dims(doc["problem"])
+            N = doc["rows"]["real"]
+            self.assertEqual(a["rows_ref"].shape, (N, H))
+            self.assertEqual(a["x_all"].dtype, np.uint16)
+            self.assertEqual(a["row_source"].dtype, np.int64)
+            self.assertEqual(a["row_expert"].dtype, np.int32)
+            self.assertEqual(len(a["shared"]), len(widths))
+            # Every routed row of the active rank is there once: sum over ranks of rows = R*T*k.
+            tol = checks.tolerance(doc["problem"]["precision"])
+            out, y = numpy_pipeline(doc, a)
+            st_rows = checks.compare(out, f32(a["rows_ref"]), np)
+            st_y = checks.compare(y, f32(a["y_ref"]), np)
+            self.assertTrue(checks.passes(st_rows, tol), st_rows)
+            self.assertTrue(checks.passes(st_y, tol), st_y)
+            # ... and a wrong permutation fails the check (so the check is not vacuous).
+            if N > 1:
+                st_bad = checks.compare(np.roll(out, 1, axis=0), f32(a["rows_ref"]), np)
+                self.assertFalse(checks.passes(st_bad, tol))
+            return doc
+
+    def test_slice_with_shared(self):
+        doc = self._check()
+        self.assertGreater(doc["rows"]["remote"], 0)
+
+    def test_single_rank_no_shared(self):
+        doc = self._check(ep_size=1, ep_mode="all", shared=(), num_experts=4, top_k=2)
+        self.assertEqual(doc["rows"]["remote"], 0)
+        self.assertEqual(doc["rows"]["real"], 64 * 2)
+
+    def test_two_shared_clamped(self):
+        self._check(shared=(128, 64), swiglu_limit=0.5, active_rank=1)
+
+    def test_contract_errors(self):
+        with tempfile.TemporaryDirectory() as d:
+            make_workdir(d)
+            # wrong dtype
+            np.save(os.path.join(d, "row_weight.npy"), np.zeros(3, np.int16))
+            with self.assertRaisesRegex(workdir.ContractError, "row_weight.npy: dtype"):
+                workdir.load_work(d)
+        with tempfile.TemporaryDirectory() as d:
+            make_workdir(d)
+            w = np.load(os.path.join(d, "w_down.npy"))
+            np.save(os.path.join(d, "w_down.npy"), w[:, :, :-1])
+            with self.assertRaisesRegex(workdir.ContractError, "w_down.npy: shape"):
+                workdir.load_work(d)
+        with tempfile.TemporaryDirectory() as d:
+            make_workdir(d)
+            os.remove(os.path.join(d, "shared0_w_up.npy"))
+            with self.assertRaisesRegex(workdir.ContractError, "shared0_w_up.npy: missing"):
+                workdir.load_work(d)
+        with tempfile.TemporaryDirectory() as d:
+            make_workdir(d)
+            re_ = np.load(os.path.join(d, "row_expert.npy"))
+            re_[0] = 99
+            np.save(os.path.join(d, "row_expert.npy"), re_)
+            with self.assertRaisesRegex(workdir.ContractError, "row_expert.npy: values"):
+                workdir.load_work(d)
+        with tempfile.TemporaryDirectory() as d:
+            with self.assertRaisesRegex(workdir.ContractError, "mok.json: missing"):
+                workdir.load_work(d)
+
+    def test_backward_input_optional(self):
+        with tempfile.TemporaryDirectory() as d:
+            make_workdir(d)
+            os.remove(os.path.join(d, "dy_local.npy"))
+            _, a = workdir.load_work(d, need_backward=False)
+            self.assertNotIn("dy_local", a)
+            with self.assertRaises(workdir.ContractError):
+                workdir.load_work(d, need_backward=True)
+
+
+if __name__ == "__main__":
+    unittest.main()
