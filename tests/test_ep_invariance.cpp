@@ -1,0 +1,151 @@
+// EP invariance and determinism of the CPU reference.
+//
+// EP invariance: the same global batch (make_layer_data and generate_routing are keyed by
+// global token and global expert) split over R = 1, 2, 4, 8 ranks gives bitwise identical
+// y, dx, d_router_weights and routed weight gradients (ranks' local experts concatenated in
+// rank order). Shared weight gradients are per-rank partial sums (each rank's own tokens),
+// so only their sum over ranks is compared with R=1, within an fp32 summation tolerance:
+// max|sum_R - R1| <= 1e-5 * max|R1| (fp32 eps 6e-8 times at most 64 terms, with margin).
+//
+// Determinism: bitwise identical outputs run to run and for cpu_threads = 1, 2, 3, forward
+// and backward, bf16 and mxfp8.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+namespace mok {
+namespace {
+
+using Bytes = std::vector<std::uint8_t>;
+
+constexpr int kGlobalTokens = 64;
+constexpr double kSharedSumTol = 1e-5;
+
+Problem ep_problem(int R, Precision precision) {
+  return test::make_problem(8, 64, 32, 2, {32, 64}, R, kGlobalTokens / R, precision, 1.0f);
+}
+
+LayerData run_split(int R, Precision precision, const RoutingSpec& spec, bool backward) {
+  const Problem p = ep_problem(R, precision);
+  LayerData data = test::make_data(p, 31, backward, spec);
+  test::run_reference(data, backward);
+  return data;
+}
+
+void expect_same_bytes(const LayerData& a, const LayerData& b, HostTensor RankData::*m, const std::string& what) {
+  const Bytes x = test::concat_bytes(a, m), y = test::concat_bytes(b, m);
+  ASSERT_EQ(x.size(), y.size()) << what;
+  EXPECT_TRUE(x == y) << what << " differs bitwise";
+}
+
+class EpInvariance : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(EpInvariance, Bf16ForwardAndBackward) {
+  const RoutingSpec spec = RoutingSpec::parse(GetParam());
+  const LayerData one = run_split(1, Precision::bf16, spec, true);
+  for (int R : {2, 4, 8}) {
+    SCOPED_TRACE("R=" + std::to_string(R));
+    const LayerData split = run_split(R, Precision::bf16, spec, true);
+    // The inputs really are the same global batch.
+    for (auto m : {&RankData::x, &RankData::top_experts, &RankData::router_weights, &RankData::dy,
+                   &RankData::w_gate, &RankData::w_up, &RankData::w_down})
+      expect_same_bytes(split, one, m, "input");
+    expect_same_bytes(split, one, &RankData::y, "y");
+    expect_same_bytes(split, one, &RankData::dx, "dx");
+    expect_same_bytes(split, one, &RankData::d_router_weights, "d_router_weights");
+    expect_same_bytes(split, one, &RankData::d_w_gate, "d_w_gate");
+    expect_same_bytes(split, one, &RankData::d_w_up, "d_w_up");
+    expect_same_bytes(split, one, &RankData::d_w_down, "d_w_down");
+    for (int s = 0; s < split.problem.num_shared(); ++s)
+      for (auto m : {&SharedHostGrads::d_w_gate, &SharedHostGrads::d_w_up, &SharedHostGrads::d_w_down}) {
+        const auto sum = test::shared_grad_sum(split, s, m);
+        const auto ref = test::to_doubles(one.ranks[0].d_shared[s].*m);
+        const test::Diff d = test::diff(sum, ref);
+        EXPECT_EQ(d.non_finite, 0);
+        EXPECT_GT(d.max_ref, 0);
+        EXPECT_LE(d.max_abs, kSharedSumTol * d.max_ref) << "shared " << s << ": " << d.describe();
+        // Each rank's part is its own tokens' contribution, not the whole (it must differ).
+        EXPECT_GT(test::diff(test::to_doubles(split.ranks[0].d_shared[s].*m), ref).max_abs, 0.01 * d.max_ref);
+      }
+  }
+}
+
+TEST_P(EpInvariance, Mxfp8Forward) {
+  const RoutingSpec spec = RoutingSpec::parse(GetParam());
+  const LayerData one = run_split(1, Precision::mxfp8, spec, false);
+  for (int R : {2, 4, 8}) {
+    SCOPED_TRACE("R=" + std::to_string(R));
+    const LayerData split = run_split(R, Precision::mxfp8, spec, false);
+    expect_same_bytes(split, one, &RankData::y, "mxfp8 y");
+  }
+}
+
+// Not required by the layer's contract for shared experts, but the reference's MXFP8 blocks
+// for routed rows follow the schedule's global row order, so the routed backward is EP
+// invariant too.
+TEST_P(EpInvariance, Mxfp8BackwardRoutedParts) {
+  const RoutingSpec spec = RoutingSpec::parse(GetParam());
+  const LayerData one = run_split(1, Precision::mxfp8, spec, true);
+  for (int R : {2, 8}) {
+    SCOPED_TRACE("R=" + std::to_string(R));
+    const LayerData split = run_split(R, Precision::mxfp8, spec, true);
+    expect_same_bytes(split, one, &RankData::dx, "mxfp8 dx");
+    expect_same_bytes(split, one, &RankData::d_router_weights, "mxfp8 d_router_weights");
+    expect_same_bytes(split, one, &RankData::d_w_gate, "mxfp8 d_w_gate");
+    expect_same_bytes(split, one, &RankData::d_w_up, "mxfp8 d_w_up");
+    expect_same_bytes(split, one, &RankData::d_w_down, "mxfp8 d_w_down");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Routings, EpInvariance, ::testing::Values("gaussian", "zipf:1.5"),
+                         [](const auto& info) { return std::string(info.param).substr(0, 4); });
+
+// ---- determinism ----------------------------------------------------------------------------
+
+// Every output of every rank, as bytes.
+std::vector<Bytes> outputs(const LayerData& d) {
+  std::vector<Bytes> v;
+  for (const auto& r : d.ranks) {
+    for (const HostTensor* t : {&r.y, &r.dx, &r.d_router_weights, &r.d_w_gate, &r.d_w_up, &r.d_w_down})
+      v.push_back(test::bytes_of(*t));
+    for (const auto& s : r.d_shared)
+      for (const HostTensor* t : {&s.d_w_gate, &s.d_w_up, &s.d_w_down}) v.push_back(test::bytes_of(*t));
+  }
+  return v;
+}
+
+class Determinism : public ::testing::TestWithParam<Precision> {};
+
+TEST_P(Determinism, BitwiseAcrossRunsAndThreadCounts) {
+  // Big enough that every GEMM, gather and epilogue splits over several threads.
+  const Problem p = test::make_problem(8, 128, 64, 3, {64, 96}, 2, 160, GetParam(), 1.0f);
+  const LayerData pristine = test::make_data(p, 5, true, RoutingSpec::parse("zipf:1.2"));
+  std::vector<Bytes> first;
+  for (int threads : {1, 2, 3}) {
+    Layer layer(p, test::roomy_config(), test::cpu_options(threads));
+    for (int rep = 0; rep < 2; ++rep) {  // the same Layer twice: run to run
+      SCOPED_TRACE("threads=" + std::to_string(threads) + " rep=" + std::to_string(rep));
+      LayerData data = pristine;  // outputs poisoned
+      layer.forward(data.forward_args());
+      layer.backward(data.backward_args());
+      const auto out = outputs(data);
+      for (const auto& b : out) {
+        // No output may keep its poison: bf16 0xffff / f32 0xffffffff.
+        ASSERT_GE(b.size(), 4u);
+        EXPECT_FALSE(b[0] == 0xff && b[1] == 0xff && b[b.size() - 1] == 0xff && b[b.size() - 2] == 0xff);
+      }
+      if (first.empty()) first = out;
+      ASSERT_EQ(out.size(), first.size());
+      for (std::size_t i = 0; i < out.size(); ++i) EXPECT_TRUE(out[i] == first[i]) << "output " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, Determinism, ::testing::Values(Precision::bf16, Precision::mxfp8),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
+}  // namespace
+}  // namespace mok

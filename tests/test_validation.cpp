@@ -1,0 +1,279 @@
+// Bad input: every case asserts that mok::Error is thrown AND that its message names the
+// argument (with its rank/token/slot where that applies) and the rule it broke.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+namespace mok {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using test::error_message;
+
+class BadInput : public ::testing::Test {
+ protected:
+  // E=8 over R=2, H=64, I=32, k=2, one shared expert, T=8.
+  Problem p_ = test::make_problem(8, 64, 32, 2, {32}, 2, 8);
+  LayerData data_ = test::make_data(p_, 3, true);
+  Layer layer_{p_, test::roomy_config(), test::cpu_options(2)};
+
+  std::string forward_error() { return error_message([&] { layer_.forward(data_.forward_args()); }); }
+  std::string backward_error() { return error_message([&] { layer_.backward(data_.backward_args()); }); }
+  std::string forward_error(const std::vector<RankForward>& args) {
+    return error_message([&] { layer_.forward(args); });
+  }
+  std::string backward_error(const std::vector<RankBackward>& args) {
+    return error_message([&] { layer_.backward(args); });
+  }
+  std::int32_t& id(int rank, int t, int j) { return data_.ranks[rank].top_experts.data<std::int32_t>()[t * 2 + j]; }
+  float& weight(int rank, int t, int j) { return data_.ranks[rank].router_weights.data<float>()[t * 2 + j]; }
+};
+
+TEST_F(BadInput, GoodInputRuns) {
+  EXPECT_NO_THROW(layer_.forward(data_.forward_args()));
+  EXPECT_NO_THROW(layer_.backward(data_.backward_args()));
+}
+
+TEST_F(BadInput, ExpertIdOutOfRange) {
+  id(1, 5, 1) = 8;
+  std::string msg = forward_error();
+  EXPECT_THAT(msg, AllOf(HasSubstr("top_experts[rank 1][token 5, slot 1]"), HasSubstr("= 8"),
+                         HasSubstr("[0, 8)")));
+  EXPECT_THAT(backward_error(), HasSubstr("top_experts[rank 1][token 5, slot 1]"));
+  id(1, 5, 1) = -1;
+  EXPECT_THAT(forward_error(), AllOf(HasSubstr("top_experts[rank 1][token 5, slot 1]"), HasSubstr("-1")));
+  // Validation precedes any work: rank 0's output was never written.
+  EXPECT_TRUE(std::isnan(test::element(data_.ranks[0].y, 0)));
+}
+
+TEST_F(BadInput, SameExpertTwiceInATokensTopK) {
+  id(0, 3, 1) = id(0, 3, 0);
+  const std::string msg = forward_error();
+  EXPECT_THAT(msg, AllOf(HasSubstr("top_experts[rank 0][token 3]"), HasSubstr("distinct")));
+  EXPECT_THAT(backward_error(), HasSubstr("top_experts[rank 0][token 3]"));
+}
+
+TEST_F(BadInput, NonFiniteRouterWeight) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    weight(1, 2, 0) = bad;
+    EXPECT_THAT(forward_error(), AllOf(HasSubstr("router_weights[rank 1][token 2, slot 0]"), HasSubstr("finite")));
+    EXPECT_THAT(backward_error(), HasSubstr("router_weights[rank 1][token 2, slot 0]"));
+    weight(1, 2, 0) = 0.5f;
+  }
+}
+
+TEST_F(BadInput, WrongXShape) {
+  const HostTensor narrow(DType::bf16, {8, 63}), long3d(DType::bf16, {1, 8, 64}), few(DType::bf16, {7, 64});
+  for (const HostTensor* x : {&narrow, &long3d, &few}) {
+    auto args = data_.forward_args();
+    args[0].inputs.x = x->view();
+    EXPECT_THAT(forward_error(args), AllOf(HasSubstr("x[rank 0]"), HasSubstr("shape"), HasSubstr("bf16[8,64]")));
+    auto bargs = data_.backward_args();
+    bargs[1].inputs.x = x->view();
+    EXPECT_THAT(backward_error(bargs), AllOf(HasSubstr("x[rank 1]"), HasSubstr("shape")));
+  }
+  // A strided (non-contiguous) view of the right shape.
+  HostTensor wide(DType::bf16, {8, 128});
+  auto args = data_.forward_args();
+  args[1].inputs.x = TensorView::contiguous(wide.view().data, DType::bf16, {8, 64});
+  args[1].inputs.x.strides = {128, 1};
+  EXPECT_THAT(forward_error(args), AllOf(HasSubstr("x[rank 1]"), HasSubstr("contiguous")));
+}
+
+TEST_F(BadInput, WrongDtypes) {
+  const HostTensor xf(DType::f32, {8, 64}), ids64(DType::i64, {8, 2}), wbf(DType::bf16, {8, 2});
+  auto args = data_.forward_args();
+  args[1].inputs.x = xf.view();
+  EXPECT_THAT(forward_error(args), AllOf(HasSubstr("x[rank 1]"), HasSubstr("dtype must be bf16")));
+  args = data_.forward_args();
+  args[0].inputs.top_experts = ids64.view();
+  EXPECT_THAT(forward_error(args), AllOf(HasSubstr("top_experts[rank 0]"), HasSubstr("dtype must be i32")));
+  args = data_.forward_args();
+  args[0].inputs.router_weights = wbf.view();
+  EXPECT_THAT(forward_error(args), AllOf(HasSubstr("router_weights[rank 0]"), HasSubstr("dtype must be f32")));
+  args = data_.forward_args();
+  args[1].y = xf.view();
+  EXPECT_THAT(forward_error(args), AllOf(HasSubstr("y[rank 1]"), HasSubstr("dtype")));
+
+  const HostTensor dwg_bf16(DType::bf16, {4, 32, 64});
+  auto bargs = data_.backward_args();
+  bargs[1].d_w_gate = dwg_bf16.view();
+  EXPECT_THAT(backward_error(bargs), AllOf(HasSubstr("d_w_gate[rank 1]"), HasSubstr("dtype must be f32")));
+  bargs = data_.backward_args();
+  bargs[0].dy = xf.view();
+  EXPECT_THAT(backward_error(bargs), HasSubstr("dy[rank 0]"));
+}
+
+TEST_F(BadInput, WrongWeightShapesAndMissingTensors) {
+  const HostTensor wg(DType::bf16, {4, 32, 63}), sg(DType::bf16, {31, 64});
+  auto args = data_.forward_args();
+  args[0].weights.w_gate = wg.view();
+  EXPECT_THAT(forward_error(args), AllOf(HasSubstr("w_gate[rank 0]"), HasSubstr("bf16[4,32,64]")));
+  args = data_.forward_args();
+  args[1].weights.shared[0].w_up = sg.view();
+  EXPECT_THAT(forward_error(args), AllOf(HasSubstr("w_up[rank 1][shared 0]"), HasSubstr("shape")));
+  args = data_.forward_args();
+  args[1].weights.shared.clear();
+  EXPECT_THAT(forward_error(args), AllOf(HasSubstr("weights.shared"), HasSubstr("rank 1")));
+  args = data_.forward_args();
+  args[1].y = TensorView{};
+  EXPECT_THAT(forward_error(args), AllOf(HasSubstr("y[rank 1]"), HasSubstr("missing")));
+  auto bargs = data_.backward_args();
+  bargs[0].d_shared.clear();
+  EXPECT_THAT(backward_error(bargs), AllOf(HasSubstr("d_shared[rank 0]"), HasSubstr("shared")));
+  bargs = data_.backward_args();
+  bargs[0].d_router_weights = TensorView{};
+  EXPECT_THAT(backward_error(bargs), AllOf(HasSubstr("d_router_weights[rank 0]"), HasSubstr("missing")));
+}
+
+TEST_F(BadInput, WrongNumberOfRanks) {
+  auto args = data_.forward_args();
+  args.pop_back();
+  EXPECT_THAT(forward_error(args), AllOf(HasSubstr("ranks"), HasSubstr("ep_size = 2")));
+  auto bargs = data_.backward_args();
+  bargs.push_back(bargs[0]);
+  EXPECT_THAT(backward_error(bargs), AllOf(HasSubstr("ranks"), HasSubstr("3 entries")));
+}
+
+TEST_F(BadInput, CapacityTooSmall) {
+  // Every token to rank 0's experts; capacity factor 0.05 cannot hold them.
+  const Problem p = test::make_problem(8, 64, 32, 2, {32}, 2, 256);
+  LayerData data = make_layer_data(p, generate_routing(p, RoutingSpec::parse("worst:0"), 1), 1, true);
+  Config c = test::roomy_config();
+  c.schedule_capacity_factor = 0.05;
+  Layer layer(p, c, test::cpu_options());
+  EXPECT_THAT(error_message([&] { layer.forward(data.forward_args()); }),
+              AllOf(HasSubstr("capacity"), HasSubstr("rank 0")));
+  EXPECT_THAT(error_message([&] { layer.backward(data.backward_args()); }), HasSubstr("capacity"));
+  // The same layer still works on a routing that fits.
+  LayerData ok = make_layer_data(p, generate_routing(p, RoutingSpec{}, 1), 1, false);
+  EXPECT_NO_THROW(layer.forward(ok.forward_args()));
+}
+
+TEST_F(BadInput, CombineSlotsArguments) {
+  Layer fresh(p_, test::roomy_config(), test::cpu_options());
+  EXPECT_THAT(error_message([&] { fresh.combine_slots(0); }), HasSubstr("no forward"));
+  EXPECT_THAT(error_message([&] { layer_.combine_slots(2); }), HasSubstr("combine_slots"));
+  EXPECT_THAT(error_message([&] { layer_.combine_slots(-1); }), HasSubstr("combine_slots"));
+}
+
+// ---- problem, config, options, names ----------------------------------------------------------
+
+TEST(BadProblem, FieldRules) {
+  const Problem good = test::make_problem(8, 64, 32, 2, {32}, 2, 8);
+  ASSERT_NO_THROW(good.validate());
+  struct Case {
+    std::function<void(Problem&)> edit;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {[](Problem& p) { p.top_k = 9; }, "Problem.top_k = 9"},  // k > E
+      {[](Problem& p) { p.top_k = 0; }, "Problem.top_k = 0"},
+      {[](Problem& p) { p.top_k = 256; }, "Problem.top_k = 256"},
+      {[](Problem& p) { p.num_experts = 0; }, "Problem.num_experts"},
+      {[](Problem& p) { p.num_experts = 6; p.ep_size = 4; }, "ep_size (4)"},  // E % R != 0
+      {[](Problem& p) { p.ep_size = 0; }, "Problem.ep_size"},
+      {[](Problem& p) { p.hidden = 0; }, "Problem.hidden"},
+      {[](Problem& p) { p.intermediate = -3; }, "Problem.intermediate"},
+      {[](Problem& p) { p.tokens_per_rank = 0; }, "Problem.tokens_per_rank"},
+      {[](Problem& p) { p.shared_intermediate = {32, 0}; }, "Problem.shared_intermediate[1]"},
+      {[](Problem& p) { p.swiglu_limit = 0.0f; }, "Problem.swiglu_limit"},
+      {[](Problem& p) { p.swiglu_limit = -1.0f; }, "Problem.swiglu_limit"},
+      {[](Problem& p) { p.swiglu_limit = std::numeric_limits<float>::quiet_NaN(); }, "Problem.swiglu_limit"},
+      {[](Problem& p) { p.swiglu_limit = std::numeric_limits<float>::infinity(); }, "Problem.swiglu_limit"},
+      {[](Problem& p) { p.precision = Precision::mxfp8; p.hidden = 48; }, "Problem.hidden = 48"},
+      {[](Problem& p) { p.precision = Precision::mxfp8; p.intermediate = 40; }, "Problem.intermediate = 40"},
+      {[](Problem& p) { p.precision = Precision::mxfp8; p.shared_intermediate = {32, 48}; },
+       "Problem.shared_intermediate[1] = 48"},
+  };
+  for (const auto& c : cases) {
+    Problem p = good;
+    c.edit(p);
+    EXPECT_THAT(error_message([&] { p.validate(); }), HasSubstr(c.field)) << c.field;
+    // The Layer and the data generator validate too.
+    EXPECT_THAT(error_message([&] { Layer l(p, test::roomy_config(), test::cpu_options()); }), HasSubstr(c.field));
+  }
+  // mxfp8 with multiples of 32 everywhere is fine.
+  Problem mx = good;
+  mx.precision = Precision::mxfp8;
+  EXPECT_NO_THROW(mx.validate());
+  EXPECT_THAT(error_message([&] {
+                Problem p = good;
+                p.num_experts = 6;
+                p.ep_size = 4;
+                generate_routing(p, RoutingSpec{}, 1);
+              }),
+              HasSubstr("num_experts"));
+}
+
+TEST(BadConfig, FieldRules) {
+  const Problem p = test::make_problem(8, 64, 32, 2, {}, 1, 8);
+  struct Case {
+    std::function<void(Config&)> edit;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {[](Config& c) { c.minibatch_rows = 100; }, "Config.minibatch_rows = 100"},  // not a multiple of 128
+      {[](Config& c) { c.minibatch_rows = 0; }, "Config.minibatch_rows"},
+      {[](Config& c) { c.tile_rows = 96; }, "Config.tile_rows = 96"},
+      {[](Config& c) { c.macrobatch_rows = 4096 + 128; }, "Config.macrobatch_rows"},
+      {[](Config& c) { c.schedule_capacity_factor = 0; }, "Config.schedule_capacity_factor"},
+      {[](Config& c) { c.schedule_capacity_factor = 1.5; }, "Config.schedule_capacity_factor"},
+      {[](Config& c) { c.forward_comm_sms = -1; }, "Config.forward_comm_sms"},
+      {[](Config& c) { c.backward_comm_sms = -2; }, "Config.backward_comm_sms"},
+  };
+  for (const auto& c : cases) {
+    Config cfg;
+    ASSERT_NO_THROW(cfg.validate());
+    c.edit(cfg);
+    EXPECT_THAT(error_message([&] { cfg.validate(); }), HasSubstr(c.field)) << c.field;
+    EXPECT_THAT(error_message([&] { Layer l(p, cfg, test::cpu_options()); }), HasSubstr(c.field));
+  }
+}
+
+TEST(BadOptions, RankSliceActiveRankAndThreadsOnCpu) {
+  const Problem p = test::make_problem(8, 64, 32, 2, {}, 2, 8);
+  LayerOptions o;
+  o.ep_mode = EpMode::rank_slice;
+  EXPECT_THAT(error_message([&] { Layer l(p, Config{}, o); }), AllOf(HasSubstr("rank_slice"), HasSubstr("ep_mode")));
+  o = LayerOptions{};
+  o.active_rank = 2;
+  EXPECT_THAT(error_message([&] { Layer l(p, Config{}, o); }), HasSubstr("active_rank"));
+  o = LayerOptions{};
+  o.cpu_threads = -1;
+  EXPECT_THAT(error_message([&] { Layer l(p, Config{}, o); }), HasSubstr("cpu_threads"));
+}
+
+TEST(BadNames, ShapesDtypesBackends) {
+  const std::string msg = error_message([] { find_shape("nope"); });
+  EXPECT_THAT(msg, AllOf(HasSubstr("unknown name"), HasSubstr("'nope'"), HasSubstr("tiny")));
+  EXPECT_EQ(find_shape("tiny").num_experts, 8);
+  EXPECT_THAT(error_message([] { precision_from_string("fp8"); }), AllOf(HasSubstr("dtype"), HasSubstr("fp8")));
+  EXPECT_THAT(error_message([] { backend_from_string("tpu"); }), AllOf(HasSubstr("backend"), HasSubstr("tpu")));
+  EXPECT_EQ(precision_from_string("mxfp8"), Precision::mxfp8);
+  EXPECT_EQ(backend_from_string("cpu"), Backend::cpu);
+}
+
+TEST(BadData, MakeLayerDataArguments) {
+  const Problem p = test::make_problem(8, 64, 32, 2, {}, 2, 8);
+  const Routing r = generate_routing(p, RoutingSpec{}, 1);
+  EXPECT_THAT(error_message([&] { make_layer_data(p, r, 1, false, 2); }), HasSubstr("weights_rank"));
+  Routing short_r = r;
+  short_r.top_experts.pop_back();
+  EXPECT_THAT(error_message([&] { make_layer_data(p, short_r, 1, false); }), HasSubstr("routing"));
+  Routing bad = r;
+  bad.router_weights[1][3] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THAT(error_message([&] { make_layer_data(p, bad, 1, false); }), HasSubstr("router_weights[rank 1]"));
+}
+
+}  // namespace
+}  // namespace mok
