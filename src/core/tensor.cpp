@@ -74,23 +74,22 @@ std::string TensorView::describe() const {
 
 void check_tensor(const TensorView& view, const std::string& name, DType dtype,
                   std::initializer_list<std::int64_t> shape, Device device) {
+  // The common case is fast: messages are only built when a rule is broken (this runs for
+  // every tensor of every rank on every call).
+  bool shape_ok = view.ndim == static_cast<int>(shape.size());
+  int i = 0;
+  for (auto s : shape) shape_ok = shape_ok && view.shape[i++] == s;
+  if (view.data != nullptr && view.dtype == dtype && shape_ok && view.device == device && view.is_contiguous())
+    return;
   std::ostringstream want;
   want << to_string(dtype) << "[";
-  int i = 0;
+  i = 0;
   for (auto s : shape) want << (i++ ? "," : "") << s;
   want << "] on " << to_string(device);
   require(view.data != nullptr, name + ": missing (null data pointer); expected " + want.str());
-  require(view.dtype == dtype, name + ": dtype must be " + to_string(dtype) + ", got " +
-                                   view.describe());
-  require(view.ndim == static_cast<int>(shape.size()),
-          name + ": shape must be " + want.str() + ", got " + view.describe());
-  i = 0;
-  for (auto s : shape) {
-    require(view.shape[i] == s, name + ": shape must be " + want.str() + ", got " + view.describe());
-    ++i;
-  }
-  require(view.device == device, name + ": must be on " + to_string(device) + ", got " +
-                                     view.describe());
+  require(view.dtype == dtype, name + ": dtype must be " + to_string(dtype) + ", got " + view.describe());
+  require(shape_ok, name + ": shape must be " + want.str() + ", got " + view.describe());
+  require(view.device == device, name + ": must be on " + to_string(device) + ", got " + view.describe());
   require(view.is_contiguous(), name + ": must be contiguous (row-major), got " + view.describe());
 }
 

@@ -182,19 +182,23 @@ class CudaBackend final : public BackendImpl {
     config_.forward_comm_sms = comm_ctas_;
     if (config_.backward_comm_sms == 0) config_.backward_comm_sms = comm_ctas_;
     compute_ctas_ = sms_ - comm_ctas_;
-    lag_ = std::min(ceil_div(compute_ctas_, gateup_tiles_ + down_tiles_) + 1, ring_tiles_ - 1);
+    // A gate/up tile costs about two average tasks, so while one runs ~2.5 * compute CTAs
+    // tasks are claimed: put a row tile's down tiles that many tasks after its gate/up tiles.
+    lag_ = std::min(ceil_div(5 * compute_ctas_, 2 * (gateup_tiles_ + down_tiles_)) + 1, ring_tiles_ - 1);
 
     allocate();
     MOK_CUDA_CHECK(cudaFuncSetAttribute(forward_megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   }
 
-  ~CudaBackend() override { cudaStreamSynchronize(stream_); }  // buffers may still be in use
+  // cudaFree waits for the device, so buffers in use by queued work are released safely;
+  // the caller's stream may already be destroyed here and is not touched.
+  ~CudaBackend() override = default;
 
   void forward(std::span<const RankForward> ranks) override {
     check_forward_args(problem_, options_, ranks, Device::cuda);
     for (const auto& r : ranks)
-      require(r.inputs.x.device_index == options_.cuda_device,
-              "x: must be on cuda:" + std::to_string(options_.cuda_device) + ", got " + r.inputs.x.describe());
+      if (r.inputs.x.device_index != options_.cuda_device)
+        throw Error("x: must be on cuda:" + std::to_string(options_.cuda_device) + ", got " + r.inputs.x.describe());
     const CallArgs& a = call_args(ranks);
     const Problem& p = problem_;
     const int T = p.tokens_per_rank, H = p.hidden;
@@ -271,6 +275,8 @@ class CudaBackend final : public BackendImpl {
     fp.pulls = pulls_.as<int2>();
     fp.num_pulls = task_counts_.as<int>() + 1;
     fp.error = error_.as<DeviceError>();
+    fp.task_counter = counters_.as<int>() + counters_.bytes() / sizeof(int) - 1;
+    fp.ring_wraps = ring_tiles_ < cap_tiles_ ? 1 : 0;
     forward_megakernel<<<comm_ctas_ + compute_ctas_, kComputeThreads, kSmemBytes, stream_>>>(fp);
     check_launch("forward_megakernel");
 
@@ -365,7 +371,8 @@ class CudaBackend final : public BackendImpl {
     };
     // Counters zeroed per forward: rows_ready, act_ready, down_done per rank, then shared.
     const std::size_t per_rank_counters = 3 * static_cast<std::size_t>(cap_tiles_) + p.num_shared() * shared_row_tiles_;
-    counters_ = track(DeviceBuffer(std::max<std::size_t>(1, num_ranks_ * per_rank_counters) * sizeof(int)));
+    // ... and the megakernel's task counter last.
+    counters_ = track(DeviceBuffer((num_ranks_ * per_rank_counters + 1) * sizeof(int)));
     error_ = track(DeviceBuffer(sizeof(DeviceError)));
     MOK_CUDA_CHECK(cudaMemset(error_.as<void>(), 0, sizeof(DeviceError)));
     long long shared_tasks = 0;

@@ -102,9 +102,9 @@ __device__ __forceinline__ bool wait_at_least(const int* flag, int target, Devic
     if ((spin & 63) == 63) {
       if (ld_volatile(&err->abort)) return false;
       if (globaltimer_ns() - start > timeout_ns) {
+        // No printf here: a call in the kernel would serialise every wgmma (ptxas C7510).
+        // The host reads this record in Layer::synchronize().
         report_error(err, kWaitTimeout, rank, where, item, v);
-        printf("mok: device wait timed out: rank %d site %d item %lld (flag %d, waiting for %d)\n", rank, where,
-               item, v, target);
         return false;
       }
     }

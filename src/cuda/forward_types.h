@@ -27,7 +27,7 @@ constexpr int kStageBBytes = kDownCols * kTileK * 2;  // 32 KiB (gate 128 rows +
 constexpr int kStageBytes = kStageABytes + kStageBBytes;
 constexpr int kStagingPitch = kDownCols + 8;          // bf16 per staging row (+16 B: no bank conflicts)
 constexpr int kStagingBytes = kTileM * kStagingPitch * 2;
-constexpr int kSmemBytes = 1024 /*align slack*/ + kStages * kStageBytes + kStagingBytes + 256 /*barriers*/;
+constexpr int kSmemBytes = 1024 /*align slack*/ + kStages * kStageBytes + kStagingBytes + 256 /*barriers, task ring*/;
 
 enum TaskKind : std::uint32_t { kRoutedGateUp = 0, kRoutedDown = 1, kSharedGateUp = 2, kSharedDown = 3 };
 
@@ -108,6 +108,8 @@ struct ForwardParams {
   const int* num_tasks;                    // [1]
   const int2* pulls;                       // (rank index, row tile) in dependency order
   const int* num_pulls;                    // [1]
+  int* task_counter;                       // next compute task to claim (zeroed per forward)
+  int ring_wraps;                          // ring_tiles < capacity tiles: pulls wait for free slots
   DeviceError* error;
 };
 

@@ -81,12 +81,17 @@ __device__ __forceinline__ TileJob describe_task(const ForwardParams& p, Task ta
   return j;
 }
 
+constexpr int kTaskSlots = 4;
+
 struct ComputeSmem {
   __nv_bfloat16* a[kStages];  // [128][64] swizzled
   __nv_bfloat16* b[kStages];  // [256][64] swizzled (gate rows 0..127, up rows 128..255)
   __nv_bfloat16* staging;     // [128][kStagingPitch]
   std::uint64_t* full;        // [kStages] TMA landed
   std::uint64_t* empty;       // [kStages] both consumer warpgroups done with the stage
+  std::uint64_t* task_full;   // [kTaskSlots] the producer claimed a task into the slot
+  std::uint64_t* task_empty;  // [kTaskSlots] every consumer thread has read the slot
+  volatile int* task_ring;    // [kTaskSlots] claimed task index, -1 = no more tasks
 };
 
 __device__ __forceinline__ ComputeSmem carve_smem(std::uint8_t* raw) {
@@ -99,21 +104,36 @@ __device__ __forceinline__ ComputeSmem carve_smem(std::uint8_t* raw) {
   s.staging = reinterpret_cast<__nv_bfloat16*>(base + kStages * kStageBytes);
   s.full = reinterpret_cast<std::uint64_t*>(base + kStages * kStageBytes + kStagingBytes);
   s.empty = s.full + kStages;
+  s.task_full = s.empty + kStages;
+  s.task_empty = s.task_full + kTaskSlots;
+  s.task_ring = reinterpret_cast<volatile int*>(s.task_empty + kTaskSlots);
   return s;
 }
 
-__device__ __forceinline__ void producer_loop(const ForwardParams& p, const ComputeSmem& sm, int cta, int ctas,
-                                              int num_tasks) {
-  int stage = 0;
-  std::uint32_t phase = 0;
+// The producer claims tasks in order from one counter (a CTA that finishes early takes the
+// next task: gate/up tiles cost 4x a down tile), hands each index to the consumers through
+// a small ring, waits for the task's inputs and streams its operand tiles with TMA.
+__device__ __forceinline__ void producer_loop(const ForwardParams& p, const ComputeSmem& sm, int num_tasks) {
+  int stage = 0, tslot = 0;
+  std::uint32_t phase = 0, tphase = 0;
   bool aborted = false;
-  for (int i = cta; i < num_tasks; i += ctas) {
-    const Task task = p.tasks[i];
+  for (;;) {
+    sm90::mbar_wait(&sm.task_empty[tslot], tphase ^ 1);
+    int idx = atomicAdd(p.task_counter, 1);
+    if (idx >= num_tasks) idx = -1;
+    sm.task_ring[tslot] = idx;
+    sm90::mbar_arrive(&sm.task_full[tslot]);
+    if (++tslot == kTaskSlots) {
+      tslot = 0;
+      tphase ^= 1;
+    }
+    if (idx < 0) break;
+    const Task task = p.tasks[idx];
     const TileJob job = describe_task(p, task);
     if (!aborted && job.wait_flag != nullptr)
       aborted = !wait_at_least(job.wait_flag, job.wait_target, p.error, p.first_rank + task.rank(), job.wait_site,
                                task.row_tile(), p.timeout_ns);
-    // Rows written by other SMs' generic stores are about to be read by TMA.
+    // Rows written by other SMs (generic stores or bulk copies) are about to be read by TMA.
     if (!aborted) fence_proxy_async_global();
     for (int kb = 0; kb < job.k_tiles; ++kb) {
       sm90::mbar_wait(&sm.empty[stage], phase ^ 1);
@@ -134,16 +154,23 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
   }
 }
 
-__device__ __forceinline__ void consumer_loop(const ForwardParams& p, const ComputeSmem& sm, int cta, int ctas,
-                                              int num_tasks, float limit) {
+__device__ __forceinline__ void consumer_loop(const ForwardParams& p, const ComputeSmem& sm, float limit) {
   const int wg_idx = threadIdx.x / 128 - 1;  // which 64-row half of the tile
   const bool wg_leader = threadIdx.x % 128 == 0;
   const int ct = threadIdx.x - 128;           // consumer thread 0..255
-  int stage = 0;
-  std::uint32_t phase = 0;
+  int stage = 0, tslot = 0;
+  std::uint32_t phase = 0, tphase = 0;
   float acc[128];
-  for (int i = cta; i < num_tasks; i += ctas) {
-    const Task task = p.tasks[i];
+  for (;;) {
+    sm90::mbar_wait(&sm.task_full[tslot], tphase);
+    const int idx = sm.task_ring[tslot];
+    sm90::mbar_arrive(&sm.task_empty[tslot]);
+    if (++tslot == kTaskSlots) {
+      tslot = 0;
+      tphase ^= 1;
+    }
+    if (idx < 0) break;
+    const Task task = p.tasks[idx];
     const TileJob job = describe_task(p, task);
 #pragma unroll
     for (int r = 0; r < 128; ++r) acc[r] = 0.0f;
@@ -172,62 +199,63 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
     if (wg_leader) sm90::mbar_arrive(&sm.empty[prev]);
     sm90::fence_accumulators(acc);
 
-    // ---- epilogue ----
+    // ---- epilogue: registers -> staging (bf16) -> bulk row stores ----
     const RankPlan& plan = p.plans[task.rank()];
     const int tile = task.row_tile(), n = task.col_tile();
+    const bool gate_up = task.kind() == kRoutedGateUp || task.kind() == kSharedGateUp;
+    staging_reusable();  // the previous task's row stores have read the staging tile
+    consumers_sync();
+    if (gate_up)
+      stage_swiglu(acc, sm.staging, wg_idx * 64, limit);
+    else
+      stage_output(acc, sm.staging, wg_idx * 64);
+    sm90::fence_proxy_async_shared();
+    consumers_sync();
     int* signal = nullptr;
     switch (task.kind()) {
       case kRoutedGateUp: {
-        stage_swiglu(acc, sm.staging, wg_idx * 64, limit);
-        consumers_sync();
         __nv_bfloat16* act = plan.act + static_cast<long long>(tile % p.ring_tiles) * kTileM * p.inter + n * kGateUpCols;
-        store_staging<kGateUpCols>(sm.staging, min(kGateUpCols, p.inter - n * kGateUpCols),
-                                   [&](int r) { return act + static_cast<long long>(r) * p.inter; });
+        store_rows_async(sm.staging, min(kGateUpCols, p.inter - n * kGateUpCols),
+                         [&](int r) { return act + static_cast<long long>(r) * p.inter; });
         signal = plan.act_ready + tile;
         break;
       }
       case kRoutedDown: {
-        stage_output(acc, sm.staging, wg_idx * 64);
-        consumers_sync();
         const int2* rows = plan.rows + static_cast<long long>(tile) * kTileM;
-        store_staging<kDownCols>(sm.staging, min(kDownCols, p.hidden - n * kDownCols), [&](int r) -> __nv_bfloat16* {
+        store_rows_async(sm.staging, min(kDownCols, p.hidden - n * kDownCols), [&](int r) -> __nv_bfloat16* {
           const int2 row = rows[r];
           if (row.x < 0) return nullptr;  // padding row
           return p.combine_of[row.x] + static_cast<long long>(row.y) * p.hidden + n * kDownCols;
         });
-        signal = plan.down_done + tile;
+        // Only a wrapping ring needs to know when a row tile is done.
+        if (p.ring_wraps) signal = plan.down_done + tile;
         break;
       }
       case kSharedGateUp: {
         const SharedPlan& sp = plan.shared[task.shared()];
-        stage_swiglu(acc, sm.staging, wg_idx * 64, limit);
-        consumers_sync();
-        store_staging<kGateUpCols>(sm.staging, min(kGateUpCols, sp.width - n * kGateUpCols),
-                                   [&](int r) -> __nv_bfloat16* {
-                                     const int t = tile * kTileM + r;
-                                     return t < p.tokens ? sp.act + static_cast<long long>(t) * sp.width + n * kGateUpCols
-                                                         : nullptr;
-                                   });
+        store_rows_async(sm.staging, min(kGateUpCols, sp.width - n * kGateUpCols), [&](int r) -> __nv_bfloat16* {
+          const int t = tile * kTileM + r;
+          return t < p.tokens ? sp.act + static_cast<long long>(t) * sp.width + n * kGateUpCols : nullptr;
+        });
         signal = sp.act_ready + tile;
         break;
       }
-      default: {  // kSharedDown
+      default: {  // kSharedDown: read by the epilogue kernel after this launch
         const SharedPlan& sp = plan.shared[task.shared()];
-        stage_output(acc, sm.staging, wg_idx * 64);
-        consumers_sync();
-        store_staging<kDownCols>(sm.staging, min(kDownCols, p.hidden - n * kDownCols), [&](int r) -> __nv_bfloat16* {
+        store_rows_async(sm.staging, min(kDownCols, p.hidden - n * kDownCols), [&](int r) -> __nv_bfloat16* {
           const int t = tile * kTileM + r;
           return t < p.tokens ? sp.out + static_cast<long long>(t) * p.hidden + n * kDownCols : nullptr;
         });
         break;
       }
     }
-    // Stores -> visible to TMA reads (SwiGLU rows) and to other SMs, then one release.
-    fence_proxy_async_global();
-    __threadfence();
-    consumers_sync();  // also: the staging tile may be reused by the next task
-    if (ct == 0 && signal != nullptr) red_release_gpu_add(signal, 1);
+    if (signal != nullptr) {
+      stores_complete();
+      consumers_sync();
+      if (ct == 0) red_release_gpu_add(signal, 1);
+    }
   }
+  staging_reusable();  // no bulk store may outlive the CTA's shared memory
 }
 
 __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const __grid_constant__ ForwardParams p) {
@@ -242,17 +270,20 @@ __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const _
       sm90::mbar_init(&sm.full[s], 1);
       sm90::mbar_init(&sm.empty[s], 2);
     }
+    for (int s = 0; s < kTaskSlots; ++s) {
+      sm90::mbar_init(&sm.task_full[s], 1);
+      sm90::mbar_init(&sm.task_empty[s], kConsumerThreads);
+    }
     sm90::fence_barrier_init();
   }
   __syncthreads();
-  const int cta = blockIdx.x - p.num_comm_ctas, ctas = gridDim.x - p.num_comm_ctas;
   const int num_tasks = *p.num_tasks;
   if (threadIdx.x < 128) {
     sm90::setmaxnreg_dec<40>();
-    if (threadIdx.x == 0) producer_loop(p, sm, cta, ctas, num_tasks);
+    if (threadIdx.x == 0) producer_loop(p, sm, num_tasks);
   } else {
     sm90::setmaxnreg_inc<232>();
-    consumer_loop(p, sm, cta, ctas, num_tasks, p.swiglu_limit);
+    consumer_loop(p, sm, p.swiglu_limit);
   }
 }
 

@@ -148,60 +148,62 @@ struct PlanParams {
   int* num_pulls;
 };
 
-// One block. Shared-expert tasks first (they need no pulled rows), then groups i = 0..:
-// for each rank d: pull(d, i), gate/up(d, i, *), down(d, i - lag, *).
+// One block. Groups g = 0, 1, ...: for each rank d, the gate/up tiles of shared row tile g
+// and of routed row tile g (whose pull comes first), then the down tiles of row tile
+// g - lag. The lag lets a row tile's gate/up tiles finish before its down tiles are taken.
+__device__ __forceinline__ void plan_group(const PlanParams& p, int g, int shared_tiles, Task* tasks, int2* pulls,
+                                           int& n_task, int& n_pull) {
+  for (int d = 0; d < p.num_ranks; ++d) {
+    const int m = *p.plans[d].num_row_tiles;
+    if (g < shared_tiles)
+      for (int s = 0; s < p.num_shared; ++s)
+        for (int n = 0; n < p.shared_gateup_tiles[s]; ++n) {
+          if (tasks) tasks[n_task] = Task::make(kSharedGateUp, d, s, n, g);
+          ++n_task;
+        }
+    if (g < m) {
+      if (pulls) pulls[n_pull] = make_int2(d, g);
+      ++n_pull;
+      for (int n = 0; n < p.gateup_tiles; ++n) {
+        if (tasks) tasks[n_task] = Task::make(kRoutedGateUp, d, 0, n, g);
+        ++n_task;
+      }
+    }
+    const int lagged = g - p.lag;
+    if (lagged >= 0 && lagged < shared_tiles)
+      for (int s = 0; s < p.num_shared; ++s)
+        for (int n = 0; n < p.down_tiles; ++n) {
+          if (tasks) tasks[n_task] = Task::make(kSharedDown, d, s, n, lagged);
+          ++n_task;
+        }
+    if (lagged >= 0 && lagged < m)
+      for (int n = 0; n < p.down_tiles; ++n) {
+        if (tasks) tasks[n_task] = Task::make(kRoutedDown, d, 0, n, lagged);
+        ++n_task;
+      }
+  }
+}
+
 __global__ void __launch_bounds__(1024) schedule_plan_kernel(const PlanParams p) {
   using Scan = cub::BlockScan<int, 1024>;
   __shared__ typename Scan::TempStorage tmp;
   const int tid = threadIdx.x;
-  const int shared_row_tiles = (p.tokens + kTileM - 1) / kTileM;
-
-  // Shared phase: per rank and shared expert, every gate/up tile, then every down tile.
-  int task = 0;
-  for (int d = 0; d < p.num_ranks; ++d)
-    for (int s = 0; s < p.num_shared; ++s) {
-      const int gu = p.shared_gateup_tiles[s];
-      const int n_gu = shared_row_tiles * gu, n_dn = shared_row_tiles * p.down_tiles;
-      for (int i = tid; i < n_gu; i += 1024)
-        p.tasks[task + i] = Task::make(kSharedGateUp, d, s, i % gu, i / gu);
-      task += n_gu;
-      for (int i = tid; i < n_dn; i += 1024)
-        p.tasks[task + i] = Task::make(kSharedDown, d, s, i % p.down_tiles, i / p.down_tiles);
-      task += n_dn;
-    }
-
-  // Routed phase. Row tiles per rank (num_ranks <= 64 in one plan block for the cache).
-  int max_tiles = 0;
+  const int shared_tiles = p.num_shared > 0 ? (p.tokens + kTileM - 1) / kTileM : 0;
+  int max_tiles = shared_tiles;
   for (int d = 0; d < p.num_ranks; ++d) max_tiles = max(max_tiles, *p.plans[d].num_row_tiles);
   const int groups = max_tiles > 0 ? max_tiles + p.lag : 0;
-  int pull = 0;
+  int task = 0, pull = 0;
   for (int g0 = 0; g0 < groups; g0 += 1024) {
     const int g = g0 + tid;
     int n_task = 0, n_pull = 0;
-    if (g < groups)
-      for (int d = 0; d < p.num_ranks; ++d) {
-        const int m = *p.plans[d].num_row_tiles;
-        if (g < m) {
-          n_pull += 1;
-          n_task += p.gateup_tiles;
-        }
-        if (g - p.lag >= 0 && g - p.lag < m) n_task += p.down_tiles;
-      }
+    if (g < groups) plan_group(p, g, shared_tiles, nullptr, nullptr, n_task, n_pull);
     int task_off, task_sum, pull_off, pull_sum;
     Scan(tmp).ExclusiveSum(n_task, task_off, task_sum);
     __syncthreads();
     Scan(tmp).ExclusiveSum(n_pull, pull_off, pull_sum);
     if (g < groups) {
-      int t = task + task_off, q = pull + pull_off;
-      for (int d = 0; d < p.num_ranks; ++d) {
-        const int m = *p.plans[d].num_row_tiles;
-        if (g < m) {
-          p.pulls[q++] = make_int2(d, g);
-          for (int n = 0; n < p.gateup_tiles; ++n) p.tasks[t++] = Task::make(kRoutedGateUp, d, 0, n, g);
-        }
-        if (g - p.lag >= 0 && g - p.lag < m)
-          for (int n = 0; n < p.down_tiles; ++n) p.tasks[t++] = Task::make(kRoutedDown, d, 0, n, g - p.lag);
-      }
+      int t = 0, q = 0;
+      plan_group(p, g, shared_tiles, p.tasks + task + task_off, p.pulls + pull + pull_off, t, q);
     }
     task += task_sum;
     pull += pull_sum;

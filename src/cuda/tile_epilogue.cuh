@@ -7,6 +7,7 @@
 #pragma once
 #include <cuda_bf16.h>
 
+#include "cuda/common.cuh"
 #include "cuda/forward_types.h"
 #include "cuda/sm90.cuh"
 #include "numerics/numerics.h"
@@ -51,18 +52,29 @@ __device__ __forceinline__ void stage_output(const float (&acc)[128], __nv_bfloa
   }
 }
 
-// Copies staging rows out in 16-byte chunks: row r of the tile goes to dst_row(r) (nullptr
-// to skip), columns [0, cols) of the tile (cols a multiple of 8).
-template <int TileCols, typename DstRow>
-__device__ __forceinline__ void store_staging(const __nv_bfloat16* staging, int cols, DstRow dst_row) {
-  constexpr int kChunksPerRow = TileCols / 8;
-  const int ct = threadIdx.x - 128;  // consumer thread 0..255
-  for (int q = ct; q < kTileM * kChunksPerRow; q += kConsumerThreads) {
-    const int r = q / kChunksPerRow, c = (q % kChunksPerRow) * 8;
-    if (c >= cols) continue;
-    __nv_bfloat16* dst = dst_row(r);
-    if (dst == nullptr) continue;
-    *reinterpret_cast<int4*>(dst + c) = *reinterpret_cast<const int4*>(staging + r * kStagingPitch + c);
+// Stores the staging tile's rows with bulk copies: consumer thread r < 128 sends row r to
+// dst_row(r) (nullptr: skip), `cols` columns (a multiple of 8). Asynchronous: call
+// staging_reusable() before the staging tile is written again, and stores_complete()
+// before anyone is told the rows are there.
+template <typename DstRow>
+__device__ __forceinline__ void store_rows_async(const __nv_bfloat16* staging, int cols, DstRow dst_row) {
+  const int r = threadIdx.x - 128;
+  if (r >= kTileM) return;
+  __nv_bfloat16* dst = dst_row(r);
+  if (dst != nullptr) sm90::bulk_store_s2g(dst, staging + r * kStagingPitch, static_cast<std::uint32_t>(cols) * 2);
+  sm90::bulk_commit();
+}
+
+__device__ __forceinline__ void staging_reusable() {
+  if (threadIdx.x - 128 < kTileM) sm90::bulk_wait_read_all();
+}
+
+// The rows are in global memory and visible to other SMs, including their TMA loads.
+__device__ __forceinline__ void stores_complete() {
+  if (threadIdx.x - 128 < kTileM) {
+    sm90::bulk_wait_all();
+    fence_proxy_async_global();
+    __threadfence();
   }
 }
 
