@@ -105,6 +105,18 @@ TEST(GpuForwardLimits, SwigluLimitMatchesReference) {
   expect_close(run_gpu_all_ranks(host).data, run_reference(host), Precision::bf16, "swiglu_limit");
 }
 
+TEST(GpuForwardRing, SmallMacrobatchRingWrapsAndStaysCorrect) {
+  MOK_REQUIRE_GPU();
+  // 2048 tokens x k=4 over 2 ranks: ~32 row tiles per rank through a 2-tile ring, so pulls
+  // must wait for ring slots to be released by finished down tiles.
+  const Problem p = make_problem(16, 256, 128, 4, {128}, 2, 2048);
+  const LayerData host = make_data(p, "zipf:1.2");
+  Config c;
+  c.minibatch_rows = 128;
+  c.macrobatch_rows = 256;
+  expect_close(run_gpu_all_ranks(host, c).data, run_reference(host, c), Precision::bf16, "ring_wraps");
+}
+
 // ---- EP-64 rank slices of MoK's shapes ----------------------------------------------------
 
 struct SliceCase {
