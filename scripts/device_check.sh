@@ -7,9 +7,15 @@
 #   scripts/device_check.sh [--bin DIR] [--skip-tests] [--skip-sanitizer] [--bench ARGS...]
 #
 # --bin DIR   use prebuilt binaries in DIR (mok, mok_gpu_tests) instead of building
-# --bench ... run bench/run.py with these arguments after the checks
+# --pack      leave one combined log ($OUT/device_log.txt) plus $OUT/results/ (the device
+#             tool brings back at most 8 files)
+# --bench ... run bench/run.py with these arguments (after the tests, before the sanitizers)
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
+FINAL_OUT=$OUT
+PACK=0
+for a in "$@"; do [ "$a" = --pack ] && PACK=1; [ "$a" = --bench ] && break; done
+[ $PACK = 1 ] && OUT=$(mktemp -d)
 mkdir -p "$OUT"
 BIN=""
 RUN_TESTS=1
@@ -21,6 +27,7 @@ while [ $# -gt 0 ]; do
     --bin) BIN=$2; shift 2 ;;
     --skip-tests) RUN_TESTS=0; shift ;;
     --skip-sanitizer) RUN_SAN=0; shift ;;
+    --pack) shift ;;
     --bench) shift; BENCH_ARGS=("$@"); break ;;
     *) echo "device_check: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -52,26 +59,35 @@ fi
 
 if [ $RUN_TESTS = 1 ]; then
   start=$(date +%s)
-  timeout 420 "$BIN/mok_gpu_tests" --gtest_filter="$GTEST_FILTER" --gtest_output=xml:"$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1
+  timeout 170 "$BIN/mok_gpu_tests" --gtest_filter="$GTEST_FILTER" --gtest_output=xml:"$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1
   rc=$?
   grep -E "^\[check\]|^\[graph\]" "$OUT/gpu_tests.log" > "$OUT/gpu_checks.txt" || true
   note "gpu tests: rc=$rc, $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/gpu_tests.log" | tr '\n' ' ') in $(( $(date +%s) - start )) s"
   grep -E "^\[  FAILED  \]" "$OUT/gpu_tests.log" | head -20
 fi
 
+if [ ${#BENCH_ARGS[@]} -gt 0 ]; then
+  PYTHONUNBUFFERED=1 timeout ${BENCH_TIMEOUT:-400} python3 bench/run.py --mok-bin "$BIN/mok" "${BENCH_ARGS[@]}" 2>&1 | tee "$OUT/bench.log"
+  note "bench: rc=${PIPESTATUS[0]}"
+fi
+
 if [ $RUN_SAN = 1 ] && command -v compute-sanitizer > /dev/null; then
   for tool in memcheck racecheck; do
-    timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/mok" run --backend cuda --shape tiny \
+    timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/mok" run --backend cuda --shape tiny \
       --pass forward --iters 1 --warmup 0 --check > "$OUT/sanitizer_$tool.log" 2>&1
     note "compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | head -1)"
   done
 fi
 
-if [ ${#BENCH_ARGS[@]} -gt 0 ]; then
-  PYTHONUNBUFFERED=1 python3 bench/run.py --mok-bin "$BIN/mok" "${BENCH_ARGS[@]}" 2>&1 | tee "$OUT/bench.log"
-  note "bench: rc=${PIPESTATUS[0]}"
+if [ $PACK = 1 ]; then
+  {
+    printf '%s\n' "${summary[@]}"
+    for f in gpu.txt ptxas.txt gpu_checks.txt gpu_tests.log bench.log sanitizer_memcheck.log sanitizer_racecheck.log; do
+      [ -f "$OUT/$f" ] && { echo; echo "######## $f"; tail -c 200000 "$OUT/$f"; }
+    done
+    grep -A1 forward_megakernel "$OUT/resource_usage.txt" 2>/dev/null
+  } > "$FINAL_OUT/device_log.txt"
 fi
-
 echo
 echo "==== summary ===="
 printf '%s\n' "${summary[@]}"
