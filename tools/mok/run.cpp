@@ -114,6 +114,8 @@ int run_command(const std::vector<std::string>& argv) {
   const Problem& p = data.problem;
 
   Layer layer(p, config, options);
+  // TFLOP/s counts the work of every rank this run computes (MoK's per-rank formula).
+  const double ranks_computed = options.ep_mode == EpMode::all_ranks ? p.ep_size : 1;
   std::vector<Row> rows;
   std::unique_ptr<DeviceMirror> mirror;
   if (on_cuda) mirror = std::make_unique<DeviceMirror>(data, options.cuda_device);
@@ -139,7 +141,7 @@ int run_command(const std::vector<std::string>& argv) {
       const auto fa = data.forward_args();
       r.ms = timed([&] { layer.forward(fa); });
     }
-    r.tflops = p.mok_forward_flops() / (r.ms * 1e-3) / 1e12;
+    r.tflops = ranks_computed * p.mok_forward_flops() / (r.ms * 1e-3) / 1e12;
     rows.push_back(r);
   }
   if (do_bwd) {
@@ -151,7 +153,7 @@ int run_command(const std::vector<std::string>& argv) {
       const auto ba = data.backward_args();
       r.ms = timed([&] { layer.backward(ba); });
     }
-    r.tflops = 2 * p.mok_forward_flops() / (r.ms * 1e-3) / 1e12;
+    r.tflops = ranks_computed * 2 * p.mok_forward_flops() / (r.ms * 1e-3) / 1e12;
     rows.push_back(r);
   }
   if (mirror) mirror->copy_outputs_to(data);
@@ -203,7 +205,8 @@ int run_command(const std::vector<std::string>& argv) {
               to_string(options.backend), to_string(options.ep_mode), routing_spec.describe().c_str(),
               static_cast<unsigned long long>(seed), static_cast<long long>(max_rows),
               stats.empty() ? 0.0 : double(total) / double(stats.size()), layer.config().describe().c_str());
-  std::printf("  %-9s %12s %10s  %s\n", "pass", "median_ms", "TFLOP/s", "check");
+  std::printf("  %-9s %12s %10s  %s   (TFLOP/s: MoK's formula, %g rank(s) of work)\n", "pass", "median_ms",
+              "TFLOP/s", "check", ranks_computed);
   bool all_pass = true;
   for (const auto& r : rows) {
     std::printf("  %-9s %12.3f %10.3f  %s\n", r.pass.c_str(), r.ms, r.tflops, r.check.c_str());
