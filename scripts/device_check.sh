@@ -72,7 +72,7 @@ if [ ${#BENCH_ARGS[@]} -gt 0 ]; then
 fi
 
 if [ $RUN_SAN = 1 ] && command -v compute-sanitizer > /dev/null; then
-  for tool in memcheck racecheck; do
+  for tool in ${SANITIZERS:-memcheck racecheck}; do
     timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/mok" run --backend cuda --shape tiny \
       --pass forward --iters 1 --warmup 0 --check > "$OUT/sanitizer_$tool.log" 2>&1
     note "compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | head -1)"
