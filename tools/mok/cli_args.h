@@ -37,5 +37,6 @@ ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool gpu
 int run_command(const std::vector<std::string>& argv);
 int shapes_command(const std::vector<std::string>& argv);
 int bench_command(const std::vector<std::string>& argv);
+int launch_command(const std::vector<std::string>& argv);
 
 }  // namespace mok::cli

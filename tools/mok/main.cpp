@@ -12,6 +12,7 @@ commands:
   run      run the layer on a shape (default command); mok run --help
   shapes   list the named shapes
   bench    time the CUDA forward MoK's way and write the peers' inputs (bench/run.py drives it)
+  launch   start one process per rank: mok launch -n N [--timeout S] -- COMMAND ...
 With no arguments, mok runs the default shape on the best available backend.
 )";
 
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
     if (command == "run") return mok::cli::run_command(args);
     if (command == "shapes") return mok::cli::shapes_command(args);
     if (command == "bench") return mok::cli::bench_command(args);
+    if (command == "launch") return mok::cli::launch_command(args);
     if (command == "help" || command == "--help") {
       std::fputs(kHelp, stdout);
       return 0;

@@ -1,0 +1,135 @@
+// mok launch: starts one process per rank of an EP group and watches them.
+//
+//   mok launch -n N [--timeout SECONDS] -- COMMAND [ARGS...]
+//
+// Each child gets MOK_RANK, MOK_LOCAL_RANK, MOK_WORLD_SIZE and MOK_LAUNCH_DIR (a private
+// directory for the rendezvous, e.g. rank 0 writes the NCCL unique id there), and NVLink
+// multicast stays off in every process (NCCL_NVLS_ENABLE=0, NVSHMEM_DISABLE_NVLS=1,
+// TORCH_SYMM_MEM_DISABLE_MULTICAST=1: on these machines multicast can take the host's GPUs
+// out of service). If any rank exits non-zero or dies, the others are stopped (SIGTERM,
+// then SIGKILL after a grace period) and the launcher exits non-zero naming that rank.
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mok/cli_args.h"
+
+namespace mok::cli {
+namespace {
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return std::string("was killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
+                                  strsignal(WTERMSIG(status)) + ")";
+  return "stopped (status " + std::to_string(status) + ")";
+}
+
+}  // namespace
+
+int launch_command(const std::vector<std::string>& argv) {
+  // Split at "--": options before, the command after.
+  const auto dash = std::find(argv.begin(), argv.end(), "--");
+  if (dash == argv.end() || dash + 1 == argv.end())
+    throw Error("mok launch: usage: mok launch -n N [--timeout SECONDS] -- COMMAND [ARGS...]");
+  std::vector<std::string> opts(argv.begin(), dash), command(dash + 1, argv.end());
+  for (auto& o : opts)
+    if (o == "-n") o = "--n";
+  Args args(opts, {});
+  const long long n = args.take_int("n").value_or(0);
+  const double timeout_s = args.take_double("timeout").value_or(0);
+  const double grace_s = args.take_double("grace").value_or(10);
+  args.finish();
+  require(n >= 1 && n <= 4096, "mok launch: -n must be in [1, 4096], got " + std::to_string(n));
+  require(timeout_s >= 0, "mok launch: --timeout must be >= 0 (0 = none)");
+
+  char dir_template[] = "/tmp/mok-launch-XXXXXX";
+  require(mkdtemp(dir_template) != nullptr, "mok launch: cannot create a rendezvous directory in /tmp");
+  const std::string launch_dir = dir_template;
+
+  std::vector<pid_t> pids(n, -1);
+  std::vector<bool> done(n, false);
+  for (long long r = 0; r < n; ++r) {
+    const pid_t pid = fork();
+    require(pid >= 0, "mok launch: fork failed for rank " + std::to_string(r));
+    if (pid == 0) {
+      setpgid(0, 0);  // one process group per rank: stopping a rank stops what it started
+      setenv("MOK_RANK", std::to_string(r).c_str(), 1);
+      setenv("MOK_LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("MOK_WORLD_SIZE", std::to_string(n).c_str(), 1);
+      setenv("MOK_LAUNCH_DIR", launch_dir.c_str(), 1);
+      setenv("NCCL_NVLS_ENABLE", "0", 1);
+      setenv("NVSHMEM_DISABLE_NVLS", "1", 1);
+      setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1", 1);
+      std::vector<char*> cargv;
+      for (auto& c : command) cargv.push_back(c.data());
+      cargv.push_back(nullptr);
+      execvp(cargv[0], cargv.data());
+      std::fprintf(stderr, "mok launch: rank %lld: cannot run '%s': %s\n", r, cargv[0], std::strerror(errno));
+      _exit(127);
+    }
+    setpgid(pid, pid);
+    pids[r] = pid;
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  int failed_rank = -1;
+  std::string failure;
+  long long remaining = n;
+  double stopped_at = -1;  // when the other ranks were asked to stop
+  auto stop_all = [&](int sig) {
+    for (long long r = 0; r < n; ++r)
+      if (!done[r]) kill(-pids[r], sig);
+  };
+  while (remaining > 0) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (long long r = 0; r < n; ++r)
+        if (pids[r] == pid) {
+          done[r] = true;
+          --remaining;
+          const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+          if (!ok && failed_rank < 0) {
+            failed_rank = static_cast<int>(r);
+            failure = "rank " + std::to_string(r) + " " + describe_status(status);
+            std::fprintf(stderr, "mok launch: %s; stopping the other ranks\n", failure.c_str());
+            stop_all(SIGTERM);
+          }
+        }
+      continue;
+    }
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (failed_rank < 0 && timeout_s > 0 && elapsed > timeout_s) {
+      failed_rank = n;  // no single rank to blame
+      failure = "timed out after " + std::to_string(static_cast<long long>(timeout_s)) + " s";
+      std::fprintf(stderr, "mok launch: %s; stopping every rank\n", failure.c_str());
+      stop_all(SIGTERM);
+    }
+    if (failed_rank >= 0) {
+      if (stopped_at < 0) stopped_at = elapsed;
+      if (elapsed - stopped_at > grace_s) stop_all(SIGKILL);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(launch_dir, ec);
+  if (failed_rank >= 0) {
+    std::fprintf(stderr, "mok launch: failed: %s\n", failure.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace mok::cli
