@@ -6,18 +6,6 @@
 
 namespace mok::test {
 
-Problem make_problem(int E, int H, int I, int k, std::vector<int> shared, int R, int T) {
-  Problem p;
-  p.num_experts = E;
-  p.hidden = H;
-  p.intermediate = I;
-  p.top_k = k;
-  p.shared_intermediate = std::move(shared);
-  p.ep_size = R;
-  p.tokens_per_rank = T;
-  return p;
-}
-
 GpuRun run_gpu_all_ranks(const LayerData& host, const Config& config, int repeats) {
   GpuRun out{host, {}};
   LayerOptions o;

@@ -8,6 +8,7 @@
 #include "core/device_mirror.h"
 #include "core/schedule.h"
 #include "mok/mok.h"
+#include "test_util.h"  // make_problem and the other CPU-test building blocks
 
 namespace mok::test {
 
@@ -22,7 +23,6 @@ struct GpuRun {
   std::vector<std::vector<ScheduleRow>> schedules;
 };
 
-Problem make_problem(int E, int H, int I, int k, std::vector<int> shared, int R, int T);
 
 // Runs the CUDA forward `repeats` times (all ranks here) and returns the last result.
 GpuRun run_gpu_all_ranks(const LayerData& host, const Config& config = {}, int repeats = 1);
