@@ -3,6 +3,7 @@
 # machines without a GPU driver, where the cuda backend then reports "no device".
 # Driver entry points (tensor maps) are fetched at run time with cudaGetDriverEntryPoint.
 set(MOK_CUDA_SOURCES
+  src/comm/ep_group.cpp
   src/cuda/backend.cu
   src/cuda/device_data.cu
 )
@@ -11,5 +12,5 @@ target_compile_options(mok_core PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo
   -Xptxas=-v>)
 set_target_properties(mok_core PROPERTIES CUDA_SEPARABLE_COMPILATION OFF POSITION_INDEPENDENT_CODE ON)
-target_link_libraries(mok_core PUBLIC CUDA::cudart_static)
+target_link_libraries(mok_core PUBLIC CUDA::cudart_static ${CMAKE_DL_LIBS})
 target_compile_definitions(mok_core PUBLIC MOK_HAS_CUDA=1)

@@ -4,7 +4,10 @@
 //     them as separate tensors; the CUDA backend runs them as "virtual ranks" on one GPU);
 //   - EpMode::rank_slice: one active rank of a large group does exactly its share of the
 //     work; the other ranks' inputs are read from memory filled in advance and their
-//     combine slots are written as they would be over NVLink (CUDA backend only).
+//     combine slots are written as they would be over NVLink (CUDA backend only);
+//   - EpMode::distributed: one process per GPU (started by `mok launch`, torchrun or mpirun);
+//     this process holds one rank (its tensors are the only entry of `ranks`) and reaches the
+//     others over NVLink through NCCL symmetric memory (CUDA backend only).
 //
 // Tensors are row-major and contiguous; every call validates every argument and throws
 // mok::Error naming the argument and the rule it broke, before any work starts.
@@ -28,7 +31,7 @@ enum class Backend : std::uint8_t { cpu, cuda };
 const char* to_string(Backend backend);
 Backend backend_from_string(const std::string& name);  // throws mok::Error
 
-enum class EpMode : std::uint8_t { all_ranks, rank_slice };
+enum class EpMode : std::uint8_t { all_ranks, rank_slice, distributed };
 const char* to_string(EpMode mode);
 
 // One shared expert's weights (replicated on every rank), bf16:
@@ -103,8 +106,8 @@ class Layer {
   // Device (or host) memory the layer holds for its buffers, in bytes.
   std::size_t workspace_bytes() const;
 
-  // `ranks` holds all R ranks (all_ranks mode) or all R ranks' inputs with the active
-  // rank's weights and outputs (rank_slice mode). On the CUDA backend the call is
+  // `ranks` holds all R ranks (all_ranks mode), all R ranks' inputs with the active
+  // rank's weights and outputs (rank_slice mode), or this process's rank only (distributed). On the CUDA backend the call is
   // asynchronous on the stream given in the options and never waits for the host.
   void forward(std::span<const RankForward> ranks);
   void backward(std::span<const RankBackward> ranks);

@@ -12,7 +12,14 @@ Backend backend_from_string(const std::string& name) {
   throw Error("backend: must be cpu or cuda, got '" + name + "'");
 }
 
-const char* to_string(EpMode mode) { return mode == EpMode::all_ranks ? "all_ranks" : "rank_slice"; }
+const char* to_string(EpMode mode) {
+  switch (mode) {
+    case EpMode::all_ranks: return "all_ranks";
+    case EpMode::rank_slice: return "rank_slice";
+    case EpMode::distributed: return "distributed";
+  }
+  return "?";
+}
 
 struct Layer::Impl {
   Problem problem;

@@ -36,14 +36,19 @@ void check_weights(const Problem& p, const RankWeights& w, int r, Device dev) {
 }
 
 template <typename Args>
-void check_rank_count(const Problem& p, std::span<const Args> ranks) {
+void check_rank_count(const Problem& p, const LayerOptions& o, std::span<const Args> ranks) {
+  if (o.ep_mode == EpMode::distributed) {
+    require(ranks.size() == 1, "ranks: " + std::to_string(ranks.size()) +
+                                   " entries given; with ep_mode = distributed pass this process's rank only");
+    return;
+  }
   require(static_cast<int>(ranks.size()) == p.ep_size,
           "ranks: " + std::to_string(ranks.size()) + " entries given; the layer needs one per rank of "
           "the EP group (ep_size = " + std::to_string(p.ep_size) + ")");
 }
 
 bool is_active(const LayerOptions& o, int r) {
-  return o.ep_mode == EpMode::all_ranks || r == o.active_rank;
+  return o.ep_mode != EpMode::rank_slice || r == o.active_rank;
 }
 
 }  // namespace
@@ -73,8 +78,8 @@ void check_routing_rank(const Problem& p, int rank, const std::int32_t* ids, con
 
 void check_forward_args(const Problem& p, const LayerOptions& o, std::span<const RankForward> ranks,
                         Device dev) {
-  check_rank_count(p, ranks);
-  for (int r = 0; r < p.ep_size; ++r) {
+  check_rank_count(p, o, ranks);
+  for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
     check_inputs(p, ranks[r].inputs, r, dev);
     if (!is_active(o, r)) continue;
     check_weights(p, ranks[r].weights, r, dev);
@@ -84,10 +89,10 @@ void check_forward_args(const Problem& p, const LayerOptions& o, std::span<const
 
 void check_backward_args(const Problem& p, const LayerOptions& o, std::span<const RankBackward> ranks,
                          Device dev) {
-  check_rank_count(p, ranks);
+  check_rank_count(p, o, ranks);
   const std::int64_t T = p.tokens_per_rank, H = p.hidden, I = p.intermediate, k = p.top_k;
   const std::int64_t E = p.local_experts();
-  for (int r = 0; r < p.ep_size; ++r) {
+  for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
     const auto& b = ranks[r];
     check_inputs(p, b.inputs, r, dev);
     check_tensor(b.dy, rank_name("dy", r), DType::bf16, {T, H}, dev);

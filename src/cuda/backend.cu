@@ -16,6 +16,11 @@
 #include <list>
 #include <sstream>
 
+#include <nccl.h>
+#include <nccl_device/core.h>
+#include <nccl_device/impl/core__funcs.h>
+
+#include "comm/ep_group.h"
 #include "core/backend.h"
 #include "core/validate.h"
 #include "cuda/combine.cuh"
@@ -127,6 +132,14 @@ void check_launch(const char* what) {
   if (e != cudaSuccess) throw Error(std::string("CUDA launch of ") + what + " failed: " + cudaGetErrorString(e));
 }
 
+// Distributed mode: every peer's staged x and combine slots, by load/store (LSA) pointer.
+__global__ void peer_pointers_kernel(ncclWindow_t x_window, ncclWindow_t combine_window, int ranks, void** out) {
+  const int r = threadIdx.x;
+  if (r >= ranks) return;
+  out[r] = ncclGetPeerPointer(x_window, 0, r);
+  out[ranks + r] = ncclGetPeerPointer(combine_window, 0, r);
+}
+
 // One call's pointers and tensor maps, uploaded once per distinct set of tensors into one
 // of a few slots allocated up front (so nothing is allocated while a stream captures),
 // and kept unchanged while cached, so a captured CUDA graph that copied them stays valid.
@@ -156,9 +169,19 @@ class CudaBackend final : public BackendImpl {
  public:
   CudaBackend(const Problem& p, const Config& c, const LayerOptions& o) : problem_(p), config_(c), options_(o) {
     validate_rules();
-    MOK_CUDA_CHECK(cudaSetDevice(o.cuda_device));
+    if (o.ep_mode == EpMode::distributed) {
+      const auto env = comm::GroupEnvironment::from_environment();
+      require(env.world_size == p.ep_size, "ep_mode = distributed: the group has " + std::to_string(env.world_size) +
+                                               " processes (" + env.source + ") but Problem.ep_size = " +
+                                               std::to_string(p.ep_size));
+      group_ = std::make_unique<comm::EpGroup>(env, timeout_ns_ / 1000000);
+      options_.cuda_device = group_->device();
+      // Mismatched shapes or configs across ranks are caught here, before any kernel runs.
+      group_->check_same_everywhere("problem and config", p.describe() + " | " + c.describe());
+    }
+    MOK_CUDA_CHECK(cudaSetDevice(options_.cuda_device));
     cudaDeviceProp prop;
-    MOK_CUDA_CHECK(cudaGetDeviceProperties(&prop, o.cuda_device));
+    MOK_CUDA_CHECK(cudaGetDeviceProperties(&prop, options_.cuda_device));
     require(prop.major == 9 && prop.minor == 0,
             std::string("backend = cuda: this build targets sm_90a (Hopper); device ") + prop.name + " is sm_" +
                 std::to_string(prop.major) + std::to_string(prop.minor));
@@ -167,7 +190,7 @@ class CudaBackend final : public BackendImpl {
 
     const int R = p.ep_size;
     num_ranks_ = o.ep_mode == EpMode::all_ranks ? R : 1;
-    first_rank_ = o.ep_mode == EpMode::all_ranks ? 0 : o.active_rank;
+    first_rank_ = o.ep_mode == EpMode::all_ranks ? 0 : group_ ? group_->rank() : o.active_rank;
     capacity_ = static_cast<int>(schedule_capacity_rows(p, c));
     cap_tiles_ = capacity_ / kTileM;
     ring_tiles_ = std::max(1, std::min(c.macrobatch_rows, capacity_) / kTileM);
@@ -191,11 +214,11 @@ class CudaBackend final : public BackendImpl {
   }
 
   // cudaFree waits for the device, so buffers in use by queued work are released safely;
-  // the caller's stream may already be destroyed here and is not touched.
-  ~CudaBackend() override = default;
+  // the caller's stream may already be destroyed here and is not touched (destructor below).
 
   void forward(std::span<const RankForward> ranks) override {
     check_forward_args(problem_, options_, ranks, Device::cuda);
+    // In a slice or a group, ranks[] of a computed rank d is ranks[arg_index(d)].
     for (const auto& r : ranks)
       if (r.inputs.x.device_index != options_.cuda_device)
         throw Error("x: must be on cuda:" + std::to_string(options_.cuda_device) + ", got " + r.inputs.x.describe());
@@ -224,7 +247,14 @@ class CudaBackend final : public BackendImpl {
     sp.capacity_rows = capacity_;
     sp.plans = plans_dev_.as<RankPlan>();
     sp.error = error_.as<DeviceError>();
-    schedule_validate_kernel<<<dim3(ceil_div(T, 256), p.ep_size), 256, 0, stream_>>>(sp);
+    if (group_) {
+      // Every rank's ids, gathered; each rank validates its own. The all-gather is also the
+      // barrier after staging: no rank pulls rows before every rank has staged its x.
+      group_->all_gather(ranks[0].inputs.top_experts.data, gathered_tops_.as<void>(),
+                         static_cast<std::size_t>(T) * p.top_k * sizeof(int), stream_);
+    }
+    sp.validate_first_rank = group_ ? first_rank_ : 0;
+    schedule_validate_kernel<<<dim3(ceil_div(T, 256), group_ ? 1 : p.ep_size), 256, 0, stream_>>>(sp);
     check_launch("schedule_validate_kernel");
     const dim3 sched_grid(chunks_, p.local_experts(), num_ranks_);
     schedule_count_kernel<<<sched_grid, kScheduleThreads, 0, stream_>>>(sp);
@@ -279,6 +309,7 @@ class CudaBackend final : public BackendImpl {
     fp.ring_wraps = ring_tiles_ < cap_tiles_ ? 1 : 0;
     forward_megakernel<<<comm_ctas_ + compute_ctas_, kComputeThreads, kSmemBytes, stream_>>>(fp);
     check_launch("forward_megakernel");
+    if (group_) group_->barrier(stream_);  // every rank's rows are in our combine slots
 
     combine_epilogue_kernel<<<row_grid, 256, 0, stream_>>>(ep);
     check_launch("combine_epilogue_kernel");
@@ -310,6 +341,7 @@ class CudaBackend final : public BackendImpl {
   }
 
   void synchronize() const override {
+    if (group_) group_->wait(stream_, "waiting for the forward");
     MOK_CUDA_CHECK(cudaStreamSynchronize(stream_));
     DeviceError e;
     MOK_CUDA_CHECK(cudaMemcpy(&e, error_.as<DeviceError>(), sizeof(e), cudaMemcpyDeviceToHost));
@@ -320,7 +352,9 @@ class CudaBackend final : public BackendImpl {
   }
 
   TensorView combine_slots(int rank) const override {
-    return TensorView::contiguous(combine_[rank].as<void>(), DType::bf16,
+    require(!group_ || rank == first_rank_, "combine_slots: in a distributed group only this rank's (" +
+                                                std::to_string(first_rank_) + ") slots are here");
+    return TensorView::contiguous(group_ ? combine_sym_.local : combine_[rank].as<void>(), DType::bf16,
                                   {std::int64_t(problem_.tokens_per_rank) * problem_.top_k, problem_.hidden},
                                   Device::cuda, options_.cuda_device);
   }
@@ -382,10 +416,28 @@ class CudaBackend final : public BackendImpl {
     pulls_ = track(DeviceBuffer(std::max<long long>(1, static_cast<long long>(num_ranks_) * cap_tiles_) * sizeof(int2)));
     task_counts_ = track(DeviceBuffer(2 * sizeof(int)));
 
-    combine_.clear();
-    for (int r = 0; r < R; ++r) combine_.push_back(track(DeviceBuffer(static_cast<std::size_t>(T) * p.top_k * H * 2)));
+    // Combine slots: every rank's here (virtual ranks, slices), or this rank's in symmetric
+    // memory with the peers' reached through NCCL (distributed).
+    const std::size_t combine_bytes = static_cast<std::size_t>(T) * p.top_k * H * 2;
     std::vector<__nv_bfloat16*> combine_ptrs;
-    for (auto& b : combine_) combine_ptrs.push_back(b.as<__nv_bfloat16>());
+    if (group_) {
+      combine_sym_ = group_->alloc_symmetric(combine_bytes);
+      x_sym_ = group_->alloc_symmetric(static_cast<std::size_t>(T) * H * 2);
+      workspace_bytes_ += combine_sym_.bytes + x_sym_.bytes;
+      DeviceBuffer peers(2 * R * sizeof(void*));
+      peer_pointers_kernel<<<1, R, 0, stream_>>>(static_cast<ncclWindow_t>(x_sym_.window),
+                                                 static_cast<ncclWindow_t>(combine_sym_.window), R,
+                                                 peers.as<void*>());
+      check_launch("peer_pointers_kernel");
+      std::vector<void*> host(2 * R);
+      MOK_CUDA_CHECK(cudaMemcpy(host.data(), peers.as<void>(), host.size() * sizeof(void*), cudaMemcpyDeviceToHost));
+      peer_x_.assign(host.begin(), host.begin() + R);
+      for (int r = 0; r < R; ++r) combine_ptrs.push_back(static_cast<__nv_bfloat16*>(host[R + r]));
+      gathered_tops_ = track(DeviceBuffer(static_cast<std::size_t>(R) * T * p.top_k * sizeof(int)));
+    } else {
+      for (int r = 0; r < R; ++r) combine_.push_back(track(DeviceBuffer(combine_bytes)));
+      for (auto& b : combine_) combine_ptrs.push_back(b.as<__nv_bfloat16>());
+    }
     combine_of_dev_ = track(DeviceBuffer(R * sizeof(void*)));
     MOK_CUDA_CHECK(cudaMemcpy(combine_of_dev_.as<void>(), combine_ptrs.data(), R * sizeof(void*), cudaMemcpyHostToDevice));
 
@@ -408,9 +460,13 @@ class CudaBackend final : public BackendImpl {
       plan.ring = rank_buffers_.back().as<__nv_bfloat16>();
       rank_buffers_.push_back(track(DeviceBuffer(ring_rows * I * 2)));
       plan.act = rank_buffers_.back().as<__nv_bfloat16>();
-      rank_buffers_.push_back(track(DeviceBuffer(static_cast<std::size_t>(T) * H * 2)));
-      plan.x_staged = rank_buffers_.back().as<__nv_bfloat16>();
-      plan.combine = combine_[first_rank_ + d].as<__nv_bfloat16>();
+      if (group_) {
+        plan.x_staged = static_cast<__nv_bfloat16*>(x_sym_.local);
+      } else {
+        rank_buffers_.push_back(track(DeviceBuffer(static_cast<std::size_t>(T) * H * 2)));
+        plan.x_staged = rank_buffers_.back().as<__nv_bfloat16>();
+      }
+      plan.combine = combine_ptrs[first_rank_ + d];
       RankMaps& m = fixed_maps_[d];
       m.ring = encode_2d(plan.ring, H, ring_rows, kTileM);
       m.act = encode_2d(plan.act, I, ring_rows, kTileM);
@@ -449,7 +505,7 @@ class CudaBackend final : public BackendImpl {
       key.push_back(r.inputs.router_weights.data);
     }
     for (int d = 0; d < num_ranks_; ++d) {
-      const RankForward& r = ranks[first_rank_ + d];
+      const RankForward& r = ranks[arg_index(d)];
       key.push_back(r.y.data);
       key.push_back(r.weights.w_gate.data);
       key.push_back(r.weights.w_up.data);
@@ -492,6 +548,14 @@ class CudaBackend final : public BackendImpl {
     auto* hw = reinterpret_cast<const float**>(host + maps_bytes + 2 * ptr_bytes);
     auto* hcalls = reinterpret_cast<CallRank*>(host + maps_bytes + 3 * ptr_bytes);
     for (int r = 0; r < R; ++r) {
+      if (group_) {
+        // Peers' staged x by NVLink pointer; ids from the all-gathered copy; each rank
+        // validates only its own router weights.
+        hx[r] = static_cast<const __nv_bfloat16*>(peer_x_[r]);
+        htops[r] = gathered_tops_.as<const int>() + static_cast<std::size_t>(r) * p.tokens_per_rank * p.top_k;
+        hw[r] = ranks[0].inputs.router_weights.as<const float>();
+        continue;
+      }
       const bool computed = r >= first_rank_ && r < first_rank_ + num_ranks_;
       // Rows of computed ranks come from their staged (symmetric) copy; in a rank slice the
       // other ranks' x is read where it was filled in advance.
@@ -501,7 +565,7 @@ class CudaBackend final : public BackendImpl {
     }
     const int H = p.hidden, I = p.intermediate, E = p.local_experts();
     for (int d = 0; d < num_ranks_; ++d) {
-      const RankForward& r = ranks[first_rank_ + d];
+      const RankForward& r = ranks[arg_index(d)];
       RankMaps& m = hmaps[d];
       m = fixed_maps_[d];
       m.w_gate = encode_2d(r.weights.w_gate.data, H, static_cast<std::uint64_t>(E) * I, kGateUpCols);
@@ -526,6 +590,9 @@ class CudaBackend final : public BackendImpl {
     return a;
   }
 
+  // Where computed rank d's tensors are in the `ranks` argument.
+  int arg_index(int d) const { return group_ ? 0 : first_rank_ + d; }
+
   std::size_t arg_slot_bytes() const {
     return num_ranks_ * sizeof(RankMaps) + 3 * problem_.ep_size * sizeof(void*) + num_ranks_ * sizeof(CallRank);
   }
@@ -549,6 +616,19 @@ class CudaBackend final : public BackendImpl {
   std::vector<RankMaps> fixed_maps_;
   std::list<CallArgs> cache_;
   std::vector<ArgSlot> slots_;
+  // Distributed mode only (the destructor frees the symmetric buffers while the group lives).
+  std::unique_ptr<comm::EpGroup> group_;
+  comm::SymmetricBuffer x_sym_, combine_sym_;
+  std::vector<void*> peer_x_;
+  DeviceBuffer gathered_tops_;
+
+ public:
+  ~CudaBackend() override {
+    if (group_) {
+      group_->free_symmetric(x_sym_);
+      group_->free_symmetric(combine_sym_);
+    }
+  }
 };
 
 }  // namespace cuda

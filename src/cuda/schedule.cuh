@@ -23,6 +23,7 @@ struct ScheduleParams {
   const float* const* router_weights; // [R] -> [T*k]
   int ep_size, tokens, top_k, num_experts, local_experts;
   int first_rank, num_ranks;          // destination ranks built here
+  int validate_first_rank;            // validate ranks [this, this + gridDim.y)
   int chunks;                         // ceil(R*T*k / kScheduleChunk)
   int capacity_rows;
   RankPlan* plans;                    // [num_ranks]
@@ -30,7 +31,7 @@ struct ScheduleParams {
 };
 
 __global__ void schedule_validate_kernel(const ScheduleParams p) {
-  const int rank = blockIdx.y;
+  const int rank = p.validate_first_rank + blockIdx.y;
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= p.tokens) return;
   const int k = p.top_k;

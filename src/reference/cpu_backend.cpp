@@ -12,8 +12,8 @@ class CpuBackend final : public BackendImpl {
  public:
   CpuBackend(const Problem& p, const Config& c, const LayerOptions& o) : problem_(p), config_(c), pool_(o.cpu_threads) {
     require(o.ep_mode == EpMode::all_ranks,
-            "LayerOptions.ep_mode = rank_slice: the cpu backend holds every rank (use all_ranks); "
-            "rank_slice needs the cuda backend");
+            std::string("LayerOptions.ep_mode = ") + to_string(o.ep_mode) +
+                ": the cpu backend holds every rank (use all_ranks); rank_slice and distributed need the cuda backend");
   }
 
   void forward(std::span<const RankForward> ranks) override {

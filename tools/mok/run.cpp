@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
+#include "comm/group_env.h"
 #include "core/compare.h"
 #include "core/device_mirror.h"
 #include "io/layer_io.h"
+#include "io/npy.h"
 #include "mok/cli_args.h"
 
 namespace mok::cli {
@@ -29,9 +32,13 @@ routing and data:
   --seed N                data and routing seed (default 1)
   --load DIR              read problem.json and every input from DIR (see --save)
   --save DIR              write problem.json, inputs, outputs and gradients as .npy
+                          (distributed: each process writes its rank's y)
+  --expect DIR            require every computed rank's y to equal DIR/rank<r>/y.npy bit for bit
 execution:
   --backend cpu|cuda      default: cuda when a GPU is present, else cpu
-  --ep-mode all|slice     all ranks here, or one rank's slice (cuda; the default there for EP > 8)
+  --ep-mode all|slice|distributed
+                          all ranks here, one rank's slice (cuda; the default there for EP > 8),
+                          or this process's rank of a real group (cuda; start with mok launch)
   --active-rank R         the rank a slice runs (default 0)
   --pass forward|backward|both   default: both on cpu, forward on cuda
   --check                 compare with the CPU reference (MoK's tolerances)
@@ -63,6 +70,7 @@ int run_command(const std::vector<std::string>& argv) {
   const bool gpu = cuda_available();
   const auto load_dir = args.take("load");
   const auto save_dir = args.take("save");
+  const auto expect_dir = args.take("expect");
   const std::uint64_t seed = static_cast<std::uint64_t>(args.take_int("seed").value_or(1));
   const RoutingSpec routing_spec = RoutingSpec::parse(args.take_or("routing", "gaussian"));
 
@@ -70,9 +78,14 @@ int run_command(const std::vector<std::string>& argv) {
   options.backend = backend_from_string(args.take_or("backend", gpu ? "cuda" : "cpu"));
   // With no --ep-mode, a large EP group on the GPU runs as one rank's slice.
   const std::string ep_mode = args.take_or("ep-mode", "auto");
-  if (ep_mode != "all" && ep_mode != "slice" && ep_mode != "auto")
-    throw Error("option --ep-mode: must be all or slice, got '" + ep_mode + "'");
-  options.ep_mode = ep_mode == "slice" ? EpMode::rank_slice : EpMode::all_ranks;
+  if (ep_mode != "all" && ep_mode != "slice" && ep_mode != "distributed" && ep_mode != "auto")
+    throw Error("option --ep-mode: must be all, slice or distributed, got '" + ep_mode + "'");
+  options.ep_mode = ep_mode == "slice"         ? EpMode::rank_slice
+                    : ep_mode == "distributed" ? EpMode::distributed
+                                               : EpMode::all_ranks;
+  // Distributed: this process is one rank of the group its launcher started.
+  const int my_rank =
+      options.ep_mode == EpMode::distributed ? comm::GroupEnvironment::from_environment().rank : -1;
   options.active_rank = static_cast<int>(args.take_int("active-rank").value_or(0));
   options.cpu_threads = static_cast<int>(args.take_int("threads").value_or(0));
   const bool on_cuda = options.backend == Backend::cuda;
@@ -108,7 +121,7 @@ int run_command(const std::vector<std::string>& argv) {
     if (ep_mode == "auto" && on_cuda && pa.problem.ep_size > 8) options.ep_mode = EpMode::rank_slice;
     shape_name = pa.shape_name.empty() ? "custom" : pa.shape_name;
     const Routing routing = generate_routing(pa.problem, routing_spec, seed);
-    const int weights_rank = options.ep_mode == EpMode::rank_slice ? options.active_rank : -1;
+    const int weights_rank = options.ep_mode == EpMode::rank_slice ? options.active_rank : my_rank;
     data = make_layer_data(pa.problem, routing, seed, do_bwd, weights_rank);
   }
   const Problem& p = data.problem;
@@ -116,6 +129,11 @@ int run_command(const std::vector<std::string>& argv) {
   Layer layer(p, config, options);
   // TFLOP/s counts the work of every rank this run computes (MoK's per-rank formula).
   const double ranks_computed = options.ep_mode == EpMode::all_ranks ? p.ep_size : 1;
+  // The ranks' arguments this process passes: all of them, or its own (distributed).
+  auto mine = [&](const auto& all) {
+    using Arg = typename std::decay_t<decltype(all)>::value_type;
+    return my_rank >= 0 ? std::vector<Arg>{all[my_rank]} : all;
+  };
   std::vector<Row> rows;
   std::unique_ptr<DeviceMirror> mirror;
   if (on_cuda) mirror = std::make_unique<DeviceMirror>(data, options.cuda_device);
@@ -135,7 +153,7 @@ int run_command(const std::vector<std::string>& argv) {
   if (do_fwd) {
     Row r{"forward"};
     if (on_cuda) {
-      const auto fa = mirror->forward_args();
+      const auto fa = mine(mirror->forward_args());
       r.ms = timed([&] { layer.forward(fa); });
     } else {
       const auto fa = data.forward_args();
@@ -147,7 +165,7 @@ int run_command(const std::vector<std::string>& argv) {
   if (do_bwd) {
     Row r{"backward"};
     if (on_cuda) {
-      const auto ba = mirror->backward_args();
+      const auto ba = mine(mirror->backward_args());
       r.ms = timed([&] { layer.backward(ba); });
     } else {
       const auto ba = data.backward_args();
@@ -192,7 +210,25 @@ int run_command(const std::vector<std::string>& argv) {
       }
     }
   }
-  if (save_dir) io::save_layer_data(*save_dir, data);
+  if (save_dir && my_rank >= 0) {
+    const std::string rank_dir = *save_dir + "/rank" + std::to_string(my_rank);
+    std::filesystem::create_directories(rank_dir);
+    npy::save(rank_dir + "/y.npy", data.ranks[my_rank].y);
+  } else if (save_dir) {
+    io::save_layer_data(*save_dir, data);
+  }
+  bool expected = true;
+  if (expect_dir) {
+    for (int r = 0; r < p.ep_size; ++r) {
+      if (data.ranks[r].y.empty()) continue;  // not computed here
+      const HostTensor want = npy::load(*expect_dir + "/rank" + std::to_string(r) + "/y.npy", DType::bf16,
+                                        data.ranks[r].y.shape());
+      const bool same = want.bitwise_equal(data.ranks[r].y);
+      std::printf("  expect: rank %d y %s %s/rank%d/y.npy\n", r, same ? "is bitwise equal to" : "DIFFERS from",
+                  expect_dir->c_str(), r);
+      expected = expected && same;
+    }
+  }
 
   const auto stats = layer.last_schedule_stats();
   std::int64_t max_rows = 0, total = 0;
@@ -213,7 +249,7 @@ int run_command(const std::vector<std::string>& argv) {
     if (r.check.rfind("FAIL", 0) == 0) all_pass = false;
   }
   if (save_dir) std::printf("  saved every tensor under %s\n", save_dir->c_str());
-  return all_pass ? 0 : 3;
+  return all_pass && expected ? 0 : 3;
 }
 
 }  // namespace mok::cli

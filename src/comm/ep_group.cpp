@@ -1,0 +1,236 @@
+#include "comm/ep_group.h"
+
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <nccl.h>
+#include <nccl_device/core.h>
+#include <nccl_device/impl/comm__types.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include "mok/error.h"
+
+namespace mok::comm {
+namespace {
+
+// The NCCL entry points mok uses, resolved from the shared library at run time.
+struct NcclApi {
+  void* lib = nullptr;
+  decltype(&::ncclGetUniqueId) GetUniqueId = nullptr;
+  decltype(&::ncclCommInitRank) CommInitRank = nullptr;
+  decltype(&::ncclCommDestroy) CommDestroy = nullptr;
+  decltype(&::ncclCommAbort) CommAbort = nullptr;
+  decltype(&::ncclCommGetAsyncError) CommGetAsyncError = nullptr;
+  decltype(&::ncclGetErrorString) GetErrorString = nullptr;
+  decltype(&::ncclAllGather) AllGather = nullptr;
+  decltype(&::ncclAllReduce) AllReduce = nullptr;
+  decltype(&::ncclMemAlloc) MemAlloc = nullptr;
+  decltype(&::ncclMemFree) MemFree = nullptr;
+  decltype(&::ncclCommWindowRegister) CommWindowRegister = nullptr;
+  decltype(&::ncclCommWindowDeregister) CommWindowDeregister = nullptr;
+  decltype(&::ncclDevCommCreate) DevCommCreate = nullptr;
+  decltype(&::ncclDevCommDestroy) DevCommDestroy = nullptr;
+
+  static const NcclApi& get() {
+    static NcclApi api = load();
+    return api;
+  }
+
+ private:
+  static NcclApi load() {
+    NcclApi a;
+    const char* name = std::getenv("MOK_NCCL_LIBRARY");
+    a.lib = dlopen(name ? name : "libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
+    if (!a.lib)
+      throw Error(std::string("ep_mode = distributed needs NCCL: cannot load ") + (name ? name : "libnccl.so.2") +
+                  " (" + dlerror() + "); add NCCL's lib directory (e.g. the CUDA toolkit's lib64, or PyTorch's "
+                  "nvidia/nccl/lib) to LD_LIBRARY_PATH or set MOK_NCCL_LIBRARY");
+    auto sym = [&](auto& fn, const char* s) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(a.lib, s));
+      if (!fn) throw Error(std::string("NCCL library lacks ") + s + " (mok needs NCCL >= 2.28 for symmetric windows)");
+    };
+    sym(a.GetUniqueId, "ncclGetUniqueId");
+    sym(a.CommInitRank, "ncclCommInitRank");
+    sym(a.CommDestroy, "ncclCommDestroy");
+    sym(a.CommAbort, "ncclCommAbort");
+    sym(a.CommGetAsyncError, "ncclCommGetAsyncError");
+    sym(a.GetErrorString, "ncclGetErrorString");
+    sym(a.AllGather, "ncclAllGather");
+    sym(a.AllReduce, "ncclAllReduce");
+    sym(a.MemAlloc, "ncclMemAlloc");
+    sym(a.MemFree, "ncclMemFree");
+    sym(a.CommWindowRegister, "ncclCommWindowRegister");
+    sym(a.CommWindowDeregister, "ncclCommWindowDeregister");
+    sym(a.DevCommCreate, "ncclDevCommCreate");
+    sym(a.DevCommDestroy, "ncclDevCommDestroy");
+    return a;
+  }
+};
+
+void check_nccl(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess && r != ncclInProgress)
+    throw Error(std::string("NCCL ") + what + " failed: " + NcclApi::get().GetErrorString(r));
+}
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
+}
+
+}  // namespace
+
+struct EpGroup::Impl {
+  GroupEnvironment env;
+  std::uint64_t timeout_ms = 60000;
+  ncclComm_t comm = nullptr;
+  int* scratch = nullptr;  // one int for barriers
+  bool aborted = false;
+};
+
+EpGroup::EpGroup(const GroupEnvironment& env, std::uint64_t timeout_ms) : impl_(std::make_unique<Impl>()) {
+  impl_->env = env;
+  impl_->timeout_ms = timeout_ms;
+  // Multicast off in this process whatever started it (KINDS.md: it can take GPUs down).
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  setenv("NVSHMEM_DISABLE_NVLS", "1", 1);
+  setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1", 1);
+  const NcclApi& nccl = NcclApi::get();
+  int devices = 0;
+  check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
+  if (env.local_rank >= devices)
+    throw Error("EP group: local rank " + std::to_string(env.local_rank) + " has no GPU (" + std::to_string(devices) +
+                " visible)");
+  check_cuda(cudaSetDevice(env.local_rank), "cudaSetDevice");
+
+  // Rendezvous: rank 0 publishes the unique id (write, then rename: readers never see half).
+  ncclUniqueId id;
+  const std::filesystem::path file = std::filesystem::path(env.rendezvous_dir) / "nccl_unique_id";
+  if (env.rank == 0) {
+    check_nccl(nccl.GetUniqueId(&id), "ncclGetUniqueId");
+    if (env.world_size > 1) {
+      const auto tmp = file.string() + ".tmp";
+      std::ofstream(tmp, std::ios::binary).write(id.internal, sizeof(id.internal));
+      std::filesystem::rename(tmp, file);
+    }
+  } else {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+      std::ifstream in(file, std::ios::binary);
+      if (in && in.read(id.internal, sizeof(id.internal))) break;
+      if (std::chrono::steady_clock::now() > deadline)
+        throw Error("EP group: rank " + std::to_string(env.rank) + " waited " + std::to_string(timeout_ms / 1000) +
+                    " s for rank 0's NCCL id in " + file.string() + "; is rank 0 alive?");
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  check_nccl(nccl.CommInitRank(&impl_->comm, env.world_size, id, env.rank), "ncclCommInitRank");
+
+  // Every peer must be load/store reachable (one NVLink domain): the megakernel pulls and
+  // pushes rows with plain loads and stores.
+  ncclDevCommRequirements_t reqs;
+  std::memset(&reqs, 0, sizeof(reqs));  // no multimem, no barriers, no GIN
+  ncclDevComm_t dev;
+  check_nccl(nccl.DevCommCreate(impl_->comm, &reqs, &dev), "ncclDevCommCreate");
+  const int lsa_size = dev.lsaSize;
+  nccl.DevCommDestroy(impl_->comm, &dev);
+  if (lsa_size != env.world_size)
+    throw Error("EP group: only " + std::to_string(lsa_size) + " of " + std::to_string(env.world_size) +
+                " ranks are reachable by load/store from rank " + std::to_string(env.rank) +
+                "; mok's NCCL provider needs one NVLink domain (the network path, GIN, is not built)");
+  check_cuda(cudaMalloc(&impl_->scratch, sizeof(int)), "cudaMalloc");
+}
+
+EpGroup::~EpGroup() {
+  const NcclApi& nccl = NcclApi::get();
+  if (impl_->scratch) cudaFree(impl_->scratch);
+  if (impl_->comm) (impl_->aborted ? nccl.CommAbort : nccl.CommDestroy)(impl_->comm);
+}
+
+int EpGroup::rank() const { return impl_->env.rank; }
+int EpGroup::size() const { return impl_->env.world_size; }
+int EpGroup::device() const { return impl_->env.local_rank; }
+
+void EpGroup::check_same_everywhere(const std::string& what, const std::string& fingerprint) {
+  constexpr std::size_t kBytes = 1024;
+  if (fingerprint.size() >= kBytes) throw Error("EP group: fingerprint of " + what + " too long");
+  std::vector<char> mine(kBytes, 0), all(kBytes * size(), 0);
+  std::memcpy(mine.data(), fingerprint.data(), fingerprint.size());
+  char *d_mine = nullptr, *d_all = nullptr;
+  check_cuda(cudaMalloc(&d_mine, kBytes), "cudaMalloc");
+  check_cuda(cudaMalloc(&d_all, kBytes * size()), "cudaMalloc");
+  check_cuda(cudaMemcpy(d_mine, mine.data(), kBytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  all_gather(d_mine, d_all, kBytes, nullptr);
+  wait(nullptr, "checking that every rank has the same " + what);
+  check_cuda(cudaMemcpy(all.data(), d_all, all.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  cudaFree(d_mine);
+  cudaFree(d_all);
+  const std::string first(all.data());
+  for (int r = 1; r < size(); ++r) {
+    const std::string other(all.data() + r * kBytes);
+    if (other != first)
+      throw Error("EP group: rank " + std::to_string(r) + "'s " + what + " differs from rank 0's:\n  rank 0: " + first +
+                  "\n  rank " + std::to_string(r) + ": " + other + "\nnothing ran");
+  }
+}
+
+SymmetricBuffer EpGroup::alloc_symmetric(std::size_t bytes) {
+  const NcclApi& nccl = NcclApi::get();
+  SymmetricBuffer b;
+  b.bytes = (bytes + NCCL_WIN_REQUIRED_ALIGNMENT - 1) / NCCL_WIN_REQUIRED_ALIGNMENT * NCCL_WIN_REQUIRED_ALIGNMENT;
+  check_nccl(nccl.MemAlloc(&b.local, b.bytes), "ncclMemAlloc");
+  ncclWindow_t win = nullptr;
+  check_nccl(nccl.CommWindowRegister(impl_->comm, b.local, b.bytes, &win, NCCL_WIN_COLL_SYMMETRIC),
+             "ncclCommWindowRegister");
+  b.window = win;
+  return b;
+}
+
+void EpGroup::free_symmetric(SymmetricBuffer& b) {
+  const NcclApi& nccl = NcclApi::get();
+  if (b.window) nccl.CommWindowDeregister(impl_->comm, static_cast<ncclWindow_t>(b.window));
+  if (b.local) nccl.MemFree(b.local);
+  b = SymmetricBuffer{};
+}
+
+void EpGroup::all_gather(const void* send, void* recv, std::size_t bytes_per_rank, void* stream) {
+  check_nccl(NcclApi::get().AllGather(send, recv, bytes_per_rank, ncclChar, impl_->comm,
+                                      static_cast<cudaStream_t>(stream)),
+             "ncclAllGather");
+}
+
+void EpGroup::barrier(void* stream) {
+  // A one-int all-reduce: no rank passes it before every rank reached it (stream-ordered).
+  check_nccl(NcclApi::get().AllReduce(impl_->scratch, impl_->scratch, 1, ncclInt, ncclSum, impl_->comm,
+                                      static_cast<cudaStream_t>(stream)),
+             "ncclAllReduce (barrier)");
+}
+
+void EpGroup::wait(void* stream, const std::string& what) {
+  const NcclApi& nccl = NcclApi::get();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(impl_->timeout_ms);
+  for (;;) {
+    const cudaError_t q = cudaStreamQuery(static_cast<cudaStream_t>(stream));
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) throw Error("CUDA error while " + what + ": " + cudaGetErrorString(q));
+    ncclResult_t async = ncclSuccess;
+    nccl.CommGetAsyncError(impl_->comm, &async);
+    const bool late = std::chrono::steady_clock::now() > deadline;
+    if ((async != ncclSuccess && async != ncclInProgress) || late) {
+      nccl.CommAbort(impl_->comm);
+      impl_->comm = nullptr;
+      impl_->aborted = true;
+      throw Error("EP group: rank " + std::to_string(rank()) + " stopped while " + what + ": " +
+                  (late ? "no progress for " + std::to_string(impl_->timeout_ms / 1000) +
+                              " s (a peer rank died or hangs; `mok launch` names it)"
+                        : std::string("NCCL error ") + nccl.GetErrorString(async)));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+}  // namespace mok::comm

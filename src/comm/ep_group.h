@@ -1,0 +1,59 @@
+// mok: a real EP group over NCCL, one process per GPU (EpMode::distributed).
+//
+// NCCL is loaded at run time (dlopen "libnccl.so.2", or MOK_NCCL_LIBRARY): mok and its tests
+// run on machines without it, and the error says where to point when it is missing.
+// Bootstrap: rank 0 creates the unique id and leaves it in the rendezvous directory; the
+// others wait for it (bounded). Symmetric buffers come from ncclMemAlloc registered as
+// windows; peers are reached through load/store (LSA) pointers, so every rank must be in one
+// NVLink domain. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 is set before NCCL starts).
+// No CUDA or NCCL type appears here: handles are opaque.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "comm/group_env.h"
+
+namespace mok::comm {
+
+struct SymmetricBuffer {
+  void* local = nullptr;   // this rank's device memory
+  void* window = nullptr;  // ncclWindow_t, usable in kernels (ncclGetPeerPointer)
+  std::size_t bytes = 0;
+};
+
+class EpGroup {
+ public:
+  // Sets the CUDA device to env.local_rank. Throws mok::Error on any failure, naming it.
+  EpGroup(const GroupEnvironment& env, std::uint64_t timeout_ms);
+  ~EpGroup();
+  EpGroup(const EpGroup&) = delete;
+  EpGroup& operator=(const EpGroup&) = delete;
+
+  int rank() const;
+  int size() const;
+  int device() const;
+
+  // Every rank passes its own `fingerprint` (e.g. the problem and config); throws mok::Error
+  // naming the first rank whose fingerprint differs from rank 0's. Blocking; call before
+  // any kernel runs.
+  void check_same_everywhere(const std::string& what, const std::string& fingerprint);
+
+  SymmetricBuffer alloc_symmetric(std::size_t bytes);
+  void free_symmetric(SymmetricBuffer& buffer);
+
+  // Stream-ordered collectives (stream = a cudaStream_t).
+  void all_gather(const void* send, void* recv, std::size_t bytes_per_rank, void* stream);
+  void barrier(void* stream);
+
+  // Waits for `stream` with a deadline, watching NCCL's asynchronous errors; on a timeout
+  // or error aborts the communicator and throws mok::Error saying so.
+  void wait(void* stream, const std::string& what);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mok::comm

@@ -1,0 +1,63 @@
+#include "comm/group_env.h"
+
+#include <cstdlib>
+
+#include "mok/error.h"
+
+namespace mok::comm {
+namespace {
+
+int parse_int(const std::string& name, const std::string& text) {
+  try {
+    std::size_t used = 0;
+    const long long v = std::stoll(text, &used);
+    if (used != text.size() || v < 0 || v > 1 << 20) throw std::invalid_argument("range");
+    return static_cast<int>(v);
+  } catch (const std::exception&) {
+    throw Error("environment: " + name + " = '" + text + "' is not a non-negative integer");
+  }
+}
+
+}  // namespace
+
+GroupEnvironment GroupEnvironment::from_environment(
+    const std::function<std::optional<std::string>(const char*)>& getenv_fn) {
+  auto get = [&](const char* name) -> std::optional<std::string> {
+    if (getenv_fn) return getenv_fn(name);
+    const char* v = std::getenv(name);
+    return v ? std::optional<std::string>(v) : std::nullopt;
+  };
+  struct Scheme {
+    const char *source, *rank, *size, *local;
+  };
+  const Scheme schemes[] = {{"mok launch", "MOK_RANK", "MOK_WORLD_SIZE", "MOK_LOCAL_RANK"},
+                            {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"},
+                            {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"}};
+  for (const auto& s : schemes) {
+    const auto rank = get(s.rank), size = get(s.size);
+    if (!rank && !size) continue;
+    if (!rank || !size)
+      throw Error(std::string("environment: ") + (rank ? s.size : s.rank) + " is missing while " +
+                  (rank ? s.rank : s.size) + " is set (" + s.source + ")");
+    GroupEnvironment env;
+    env.source = s.source;
+    env.rank = parse_int(s.rank, *rank);
+    env.world_size = parse_int(s.size, *size);
+    if (env.world_size < 1) throw Error(std::string("environment: ") + s.size + " must be >= 1");
+    if (env.rank >= env.world_size)
+      throw Error(std::string("environment: ") + s.rank + " = " + *rank + " must be below " + s.size + " = " + *size);
+    const auto local = get(s.local);
+    env.local_rank = local ? parse_int(s.local, *local) : env.rank;
+    if (auto dir = get("MOK_LAUNCH_DIR")) env.rendezvous_dir = *dir;
+    else if (auto dir2 = get("MOK_RENDEZVOUS_DIR")) env.rendezvous_dir = *dir2;
+    if (env.world_size > 1 && env.rendezvous_dir.empty())
+      throw Error("environment: no rendezvous directory for the NCCL unique id: start the ranks with "
+                  "`mok launch`, or set MOK_RENDEZVOUS_DIR to a directory every rank can read (" +
+                  env.source + ")");
+    return env;
+  }
+  throw Error("environment: this process is not part of an EP group: start it with `mok launch -n N -- ...`, "
+              "torchrun or mpirun (none of MOK_RANK, RANK, OMPI_COMM_WORLD_RANK is set)");
+}
+
+}  // namespace mok::comm

@@ -1,0 +1,27 @@
+// mok: where a process sits in a real EP group (one process per GPU), read from the
+// environment of the launcher that started it:
+//   mok launch:  MOK_RANK, MOK_WORLD_SIZE, MOK_LOCAL_RANK, MOK_LAUNCH_DIR
+//   torchrun:    RANK, WORLD_SIZE, LOCAL_RANK (+ MOK_LAUNCH_DIR or MOK_RENDEZVOUS_DIR, shared)
+//   Open MPI:    OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK
+// The rendezvous directory is where rank 0 leaves the NCCL unique id for the others.
+#pragma once
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace mok::comm {
+
+struct GroupEnvironment {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string rendezvous_dir;
+  std::string source;  // which launcher's variables were used
+
+  // Throws mok::Error naming the variable that is missing or malformed. `getenv` is
+  // injectable for tests.
+  static GroupEnvironment from_environment(
+      const std::function<std::optional<std::string>(const char*)>& getenv = {});
+};
+
+}  // namespace mok::comm
