@@ -31,6 +31,8 @@ struct ScheduleCase {
   int ep;
 };
 
+void PrintTo(const ScheduleCase& c, std::ostream* os) { *os << c.routing << " EP=" << c.ep; }
+
 class GpuSchedule : public ::testing::TestWithParam<ScheduleCase> {};
 
 TEST_P(GpuSchedule, BitwiseEqualToCpuBuilder) {
@@ -65,6 +67,8 @@ struct ForwardCase {
   int ep, tokens;
   std::string routing;
 };
+
+void PrintTo(const ForwardCase& c, std::ostream* os) { *os << c.name; }
 
 class GpuForward : public ::testing::TestWithParam<ForwardCase> {};
 
@@ -125,6 +129,10 @@ struct SliceCase {
   std::string routing;
   int active;
 };
+
+void PrintTo(const SliceCase& c, std::ostream* os) {
+  *os << c.shape << " T=" << c.tokens << " " << c.routing << " rank " << c.active;
+}
 
 class GpuRankSlice : public ::testing::TestWithParam<SliceCase> {};
 
