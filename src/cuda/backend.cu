@@ -271,7 +271,6 @@ class CudaBackend final : public BackendImpl {
     pp.gateup_tiles = gateup_tiles_;
     pp.down_tiles = down_tiles_;
     pp.lag = lag_;
-    pp.max_row_tiles = cap_tiles_;
     pp.tasks = tasks_.as<Task>();
     pp.num_tasks = task_counts_.as<int>();
     pp.pulls = pulls_.as<int2>();

@@ -83,6 +83,20 @@ __device__ __forceinline__ TileJob describe_task(const ForwardParams& p, Task ta
 
 constexpr int kTaskSlots = 4;
 
+// A position in a ring of N mbarrier-guarded slots: the slot index and the parity of the
+// barrier phase to wait for. Producer and consumers walk the same sequence.
+template <int N>
+struct RingPosition {
+  int slot = 0;
+  std::uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++slot == N) {
+      slot = 0;
+      phase ^= 1;
+    }
+  }
+};
+
 struct ComputeSmem {
   __nv_bfloat16* a[kStages];  // [128][64] swizzled
   __nv_bfloat16* b[kStages];  // [256][64] swizzled (gate rows 0..127, up rows 128..255)
@@ -114,19 +128,16 @@ __device__ __forceinline__ ComputeSmem carve_smem(std::uint8_t* raw) {
 // next task: gate/up tiles cost 4x a down tile), hands each index to the consumers through
 // a small ring, waits for the task's inputs and streams its operand tiles with TMA.
 __device__ __forceinline__ void producer_loop(const ForwardParams& p, const ComputeSmem& sm, int num_tasks) {
-  int stage = 0, tslot = 0;
-  std::uint32_t phase = 0, tphase = 0;
+  RingPosition<kStages> stage;
+  RingPosition<kTaskSlots> tslot;
   bool aborted = false;
   for (;;) {
-    sm90::mbar_wait(&sm.task_empty[tslot], tphase ^ 1);
+    sm90::mbar_wait(&sm.task_empty[tslot.slot], tslot.phase ^ 1);
     int idx = atomicAdd(p.task_counter, 1);
     if (idx >= num_tasks) idx = -1;
-    sm.task_ring[tslot] = idx;
-    sm90::mbar_arrive(&sm.task_full[tslot]);
-    if (++tslot == kTaskSlots) {
-      tslot = 0;
-      tphase ^= 1;
-    }
+    sm.task_ring[tslot.slot] = idx;
+    sm90::mbar_arrive(&sm.task_full[tslot.slot]);
+    tslot.advance();
     if (idx < 0) break;
     const Task task = p.tasks[idx];
     const TileJob job = describe_task(p, task);
@@ -136,20 +147,18 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
     // Rows written by other SMs (generic stores or bulk copies) are about to be read by TMA.
     if (!aborted) fence_proxy_async_global();
     for (int kb = 0; kb < job.k_tiles; ++kb) {
-      sm90::mbar_wait(&sm.empty[stage], phase ^ 1);
+      const int st = stage.slot;
+      sm90::mbar_wait(&sm.empty[st], stage.phase ^ 1);
       if (aborted) {
-        sm90::mbar_arrive(&sm.full[stage]);  // keep the consumers moving; outputs are poisoned
+        sm90::mbar_arrive(&sm.full[st]);  // keep the consumers moving; outputs are poisoned
       } else {
-        sm90::mbar_arrive_expect_tx(&sm.full[stage], kStageBytes);
-        sm90::tma_load_2d(sm.a[stage], job.a, &sm.full[stage], kb * kTileK, job.a_row);
-        sm90::tma_load_2d(sm.b[stage], job.b0, &sm.full[stage], kb * kTileK, job.b0_row);
+        sm90::mbar_arrive_expect_tx(&sm.full[st], kStageBytes);
+        sm90::tma_load_2d(sm.a[st], job.a, &sm.full[st], kb * kTileK, job.a_row);
+        sm90::tma_load_2d(sm.b[st], job.b0, &sm.full[st], kb * kTileK, job.b0_row);
         if (job.b1 != nullptr)
-          sm90::tma_load_2d(sm.b[stage] + kGateUpCols * kTileK, job.b1, &sm.full[stage], kb * kTileK, job.b1_row);
+          sm90::tma_load_2d(sm.b[st] + kGateUpCols * kTileK, job.b1, &sm.full[st], kb * kTileK, job.b1_row);
       }
-      if (++stage == kStages) {
-        stage = 0;
-        phase ^= 1;
-      }
+      stage.advance();
     }
   }
 }
@@ -158,17 +167,14 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
   const int wg_idx = threadIdx.x / 128 - 1;  // which 64-row half of the tile
   const bool wg_leader = threadIdx.x % 128 == 0;
   const int ct = threadIdx.x - 128;           // consumer thread 0..255
-  int stage = 0, tslot = 0;
-  std::uint32_t phase = 0, tphase = 0;
+  RingPosition<kStages> stage;
+  RingPosition<kTaskSlots> tslot;
   float acc[128];
   for (;;) {
-    sm90::mbar_wait(&sm.task_full[tslot], tphase);
-    const int idx = sm.task_ring[tslot];
-    sm90::mbar_arrive(&sm.task_empty[tslot]);
-    if (++tslot == kTaskSlots) {
-      tslot = 0;
-      tphase ^= 1;
-    }
+    sm90::mbar_wait(&sm.task_full[tslot.slot], tslot.phase);
+    const int idx = sm.task_ring[tslot.slot];
+    sm90::mbar_arrive(&sm.task_empty[tslot.slot]);
+    tslot.advance();
     if (idx < 0) break;
     const Task task = p.tasks[idx];
     const TileJob job = describe_task(p, task);
@@ -176,12 +182,12 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
     for (int r = 0; r < 128; ++r) acc[r] = 0.0f;
     int prev = 0;
     for (int kb = 0; kb < job.k_tiles; ++kb) {
-      sm90::mbar_wait(&sm.full[stage], phase);
+      sm90::mbar_wait(&sm.full[stage.slot], stage.phase);
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kTileK / 16; ++kk) {
-        const std::uint64_t da = sm90::make_smem_desc(sm.a[stage] + wg_idx * 64 * kTileK + kk * 16);
-        const std::uint64_t db = sm90::make_smem_desc(sm.b[stage] + kk * 16);
+        const std::uint64_t da = sm90::make_smem_desc(sm.a[stage.slot] + wg_idx * 64 * kTileK + kk * 16);
+        const std::uint64_t db = sm90::make_smem_desc(sm.b[stage.slot] + kk * 16);
         sm90::wgmma_m64n256k16(acc, da, db, 1);
       }
       sm90::wgmma_commit();
@@ -189,11 +195,8 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
         sm90::wgmma_wait<1>();
         if (wg_leader) sm90::mbar_arrive(&sm.empty[prev]);
       }
-      prev = stage;
-      if (++stage == kStages) {
-        stage = 0;
-        phase ^= 1;
-      }
+      prev = stage.slot;
+      stage.advance();
     }
     sm90::wgmma_wait<0>();
     if (wg_leader) sm90::mbar_arrive(&sm.empty[prev]);

@@ -142,7 +142,6 @@ struct PlanParams {
   int shared_gateup_tiles[kMaxShared];
   int gateup_tiles, down_tiles;  // routed, per row tile
   int lag;                       // groups between a row tile's gate/up and its down tiles
-  int max_row_tiles;             // capacity / 128
   Task* tasks;
   int* num_tasks;
   int2* pulls;
