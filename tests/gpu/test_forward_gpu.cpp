@@ -33,6 +33,14 @@ struct ScheduleCase {
 
 void PrintTo(const ScheduleCase& c, std::ostream* os) { *os << c.routing << " EP=" << c.ep; }
 
+// Worst-case routing sends every row to one rank: only capacity factor 1.0 holds it (the
+// default 0.5 reports a capacity error, tested in GpuErrors).
+Config config_for(const std::string& routing) {
+  Config c;
+  if (routing.rfind("worst", 0) == 0) c.schedule_capacity_factor = 1.0;
+  return c;
+}
+
 class GpuSchedule : public ::testing::TestWithParam<ScheduleCase> {};
 
 TEST_P(GpuSchedule, BitwiseEqualToCpuBuilder) {
@@ -40,8 +48,9 @@ TEST_P(GpuSchedule, BitwiseEqualToCpuBuilder) {
   const auto& c = GetParam();
   const Problem p = make_problem(32, 256, 128, 4, {128}, c.ep, 300);
   const LayerData host = make_data(p, c.routing);
-  const GpuRun gpu = run_gpu_all_ranks(host);
-  Layer cpu(p, Config{}, LayerOptions{});
+  const Config config = config_for(c.routing);
+  const GpuRun gpu = run_gpu_all_ranks(host, config);
+  Layer cpu(p, config, LayerOptions{});
   LayerData ref = host;
   cpu.forward(ref.forward_args());
   const auto cpu_sched = LayerInternals::backend(cpu).last_schedules();
@@ -77,8 +86,9 @@ TEST_P(GpuForward, MatchesReference) {
   const auto& c = GetParam();
   const Problem p = make_problem(c.E, c.H, c.I, c.k, c.shared, c.ep, c.tokens);
   const LayerData host = make_data(p, c.routing);
-  const GpuRun gpu = run_gpu_all_ranks(host);
-  const LayerData ref = run_reference(host);
+  const Config config = config_for(c.routing);
+  const GpuRun gpu = run_gpu_all_ranks(host, config);
+  const LayerData ref = run_reference(host, config);
   expect_close(gpu.data, ref, Precision::bf16, c.name);
 }
 
@@ -294,8 +304,8 @@ TEST(GpuGraph, ReplayIsBitwiseIdenticalAndShowsOneMegakernel) {
   std::printf("[graph] %zu kernel nodes, %d memset, %d memcpy:\n", captured.kernels.size(), captured.memsets,
               captured.memcpys);
   for (const auto& k : captured.kernels) std::printf("[graph]   %s\n", k.c_str());
-  // schedule (validate, count, scatter, plan), staging, ONE megakernel, the epilogue.
-  ASSERT_EQ(captured.kernels.size(), 7u);
+  // schedule (validate, count, offsets, scatter, plan), staging, ONE megakernel, the epilogue.
+  ASSERT_EQ(captured.kernels.size(), 8u);
   auto count = [&](const char* part) {
     return std::count_if(captured.kernels.begin(), captured.kernels.end(),
                          [&](const std::string& k) { return k.find(part) != std::string::npos; });
@@ -303,7 +313,7 @@ TEST(GpuGraph, ReplayIsBitwiseIdenticalAndShowsOneMegakernel) {
   EXPECT_EQ(count("forward_megakernel"), 1);
   EXPECT_EQ(count("stage_x_kernel"), 1);
   EXPECT_EQ(count("combine_epilogue_kernel"), 1);
-  EXPECT_EQ(count("schedule_"), 4);
+  EXPECT_EQ(count("schedule_"), 5);
 
   cudaGraphExec_t exec;
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);

@@ -137,20 +137,30 @@ int bench_command(const std::vector<std::string>& argv) {
   DeviceMirror mirror(host, 0);
   BENCH_CUDA(cudaMemcpy(layer.combine_slots(me).data, combine_local.data(), slot_elems * 2, cudaMemcpyHostToDevice));
   const auto args_dev = mirror.forward_args();
-  cudaEvent_t start, stop;
-  BENCH_CUDA(cudaEventCreate(&start));
-  BENCH_CUDA(cudaEventCreate(&stop));
-  std::vector<double> ms;
-  for (int i = 0; i < warmup + iters; ++i) {
-    BENCH_CUDA(cudaEventRecord(start, stream));
+  // Timed like the peers (bench/peer_torch.py): warm-up calls, then every timed call between
+  // its own pair of events, all enqueued back to back and read after one synchronisation, so
+  // the host's launch latency is not counted as device time.
+  for (int i = 0; i < warmup; ++i) layer.forward(args_dev);
+  layer.synchronize();
+  std::vector<cudaEvent_t> start(iters), stop(iters);
+  for (int i = 0; i < iters; ++i) {
+    BENCH_CUDA(cudaEventCreate(&start[i]));
+    BENCH_CUDA(cudaEventCreate(&stop[i]));
+  }
+  for (int i = 0; i < iters; ++i) {
+    BENCH_CUDA(cudaEventRecord(start[i], stream));
     layer.forward(args_dev);
-    BENCH_CUDA(cudaEventRecord(stop, stream));
-    BENCH_CUDA(cudaEventSynchronize(stop));
-    float t = 0;
-    BENCH_CUDA(cudaEventElapsedTime(&t, start, stop));
-    if (i >= warmup) ms.push_back(t);
+    BENCH_CUDA(cudaEventRecord(stop[i], stream));
   }
   layer.synchronize();
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    float t = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&t, start[i], stop[i]));
+    ms.push_back(t);
+    cudaEventDestroy(start[i]);
+    cudaEventDestroy(stop[i]);
+  }
   const Timing fwd_time = summarize(ms);
 
   // ---- check: rows pushed into the owners' slots, and y ----
@@ -243,8 +253,6 @@ int bench_command(const std::vector<std::string>& argv) {
               pa.shape_name.c_str(), p.describe().c_str(), static_cast<long long>(N), static_cast<long long>(remote),
               fwd_time.median, fwd_time.min, fwd_time.max, p.mok_forward_flops() / (fwd_time.median * 1e-3) / 1e12,
               passes ? "PASS" : "FAIL", rows_cmp.describe().c_str(), y_cmp.describe().c_str());
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   cudaStreamDestroy(stream);
   return passes ? 0 : 3;
 }
