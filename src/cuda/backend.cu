@@ -1,7 +1,7 @@
 // mok: the CUDA backend behind mok::Layer (Backend::cuda), Hopper sm_90a.
 //
-// A forward is eight stream-ordered launches and no host synchronisation:
-//   memset(counters) -> stage x -> schedule validate -> count -> scatter -> plan
+// A forward is nine stream-ordered launches and no host synchronisation:
+//   memset(counters) -> stage x -> schedule validate -> count -> offsets -> scatter -> plan
 //   -> megakernel (dispatch + every expert FFN + combine push) -> combine epilogue.
 // The grid and every buffer are sized from the schedule capacity on the host; the device
 // reads the real row counts. Device-side input errors (bad expert ids, capacity) are
@@ -194,12 +194,29 @@ class CudaBackend final : public BackendImpl {
     capacity_ = static_cast<int>(schedule_capacity_rows(p, c));
     cap_tiles_ = capacity_ / kTileM;
     ring_tiles_ = std::max(1, std::min(c.macrobatch_rows, capacity_) / kTileM);
-    chunks_ = ceil_div(static_cast<long long>(R) * p.tokens_per_rank * p.top_k, kScheduleChunk);
+    const long long stream_ids = static_cast<long long>(R) * p.tokens_per_rank * p.top_k;
+    require(stream_ids < (1ll << 31), "problem: ep_size * tokens_per_rank * top_k = " + std::to_string(stream_ids) +
+                                          " routed ids; the cuda backend's schedule takes fewer than 2^31");
+    require(pull_pipeline_bytes() / (static_cast<std::size_t>(p.hidden) * 2) >= 2,
+            "problem: hidden = " + std::to_string(p.hidden) + " is too wide for the cuda backend's row pulls (at most " +
+                std::to_string(pull_pipeline_bytes() / 4) + ")");
+    const int dest_experts = num_ranks_ * p.local_experts();
+    require(dest_experts <= kScheduleMaxExperts,
+            "problem: " + std::to_string(dest_experts) + " experts computed on this GPU; the cuda backend's schedule "
+            "takes at most " + std::to_string(kScheduleMaxExperts) + " (use fewer virtual ranks or a rank slice)");
+    chunks_ = static_cast<int>(ceil_div(stream_ids, kScheduleChunk));
+    schedule_warp_smem_ = static_cast<int>(kScheduleWarps * dest_experts * sizeof(int));
+    schedule_offsets_smem_ = static_cast<int>(2 * dest_experts * sizeof(int));
     gateup_tiles_ = ceil_div(p.intermediate, kGateUpCols);
     down_tiles_ = ceil_div(p.hidden, kDownCols);
     shared_row_tiles_ = ceil_div(p.tokens_per_rank, kTileM);
 
-    comm_ctas_ = c.forward_comm_sms > 0 ? c.forward_comm_sms : std::clamp(sms_ / 16, 2, 16);
+    // Default split: a pulled row (2H bytes) feeds 6*H*I flops, so the pull rate the compute
+    // SMs need is ~(their rate)/(3I) bytes/s; one communication SM moves ~40 GB/s and one
+    // compute SM does ~4 TFLOP/s (H200, measured), so about sms * 32 / I pull SMs.
+    comm_ctas_ = c.forward_comm_sms > 0
+                     ? c.forward_comm_sms
+                     : std::clamp(static_cast<int>(ceil_div(32LL * sms_, p.intermediate)), 2, 16);
     require(comm_ctas_ < sms_, "Config.forward_comm_sms = " + std::to_string(comm_ctas_) +
                                    ": must leave compute SMs (the GPU has " + std::to_string(sms_) + ")");
     config_.forward_comm_sms = comm_ctas_;
@@ -211,6 +228,12 @@ class CudaBackend final : public BackendImpl {
 
     allocate();
     MOK_CUDA_CHECK(cudaFuncSetAttribute(forward_megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    MOK_CUDA_CHECK(cudaFuncSetAttribute(schedule_count_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        schedule_warp_smem_));
+    MOK_CUDA_CHECK(cudaFuncSetAttribute(schedule_scatter_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        schedule_warp_smem_));
+    MOK_CUDA_CHECK(cudaFuncSetAttribute(schedule_offsets_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        schedule_offsets_smem_));
   }
 
   // cudaFree waits for the device, so buffers in use by queued work are released safely;
@@ -256,10 +279,12 @@ class CudaBackend final : public BackendImpl {
     sp.validate_first_rank = group_ ? first_rank_ : 0;
     schedule_validate_kernel<<<dim3(ceil_div(T, 256), group_ ? 1 : p.ep_size), 256, 0, stream_>>>(sp);
     check_launch("schedule_validate_kernel");
-    const dim3 sched_grid(chunks_, p.local_experts(), num_ranks_);
-    schedule_count_kernel<<<sched_grid, kScheduleThreads, 0, stream_>>>(sp);
+    const int sched_blocks = ceil_div(chunks_, kScheduleWarps);
+    schedule_count_kernel<<<sched_blocks, kScheduleThreads, schedule_warp_smem_, stream_>>>(sp);
     check_launch("schedule_count_kernel");
-    schedule_scatter_kernel<<<sched_grid, kScheduleThreads, 0, stream_>>>(sp);
+    schedule_offsets_kernel<<<1, 1024, schedule_offsets_smem_, stream_>>>(sp);
+    check_launch("schedule_offsets_kernel");
+    schedule_scatter_kernel<<<sched_blocks, kScheduleThreads, schedule_warp_smem_, stream_>>>(sp);
     check_launch("schedule_scatter_kernel");
 
     PlanParams pp{};
@@ -275,7 +300,7 @@ class CudaBackend final : public BackendImpl {
     pp.num_tasks = task_counts_.as<int>();
     pp.pulls = pulls_.as<int2>();
     pp.num_pulls = task_counts_.as<int>() + 1;
-    schedule_plan_kernel<<<1, 1024, 0, stream_>>>(pp);
+    schedule_plan_kernel<<<ceil_div(std::max(cap_tiles_, shared_row_tiles_) + lag_, 256), 256, 0, stream_>>>(pp);
     check_launch("schedule_plan_kernel");
 
     ForwardParams fp{};
@@ -296,6 +321,7 @@ class CudaBackend final : public BackendImpl {
     fp.swiglu_limit = p.swiglu_limit ? *p.swiglu_limit : 0.0f;
     fp.timeout_ns = timeout_ns_;
     fp.x_source = a.x_source;
+    fp.zero_row = zero_row_.as<__nv_bfloat16>();
     fp.combine_of = combine_of_dev_.as<__nv_bfloat16*>();
     fp.plans = plans_dev_.as<RankPlan>();
     fp.maps = a.maps;
@@ -437,6 +463,8 @@ class CudaBackend final : public BackendImpl {
       for (int r = 0; r < R; ++r) combine_.push_back(track(DeviceBuffer(combine_bytes)));
       for (auto& b : combine_) combine_ptrs.push_back(b.as<__nv_bfloat16>());
     }
+    zero_row_ = track(DeviceBuffer(static_cast<std::size_t>(H) * 2));
+    MOK_CUDA_CHECK(cudaMemset(zero_row_.as<void>(), 0, static_cast<std::size_t>(H) * 2));
     combine_of_dev_ = track(DeviceBuffer(R * sizeof(void*)));
     MOK_CUDA_CHECK(cudaMemcpy(combine_of_dev_.as<void>(), combine_ptrs.data(), R * sizeof(void*), cudaMemcpyHostToDevice));
 
@@ -452,9 +480,10 @@ class CudaBackend final : public BackendImpl {
       plan.rows = rank_buffers_.back().as<int2>();
       rank_buffers_.push_back(track(DeviceBuffer(std::max(1, cap_tiles_) * sizeof(int))));
       plan.block_expert = rank_buffers_.back().as<int>();
-      rank_buffers_.push_back(track(DeviceBuffer(sizeof(int) * (1 + static_cast<std::size_t>(p.local_experts()) * chunks_))));
+      rank_buffers_.push_back(track(DeviceBuffer(sizeof(int) * (1 + 2 * static_cast<std::size_t>(p.local_experts()) * chunks_))));
       plan.num_row_tiles = rank_buffers_.back().as<int>();
       plan.expert_counts = plan.num_row_tiles + 1;
+      plan.expert_offsets = plan.expert_counts + static_cast<std::size_t>(p.local_experts()) * chunks_;
       rank_buffers_.push_back(track(DeviceBuffer(ring_rows * H * 2)));
       plan.ring = rank_buffers_.back().as<__nv_bfloat16>();
       rank_buffers_.push_back(track(DeviceBuffer(ring_rows * I * 2)));
@@ -604,12 +633,13 @@ class CudaBackend final : public BackendImpl {
   cudaStream_t stream_ = nullptr;
   int sms_ = 0, num_ranks_ = 0, first_rank_ = 0;
   int capacity_ = 0, cap_tiles_ = 0, ring_tiles_ = 0, chunks_ = 0;
+  int schedule_warp_smem_ = 0, schedule_offsets_smem_ = 0;  // dynamic smem of the schedule kernels
   int gateup_tiles_ = 0, down_tiles_ = 0, shared_row_tiles_ = 0;
   int comm_ctas_ = 0, compute_ctas_ = 0, lag_ = 0;
   std::uint64_t timeout_ns_ = wait_timeout_ns();
   std::size_t workspace_bytes_ = 0;
 
-  DeviceBuffer counters_, error_, tasks_, pulls_, task_counts_, combine_of_dev_, plans_dev_;
+  DeviceBuffer counters_, error_, tasks_, pulls_, task_counts_, combine_of_dev_, plans_dev_, zero_row_;
   std::vector<DeviceBuffer> combine_, rank_buffers_;
   std::vector<RankPlan> plans_host_;
   std::vector<RankMaps> fixed_maps_;
@@ -642,6 +672,7 @@ std::vector<std::pair<const void*, std::string>> cuda_forward_kernels() {
   return {{reinterpret_cast<const void*>(stage_x_kernel), "stage_x_kernel"},
           {reinterpret_cast<const void*>(schedule_validate_kernel), "schedule_validate_kernel"},
           {reinterpret_cast<const void*>(schedule_count_kernel), "schedule_count_kernel"},
+          {reinterpret_cast<const void*>(schedule_offsets_kernel), "schedule_offsets_kernel"},
           {reinterpret_cast<const void*>(schedule_scatter_kernel), "schedule_scatter_kernel"},
           {reinterpret_cast<const void*>(schedule_plan_kernel), "schedule_plan_kernel"},
           {reinterpret_cast<const void*>(forward_megakernel), "forward_megakernel"},

@@ -4,27 +4,119 @@
 // flag. A ring slot is reused only after every down tile of its previous occupant is done.
 #pragma once
 #include "cuda/forward_types.h"
+#include "cuda/sm90.cuh"
 
 namespace mok::cuda {
 
-__device__ __forceinline__ void copy_row(int4* __restrict__ dst, const int4* __restrict__ src, int chunks, int lane) {
-  // Four independent 16-byte loads in flight per lane before the stores.
-  int c = lane;
-  for (; c + 96 < chunks; c += 128) {
-    const int4 a = src[c], b = src[c + 32], d = src[c + 64], e = src[c + 96];
-    dst[c] = a;
-    dst[c + 32] = b;
-    dst[c + 64] = d;
-    dst[c + 96] = e;
-  }
-  for (; c < chunks; c += 32) dst[c] = src[c];
+// Rows move with bulk copies (global -> shared -> global, the TMA engine's work): one thread
+// per pull warp issues a whole row per instruction, so the bytes in flight (shared memory),
+// not the instruction rate, set the dispatch bandwidth. (Plain 16-byte loads and stores were
+// instruction-bound: ~22 GB/s per SM measured on the H200.)
+constexpr int kPullWarps = 4;       // independent copy pipelines per communication CTA
+constexpr int kMaxPullSlots = 16;   // row buffers per pipeline (mbarriers)
+
+// Shared memory of one pipeline's row slots (the communication CTA's dynamic shared memory,
+// less alignment slack and the barriers, split kPullWarps ways, in 128-byte units).
+__host__ __device__ constexpr std::size_t pull_pipeline_bytes() {
+  return ((kSmemBytes - 128 - kPullWarps * kMaxPullSlots * sizeof(std::uint64_t)) / kPullWarps) & ~std::size_t(127);
 }
 
-__device__ void dispatch_role(const ForwardParams& p) {
+struct PullPipeline {
+  std::uint8_t* slots;    // [slots][row_bytes]
+  std::uint64_t* full;    // [slots] the row landed in shared memory
+  int num_slots;
+  std::uint32_t row_bytes;
+  unsigned used = 0;      // rows this pipeline has loaded so far (slot and phase sequence)
+};
+
+// The source of row r of a tile: the token's x row, or a zero row for padding.
+__device__ __forceinline__ const void* pull_source(const ForwardParams& p, const int2* rows, int r) {
+  const int2 row = rows[r];
+  return row.x < 0 ? static_cast<const void*>(p.zero_row)
+                   : static_cast<const void*>(p.x_source[row.x] + static_cast<long long>(row.y / p.top_k) * p.hidden);
+}
+
+// Waits until all but the `pending` most recent bulk store groups have read shared memory
+// (the PTX takes the count as an immediate).
+__device__ __forceinline__ void bulk_wait_read_but(int pending) {
+  switch (pending) {
+#define MOK_WAIT_READ_CASE(n) \
+  case n:                     \
+    sm90::bulk_wait_read<n>(); \
+    break;
+    MOK_WAIT_READ_CASE(1) MOK_WAIT_READ_CASE(2) MOK_WAIT_READ_CASE(3) MOK_WAIT_READ_CASE(4)
+    MOK_WAIT_READ_CASE(5) MOK_WAIT_READ_CASE(6) MOK_WAIT_READ_CASE(7)
+#undef MOK_WAIT_READ_CASE
+    default:
+      sm90::bulk_wait_read<8>();
+  }
+}
+
+// The sources of rows first, first + step, ... (one per lane), staged in shared memory so
+// the issuing thread never waits on a dependent global load per row: serial address loads
+// (~1 us each) were what bounded dispatch at ~20 GB/s per SM on the H200.
+static_assert(kTileM / kPullWarps <= 32, "one row per lane of a pull warp");
+__device__ __forceinline__ void stage_sources(const ForwardParams& p, const int2* rows, int first, int step,
+                                              const void** sources) {
+  const int lane = threadIdx.x % 32;
+  const int r = first + lane * step;
+  if (r < kTileM) sources[lane] = pull_source(p, rows, r);
+  __syncwarp();
+}
+
+// Rows first, first + step, ... of the tile into the ring. A bulk store holds its slot until
+// it has read it (about as long as a load takes), so half the slots are loads in flight and
+// half are stores still reading. Returns when every store is complete.
+__device__ __forceinline__ void pull_rows(PullPipeline& pl, const void* const* sources, std::uint8_t* ring_tile,
+                                          int first, int step) {
+  const int n = (kTileM - first + step - 1) / step;
+  const int S = pl.num_slots;
+  const int ahead = max(1, S / 2);          // loads issued ahead of the store being issued
+  const int pending = min(8, S - ahead);    // stores allowed to be still reading (>= 1)
+  auto load = [&](int j) {
+    const unsigned u = pl.used + j;
+    const int slot = static_cast<int>(u % S);
+    sm90::mbar_arrive_expect_tx(&pl.full[slot], pl.row_bytes);
+    sm90::bulk_load_g2s(pl.slots + static_cast<std::size_t>(slot) * pl.row_bytes, sources[j], pl.row_bytes,
+                        &pl.full[slot]);
+  };
+  for (int j = 0; j < min(ahead, n); ++j) load(j);
+  for (int i = 0; i < n; ++i) {
+    const unsigned u = pl.used + i;
+    const int slot = static_cast<int>(u % S);
+    sm90::mbar_wait(&pl.full[slot], (u / S) & 1);
+    sm90::bulk_store_s2g(ring_tile + static_cast<std::size_t>(first + i * step) * pl.row_bytes,
+                         pl.slots + static_cast<std::size_t>(slot) * pl.row_bytes, pl.row_bytes);
+    sm90::bulk_commit();
+    // Row j reuses the slot of row j - S <= i - pending, whose store has then read it.
+    const int j = i + ahead;
+    if (j < n) {
+      bulk_wait_read_but(pending);
+      load(j);
+    }
+  }
+  pl.used += n;
+  sm90::bulk_wait_all();
+}
+
+__device__ void dispatch_role(const ForwardParams& p, std::uint8_t* smem_raw) {
   __shared__ int s_ok;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  __shared__ const void* s_sources[kPullWarps][32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_pulls = *p.num_pulls;
-  const int chunks = p.hidden / 8;  // 16-byte chunks per row
+  const std::uint32_t row_bytes = static_cast<std::uint32_t>(p.hidden) * 2;
+  // Shared memory: kPullWarps * kMaxPullSlots mbarriers, then each pipeline's row slots.
+  std::uint8_t* base = reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 127) & ~std::uintptr_t(127));
+  auto* bars = reinterpret_cast<std::uint64_t*>(base);
+  std::uint8_t* buffers = base + kPullWarps * kMaxPullSlots * sizeof(std::uint64_t);
+  const std::size_t per_pipeline = pull_pipeline_bytes();
+  const int slots = min(kMaxPullSlots, static_cast<int>(per_pipeline / row_bytes));  // >= 2: checked on the host
+  PullPipeline pl{buffers + warp * per_pipeline, bars + warp * kMaxPullSlots, slots, row_bytes};
+  if (warp < kPullWarps && lane == 0) {
+    for (int s = 0; s < slots; ++s) sm90::mbar_init(&pl.full[s], 1);
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
   for (int i = blockIdx.x; i < num_pulls; i += p.num_comm_ctas) {
     const int2 pull = p.pulls[i];
     const RankPlan& plan = p.plans[pull.x];
@@ -37,23 +129,18 @@ __device__ void dispatch_role(const ForwardParams& p) {
                              p.timeout_ns);
     }
     __syncthreads();
-    if (s_ok) {
-      int4* ring = reinterpret_cast<int4*>(plan.ring + static_cast<long long>(tile % p.ring_tiles) * kTileM * p.hidden);
-      for (int r = warp; r < kTileM; r += warps) {
-        const int2 row = plan.rows[static_cast<long long>(tile) * kTileM + r];
-        int4* dst = ring + static_cast<long long>(r) * chunks;
-        if (row.x < 0) {
-          for (int c = lane; c < chunks; c += 32) dst[c] = make_int4(0, 0, 0, 0);
-        } else {
-          const int4* src = reinterpret_cast<const int4*>(p.x_source[row.x] +
-                                                          static_cast<long long>(row.y / p.top_k) * p.hidden);
-          copy_row(dst, src, chunks, lane);
-        }
+    if (s_ok && warp < kPullWarps) {
+      stage_sources(p, plan.rows + static_cast<long long>(tile) * kTileM, warp, kPullWarps, s_sources[warp]);
+      if (lane == 0) {
+        pull_rows(pl, s_sources[warp],
+                  reinterpret_cast<std::uint8_t*>(plan.ring + static_cast<long long>(tile % p.ring_tiles) * kTileM * p.hidden),
+                  warp, kPullWarps);
+        // The GEMM reads these rows through TMA (async proxy) on another SM.
+        fence_proxy_async_global();
+        __threadfence();
       }
+      __syncwarp();  // s_sources[warp] is rewritten for the next tile only after lane 0 used it
     }
-    // The GEMM reads these rows through TMA (async proxy) on another SM.
-    fence_proxy_async_global();
-    __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) red_release_gpu_add(plan.rows_ready + tile, 1);
   }

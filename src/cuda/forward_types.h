@@ -78,6 +78,7 @@ struct RankPlan {
   int* block_expert;       // [capacity / 128] local expert of each row tile
   int* num_row_tiles;      // [1] padded rows / 128 (0 after a capacity error)
   int* expert_counts;      // [E_loc * chunks] rows per (expert, source chunk)
+  int* expert_offsets;     // [E_loc * chunks] first row of each (expert, source chunk)
   // Readiness counters, zeroed before each forward.
   int* rows_ready;         // [capacity / 128] 1 when the tile's rows are in the ring
   int* act_ready;          // [capacity / 128] gate/up tiles done
@@ -101,6 +102,7 @@ struct ForwardParams {
   float swiglu_limit;                      // <= 0: no clamp
   std::uint64_t timeout_ns;
   const __nv_bfloat16* const* x_source;    // [R] where row pulls read each source rank's x
+  const __nv_bfloat16* zero_row;           // [H] zeros: the source of padding rows
   __nv_bfloat16* const* combine_of;        // [R] each rank's combine slots
   RankPlan* plans;                         // [num_ranks]
   const RankMaps* maps;                    // [num_ranks]

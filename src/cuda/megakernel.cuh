@@ -262,11 +262,11 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
 }
 
 __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const __grid_constant__ ForwardParams p) {
+  extern __shared__ std::uint8_t smem_raw[];
   if (static_cast<int>(blockIdx.x) < p.num_comm_ctas) {
-    dispatch_role(p);
+    dispatch_role(p, smem_raw);
     return;
   }
-  extern __shared__ std::uint8_t smem_raw[];
   const ComputeSmem sm = carve_smem(smem_raw);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {

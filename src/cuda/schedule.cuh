@@ -1,9 +1,11 @@
 // mok: the schedule on the GPU, from the (all-gathered) top-k ids, with counts and prefix
 // sums only, bit for bit the rows of the CPU builder (src/core/schedule.cpp):
 //   validate: ids in range, distinct per token, finite router weights (errors recorded);
-//   count:    rows per (destination expert, chunk of the source id stream);
-//   scatter:  each (expert, chunk) block writes its rows in stream order at its prefix
-//             offset, the expert's last chunk pads the segment to 128 rows;
+//   count:    rows per (destination expert, chunk of the source id stream), one warp per
+//             chunk, one pass over the ids;
+//   offsets:  each expert's segment padded to 128 rows, the capacity check, the first row
+//             of every (expert, chunk), padding rows and each row tile's expert;
+//   scatter:  each chunk's warp writes its rows in stream order from those offsets;
 //   plan:     the compute task list and the pull list, in dependency order.
 // The id stream is source-rank major: position g = s*T*k + t*k + j, so stream order is
 // MoK's order (source ranks in rank order, tokens in index order).
@@ -16,7 +18,9 @@
 namespace mok::cuda {
 
 constexpr int kScheduleThreads = 256;
-constexpr int kScheduleChunk = 16384;  // ids per count/scatter block
+constexpr int kScheduleWarps = kScheduleThreads / 32;
+constexpr int kScheduleChunk = 1024;        // ids per warp in count and scatter
+constexpr int kScheduleMaxExperts = 4096;   // destination experts one forward builds (smem histograms)
 
 struct ScheduleParams {
   const int* const* top_experts;      // [R] -> [T*k]
@@ -47,92 +51,155 @@ __global__ void schedule_validate_kernel(const ScheduleParams p) {
   }
 }
 
-__device__ __forceinline__ int stream_id(const ScheduleParams& p, long long g) {
-  const long long per = static_cast<long long>(p.tokens) * p.top_k;
-  return p.top_experts[g / per][g % per];
+// The id stream in chunks of kScheduleChunk ids, one warp per chunk. A destination expert
+// q indexes the experts computed here: rank first_rank + q / E_loc, local expert q % E_loc.
+struct StreamChunk {
+  unsigned begin, end;  // [begin, end) positions in the stream
+};
+
+__device__ __forceinline__ StreamChunk stream_chunk(const ScheduleParams& p, int chunk) {
+  const unsigned total = static_cast<unsigned>(p.ep_size) * p.tokens * p.top_k;
+  const unsigned begin = static_cast<unsigned>(chunk) * kScheduleChunk;
+  return {begin, min(total, begin + kScheduleChunk)};
 }
 
-// grid (chunks, local_experts, num_ranks)
+// Destination expert of stream position g (< end), or -1 when another rank computes it.
+__device__ __forceinline__ int destination_expert(const ScheduleParams& p, unsigned g, unsigned per, int* src,
+                                                  int* slot) {
+  *src = static_cast<int>(g / per);
+  *slot = static_cast<int>(g - static_cast<unsigned>(*src) * per);
+  const int q = p.top_experts[*src][*slot] - p.first_rank * p.local_experts;
+  return q >= 0 && q < p.num_ranks * p.local_experts ? q : -1;
+}
+
+// grid ceil(chunks / kScheduleWarps), kScheduleThreads; dynamic smem: a histogram of the
+// destination experts per warp. Writes rows per (expert, chunk).
 __global__ void __launch_bounds__(kScheduleThreads) schedule_count_kernel(const ScheduleParams p) {
-  using Reduce = cub::BlockReduce<int, kScheduleThreads>;
-  __shared__ typename Reduce::TempStorage tmp;
-  const int chunk = blockIdx.x, e = blockIdx.y, d = blockIdx.z;
-  const int target = (p.first_rank + d) * p.local_experts + e;
-  const long long total = static_cast<long long>(p.ep_size) * p.tokens * p.top_k;
-  const long long begin = static_cast<long long>(chunk) * kScheduleChunk;
-  const long long end = min(total, begin + kScheduleChunk);
-  int n = 0;
-  for (long long g = begin + threadIdx.x; g < end; g += kScheduleThreads) n += stream_id(p, g) == target;
-  n = Reduce(tmp).Sum(n);
-  if (threadIdx.x == 0) p.plans[d].expert_counts[e * p.chunks + chunk] = n;
+  extern __shared__ int hist_all[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int chunk = blockIdx.x * kScheduleWarps + warp;
+  if (chunk >= p.chunks) return;
+  const int Q = p.num_ranks * p.local_experts;
+  int* hist = hist_all + warp * Q;
+  for (int q = lane; q < Q; q += 32) hist[q] = 0;
+  __syncwarp();
+  const StreamChunk c = stream_chunk(p, chunk);
+  const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
+  for (unsigned g = c.begin + lane; g < c.end; g += 32) {
+    int src, slot;
+    const int q = destination_expert(p, g, per, &src, &slot);
+    if (q >= 0) atomicAdd(&hist[q], 1);
+  }
+  __syncwarp();
+  for (int q = lane; q < Q; q += 32)
+    p.plans[q / p.local_experts].expert_counts[(q % p.local_experts) * p.chunks + chunk] = hist[q];
 }
 
-// grid (chunks, local_experts, num_ranks)
+// One block of 1024 threads; dynamic smem: rows per destination expert. From the counts:
+// each expert's padded segment (experts in order, each padded to 128 rows), the capacity
+// check, the start row of every (expert, chunk), the padding rows and each row tile's expert.
+__global__ void __launch_bounds__(1024) schedule_offsets_kernel(const ScheduleParams p) {
+  constexpr int kItems = kScheduleMaxExperts / 1024;
+  using Scan = cub::BlockScan<int, 1024>;
+  __shared__ typename Scan::TempStorage tmp;
+  extern __shared__ int expert_rows[];  // [Q] real rows, then [Q] padded segment starts
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int E = p.local_experts, Q = p.num_ranks * E;
+  int* start = expert_rows + Q;
+  for (int q = warp; q < Q; q += 32) {
+    const int* counts = p.plans[q / E].expert_counts + (q % E) * p.chunks;
+    int n = 0;
+    for (int c = lane; c < p.chunks; c += 32) n += counts[c];
+    for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
+    if (lane == 0) expert_rows[q] = n;
+  }
+  __syncthreads();
+  // Padded starts: one scan over every destination expert; a rank's segment starts at its
+  // first expert's value.
+  int padded[kItems];
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int q = threadIdx.x * kItems + i;
+    padded[i] = q < Q ? (expert_rows[q] + kTileM - 1) / kTileM * kTileM : 0;
+  }
+  Scan(tmp).ExclusiveSum(padded, padded);
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int q = threadIdx.x * kItems + i;
+    if (q < Q) start[q] = padded[i];
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < p.num_ranks; d += blockDim.x) {
+    const int first = start[d * E];
+    const int last = d * E + E - 1;
+    const int total = start[last] + (expert_rows[last] + kTileM - 1) / kTileM * kTileM - first;
+    const bool over = total > p.capacity_rows;
+    if (over) report_error(p.error, kCapacityExceeded, p.first_rank + d, 0, p.capacity_rows, total);
+    // 0 row tiles: the scatter and the megakernel do nothing for this rank (no row dropped
+    // silently: the error poisons y).
+    *p.plans[d].num_row_tiles = over ? 0 : total / kTileM;
+  }
+  __syncthreads();
+  for (int q = warp; q < Q; q += 32) {
+    const int d = q / E, e = q % E;
+    RankPlan& plan = p.plans[d];
+    // The capacity check above ran in this block; re-derive it rather than read the flag
+    // another thread wrote (no block-wide ordering needed beyond the barrier).
+    const int first = start[d * E], last = d * E + E - 1;
+    if (start[last] + (expert_rows[last] + kTileM - 1) / kTileM * kTileM - first > p.capacity_rows) continue;
+    const int seg = start[q] - first;
+    const int* counts = plan.expert_counts + e * p.chunks;
+    int* offsets = plan.expert_offsets + e * p.chunks;
+    int running = seg;
+    for (int c0 = 0; c0 < p.chunks; c0 += 32) {
+      const int c = c0 + lane;
+      const int n = c < p.chunks ? counts[c] : 0;
+      int incl = n;
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      if (c < p.chunks) offsets[c] = running + incl - n;
+      running += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    const int real_end = seg + expert_rows[q];
+    const int padded_end = seg + (expert_rows[q] + kTileM - 1) / kTileM * kTileM;
+    for (int r = real_end + lane; r < padded_end; r += 32) plan.rows[r] = make_int2(-1, -1);
+    for (int tile = seg / kTileM + lane; tile < padded_end / kTileM; tile += 32) plan.block_expert[tile] = e;
+  }
+}
+
+// grid ceil(chunks / kScheduleWarps), kScheduleThreads; dynamic smem: per warp, rows written
+// so far per destination expert. Each warp writes its chunk's rows in stream order: the
+// lanes holding the same expert are ranked by lane (match_any), 32 ids at a time.
 __global__ void __launch_bounds__(kScheduleThreads) schedule_scatter_kernel(const ScheduleParams p) {
-  using Reduce = cub::BlockReduce<long long, kScheduleThreads>;
-  using Scan = cub::BlockScan<int, kScheduleThreads>;
-  __shared__ union {
-    typename Reduce::TempStorage reduce;
-    typename Scan::TempStorage scan;
-  } tmp;
-  __shared__ long long s_expert_start, s_block_start, s_own;
-  __shared__ bool s_over_capacity;
-  const int chunk = blockIdx.x, e = blockIdx.y, d = blockIdx.z;
-  RankPlan& plan = p.plans[d];
-  const int* counts = plan.expert_counts;
-
-  // Padded segment sizes: rows of the experts before this one, rows of all experts.
-  long long before = 0, total = 0;
-  for (int x = threadIdx.x; x < p.local_experts; x += kScheduleThreads) {
-    long long n = 0;
-    for (int c = 0; c < p.chunks; ++c) n += counts[x * p.chunks + c];
-    const long long padded = (n + kTileM - 1) / kTileM * kTileM;
-    total += padded;
-    if (x < e) before += padded;
-  }
-  before = Reduce(tmp.reduce).Sum(before);
-  __syncthreads();
-  total = Reduce(tmp.reduce).Sum(total);
-  if (threadIdx.x == 0) {
-    long long own = 0, prior = 0;
-    for (int c = 0; c < p.chunks; ++c) {
-      if (c < chunk) prior += counts[e * p.chunks + c];
-      own += counts[e * p.chunks + c];
+  extern __shared__ int written_all[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int chunk = blockIdx.x * kScheduleWarps + warp;
+  if (chunk >= p.chunks) return;
+  const int E = p.local_experts, Q = p.num_ranks * E;
+  int* written = written_all + warp * Q;
+  for (int q = lane; q < Q; q += 32) written[q] = 0;
+  __syncwarp();
+  const StreamChunk c = stream_chunk(p, chunk);
+  const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
+  const unsigned lanes_below = (1u << lane) - 1;
+  for (unsigned g0 = c.begin; g0 < c.end; g0 += 32) {
+    const unsigned g = g0 + lane;
+    int src = 0, slot = 0, q = -1;
+    if (g < c.end) q = destination_expert(p, g, per, &src, &slot);
+    const unsigned peers = __match_any_sync(0xffffffffu, q);
+    const int before = __popc(peers & lanes_below);
+    if (q >= 0) {
+      RankPlan& plan = p.plans[q / E];
+      if (*plan.num_row_tiles > 0) {  // 0: over capacity (or no rows at all)
+        const int row = plan.expert_offsets[(q % E) * p.chunks + chunk] + written[q] + before;
+        plan.rows[row] = make_int2(src, slot);
+      }
     }
-    s_expert_start = before;
-    s_block_start = before + prior;
-    s_own = own;
-    s_over_capacity = total > p.capacity_rows;
-    if (chunk == 0 && e == 0) {
-      if (s_over_capacity) report_error(p.error, kCapacityExceeded, p.first_rank + d, 0, p.capacity_rows, total);
-      *plan.num_row_tiles = s_over_capacity ? 0 : static_cast<int>(total / kTileM);
-    }
-  }
-  __syncthreads();
-  if (s_over_capacity) return;  // write nothing: the forward reports the error, drops nothing
-  const long long expert_start = s_expert_start;
-  long long out = s_block_start;
-
-  const int target = (p.first_rank + d) * p.local_experts + e;
-  const long long per = static_cast<long long>(p.tokens) * p.top_k;
-  const long long stream_total = p.ep_size * per;
-  const long long begin = static_cast<long long>(chunk) * kScheduleChunk;
-  const long long end = min(stream_total, begin + kScheduleChunk);
-  for (long long g0 = begin; g0 < end; g0 += kScheduleThreads) {
-    const long long g = g0 + threadIdx.x;
-    const int hit = (g < end && stream_id(p, g) == target) ? 1 : 0;
-    int offset, count;
-    Scan(tmp.scan).ExclusiveSum(hit, offset, count);
-    if (hit) plan.rows[out + offset] = make_int2(static_cast<int>(g / per), static_cast<int>(g % per));
-    out += count;
-    __syncthreads();
-  }
-  if (chunk == p.chunks - 1) {
-    const long long real_end = expert_start + s_own;
-    const long long padded_end = expert_start + (s_own + kTileM - 1) / kTileM * kTileM;
-    for (long long r = real_end + threadIdx.x; r < padded_end; r += kScheduleThreads) plan.rows[r] = make_int2(-1, -1);
-    for (long long tile = expert_start / kTileM + threadIdx.x; tile < padded_end / kTileM; tile += kScheduleThreads)
-      plan.block_expert[tile] = e;
+    __syncwarp();
+    if (q >= 0 && before == 0) written[q] += __popc(peers);
+    __syncwarp();
   }
 }
 
@@ -148,7 +215,7 @@ struct PlanParams {
   int* num_pulls;
 };
 
-// One block. Groups g = 0, 1, ...: for each rank d, the gate/up tiles of shared row tile g
+// Groups g = 0, 1, ...: for each rank d, the gate/up tiles of shared row tile g
 // and of routed row tile g (whose pull comes first), then the down tiles of row tile
 // g - lag. The lag lets a row tile's gate/up tiles finish before its down tiles are taken.
 __device__ __forceinline__ void plan_group(const PlanParams& p, int g, int shared_tiles, Task* tasks, int2* pulls,
@@ -184,35 +251,38 @@ __device__ __forceinline__ void plan_group(const PlanParams& p, int g, int share
   }
 }
 
-__global__ void __launch_bounds__(1024) schedule_plan_kernel(const PlanParams p) {
-  using Scan = cub::BlockScan<int, 1024>;
-  __shared__ typename Scan::TempStorage tmp;
-  const int tid = threadIdx.x;
+// Tasks and pulls of the groups before g, in closed form (the counts plan_group produces),
+// so every group is planned by its own thread with no scan.
+__device__ __forceinline__ int2 plan_prefix(const PlanParams& p, int g, int shared_tiles, int shared_gateup_sum) {
+  const int lagged = max(0, g - p.lag);
+  int tasks = 0, pulls = 0;
+  for (int d = 0; d < p.num_ranks; ++d) {
+    const int m = *p.plans[d].num_row_tiles;
+    tasks += min(g, shared_tiles) * shared_gateup_sum + min(g, m) * p.gateup_tiles +
+             min(lagged, shared_tiles) * p.num_shared * p.down_tiles + min(lagged, m) * p.down_tiles;
+    pulls += min(g, m);
+  }
+  return make_int2(tasks, pulls);
+}
+
+// grid ceil(max_groups / 256), 256 threads: one thread per group.
+__global__ void __launch_bounds__(256) schedule_plan_kernel(const PlanParams p) {
+  const int g = blockIdx.x * blockDim.x + threadIdx.x;
   const int shared_tiles = p.num_shared > 0 ? (p.tokens + kTileM - 1) / kTileM : 0;
+  int shared_gateup_sum = 0;
+  for (int s = 0; s < p.num_shared; ++s) shared_gateup_sum += p.shared_gateup_tiles[s];
   int max_tiles = shared_tiles;
   for (int d = 0; d < p.num_ranks; ++d) max_tiles = max(max_tiles, *p.plans[d].num_row_tiles);
   const int groups = max_tiles > 0 ? max_tiles + p.lag : 0;
-  int task = 0, pull = 0;
-  for (int g0 = 0; g0 < groups; g0 += 1024) {
-    const int g = g0 + tid;
-    int n_task = 0, n_pull = 0;
-    if (g < groups) plan_group(p, g, shared_tiles, nullptr, nullptr, n_task, n_pull);
-    int task_off, task_sum, pull_off, pull_sum;
-    Scan(tmp).ExclusiveSum(n_task, task_off, task_sum);
-    __syncthreads();
-    Scan(tmp).ExclusiveSum(n_pull, pull_off, pull_sum);
-    if (g < groups) {
-      int t = 0, q = 0;
-      plan_group(p, g, shared_tiles, p.tasks + task + task_off, p.pulls + pull + pull_off, t, q);
-    }
-    task += task_sum;
-    pull += pull_sum;
-    __syncthreads();
+  if (g == 0) {
+    const int2 all = plan_prefix(p, groups, shared_tiles, shared_gateup_sum);
+    *p.num_tasks = all.x;
+    *p.num_pulls = all.y;
   }
-  if (tid == 0) {
-    *p.num_tasks = task;
-    *p.num_pulls = pull;
-  }
+  if (g >= groups) return;
+  const int2 before = plan_prefix(p, g, shared_tiles, shared_gateup_sum);
+  int n_task = 0, n_pull = 0;
+  plan_group(p, g, shared_tiles, p.tasks + before.x, p.pulls + before.y, n_task, n_pull);
 }
 
 }  // namespace mok::cuda

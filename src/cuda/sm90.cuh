@@ -71,6 +71,19 @@ __device__ __forceinline__ void bulk_store_s2g(void* gmem_dst, const void* smem_
                "r"(bytes)
                : "memory");
 }
+// Global -> shared bulk copy of `bytes` (a multiple of 16), completing on `bar` (expect_tx).
+__device__ __forceinline__ void bulk_load_g2s(void* smem_dst, const void* gmem_src, std::uint32_t bytes,
+                                              std::uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_addr(smem_dst)),
+               "l"(gmem_src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+// Waits until all but the N most recent bulk store groups of this thread have read shared memory.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 // Waits until this thread's bulk stores have finished reading shared memory.
 __device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
