@@ -100,13 +100,24 @@ def _git(args, cwd):
 
 
 def collect_env(repo_root=REPO_ROOT, mok_json=None):
-    """The commit (git rev-parse HEAD and whether the tree is dirty) and the UTC date.
+    """The commit measured and the UTC date.
 
-    Where the tree has no .git (a copy on the device), the commit comes from the
-    MOK_BENCH_COMMIT environment variable, else from mok.json's optional "build" object
-    ({"commit": ..., "dirty": ...}), else it is "unknown"; `source` says which.
+    In order: the MOK_BENCH_COMMIT environment variable (MOK_BENCH_DIRTY=1/0); else mok.json's
+    "build" object ({"commit": ..., "dirty": ...}), the commit the timed `mok` binary was
+    built from; else git rev-parse HEAD of this tree (and whether it is dirty); else
+    "unknown". `source` says which. The binary comes before git because a copy of the tree on
+    another machine can carry an older .git than the code it holds (seen on the device).
     """
     env = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    build = mok_json.get("build") if isinstance(mok_json, dict) else None
+    if os.environ.get("MOK_BENCH_COMMIT"):
+        env["commit"] = {"sha": os.environ["MOK_BENCH_COMMIT"],
+                         "dirty": {"1": True, "0": False}.get(os.environ.get("MOK_BENCH_DIRTY", "")),
+                         "source": "MOK_BENCH_COMMIT"}
+        return env
+    if isinstance(build, dict) and build.get("commit") and build["commit"] != "unknown":
+        env["commit"] = {"sha": str(build["commit"]), "dirty": build.get("dirty"), "source": "mok.json build"}
+        return env
     top = _git(["rev-parse", "--show-toplevel"], repo_root)
     # Only this repository's own .git counts (not one of a folder above a copy of the tree).
     in_repo = top is not None and os.path.realpath(top) == os.path.realpath(repo_root)
@@ -114,13 +125,6 @@ def collect_env(repo_root=REPO_ROOT, mok_json=None):
     if sha:
         status = _git(["status", "--porcelain", "--untracked-files=no"], repo_root)
         env["commit"] = {"sha": sha, "dirty": None if status is None else bool(status), "source": "git"}
-    elif os.environ.get("MOK_BENCH_COMMIT"):
-        env["commit"] = {"sha": os.environ["MOK_BENCH_COMMIT"],
-                         "dirty": {"1": True, "0": False}.get(os.environ.get("MOK_BENCH_DIRTY", "")),
-                         "source": "MOK_BENCH_COMMIT"}
-    elif mok_json and isinstance(mok_json.get("build"), dict) and mok_json["build"].get("commit"):
-        b = mok_json["build"]
-        env["commit"] = {"sha": str(b["commit"]), "dirty": b.get("dirty"), "source": "mok.json build"}
     else:
         env["commit"] = {"sha": "unknown", "dirty": None, "source": "none"}
     return env

@@ -200,6 +200,13 @@ class Environment(unittest.TestCase):
         self.assertEqual(e["commit"]["source"], "git")
         self.assertIn(e["commit"]["dirty"], (True, False))
 
+    def test_binary_build_commit_wins_over_git(self):
+        # A copy of the tree can carry an older .git than the binary it times.
+        e = records.collect_env(records.REPO_ROOT, {"build": {"commit": "0123456789ab", "dirty": False}})
+        self.assertEqual(e["commit"], {"sha": "0123456789ab", "dirty": False, "source": "mok.json build"})
+        e = records.collect_env(records.REPO_ROOT, {"build": {"commit": "unknown", "dirty": True}})
+        self.assertNotEqual(e["commit"]["source"], "mok.json build")  # an unknown build falls through
+
     def test_no_git_fallbacks(self):
         with tempfile.TemporaryDirectory() as d:
             old = os.environ.pop("MOK_BENCH_COMMIT", None)

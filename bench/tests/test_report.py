@@ -68,7 +68,7 @@ class Report(unittest.TestCase):
             q2048 = [r for r in main_rows if r.startswith("| qwen3.5-397b-a17b | slice (EP=64) | gaussian | 2048 |")]
             self.assertEqual(len(q2048), 1)
             cells = [c.strip() for c in q2048[0].strip("|").split("|")]
-            self.assertEqual(cells[5:], ["1.000", "566.9", "3.000", "189.0", "1.000", "3.00x", "56.7%", "PASS",
+            self.assertEqual(cells[5:], ["1.000", "566.9", "566.9", "3.000", "189.0", "1.000", "3.00x", "56.7%", "PASS",
                                          "0123456", "FIXTURE-GPU"])
             mix = [r for r in main_rows if r.startswith("| mixtral-8x7b")]
             self.assertEqual(len(mix), 1)
