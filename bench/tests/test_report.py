@@ -108,6 +108,23 @@ class Report(unittest.TestCase):
             m = [r for r in recs if r["shape"] == "mixtral-8x7b"]
             self.assertEqual(m[0]["mok"]["forward"]["median_ms"], 7.0)
 
+    def test_repeat_runs_of_one_commit(self):
+        with tempfile.TemporaryDirectory() as d:
+            paths = fixture_records(d)
+            loaded = report.load_records(paths)
+            groups = report.repeat_groups(loaded)
+            # The two qwen 2048-token records share a commit; nothing else repeats.
+            self.assertEqual(len(groups), 1)
+            (key, recs), = groups.items()
+            self.assertEqual((key[0], key[3]), ("qwen3.5-397b-a17b", 2048))
+            self.assertEqual([r["mok"]["forward"]["median_ms"] for r in recs], [10.0, 1.0])
+            self.assertAlmostEqual(report.spread([10.0, 1.0]), 9.0)
+            self.assertIsNone(report.spread([1.0]))
+            text = "\n".join(report.repeat_lines(loaded))
+            self.assertIn("10.000 / 1.000", text)
+            self.assertIn("900.0%", text)
+            self.assertIn("No shape has been measured twice", "\n".join(report.repeat_lines(loaded[2:3])))
+
     def test_given_files_only_and_empty(self):
         with tempfile.TemporaryDirectory() as d:
             paths = fixture_records(os.path.join(d, "results"))
