@@ -17,6 +17,10 @@ struct Config {
   int forward_comm_sms = 0;              // 0: chosen by the library (MoK uses 40 on GB300)
   int backward_comm_sms = 0;             // 0: chosen by the library (MoK uses 28)
   int tile_rows = 128;                   // each expert's row segment is padded to this
+  // Compute-task order (CUDA): row tiles are taken in bands of this many, and within a band
+  // column by column, so CTAs running at once share weight tiles in L2 instead of each
+  // streaming its own from HBM. 0: chosen by the library; 1: row tile by row tile.
+  int task_band_tiles = 0;
 
   void validate() const;                 // throws mok::Error naming the field
   std::string describe() const;

@@ -134,13 +134,15 @@ void Config::validate() const {
               ": must be in (0, 1] (1 covers every routing)");
   require(forward_comm_sms >= 0, field("forward_comm_sms", forward_comm_sms, "must be >= 0 (0 = auto)"));
   require(backward_comm_sms >= 0, field("backward_comm_sms", backward_comm_sms, "must be >= 0 (0 = auto)"));
+  require(task_band_tiles >= 0 && task_band_tiles <= 64,
+          field("task_band_tiles", task_band_tiles, "must be in [0, 64] (0 = auto)"));
 }
 
 std::string Config::describe() const {
   std::ostringstream s;
   s << "minibatch=" << minibatch_rows << " macrobatch=" << macrobatch_rows
     << " capacity_factor=" << schedule_capacity_factor << " tile_rows=" << tile_rows
-    << " comm_sms(fwd,bwd)=" << forward_comm_sms << "," << backward_comm_sms;
+    << " comm_sms(fwd,bwd)=" << forward_comm_sms << "," << backward_comm_sms << " band=" << task_band_tiles;
   return s.str();
 }
 

@@ -224,7 +224,16 @@ class CudaBackend final : public BackendImpl {
     compute_ctas_ = sms_ - comm_ctas_;
     // A gate/up tile costs about two average tasks, so while one runs ~2.5 * compute CTAs
     // tasks are claimed: put a row tile's down tiles that many tasks after its gate/up tiles.
-    lag_ = std::min(ceil_div(5 * compute_ctas_, 2 * (gateup_tiles_ + down_tiles_)) + 1, ring_tiles_ - 1);
+    // Bands: the library keeps row-tile order (1) until bands are measured on the device.
+    const BandAndLag order = choose_band_and_lag(c.task_band_tiles > 0 ? c.task_band_tiles : 1, compute_ctas_,
+                                                 gateup_tiles_, down_tiles_, ring_tiles_, ring_tiles_ < cap_tiles_);
+    band_ = order.band;
+    lag_ = order.lag;
+    plan_shape_ = PlanShape{num_ranks_, p.num_shared(), p.num_shared() > 0 ? shared_row_tiles_ : 0, {},
+                            gateup_tiles_, down_tiles_, band_, lag_};
+    for (int s = 0; s < p.num_shared(); ++s)
+      plan_shape_.shared_gateup_tiles[s] = ceil_div(p.shared_intermediate[s], kGateUpCols);
+    config_.task_band_tiles = band_;
 
     allocate();
     MOK_CUDA_CHECK(cudaFuncSetAttribute(forward_megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
@@ -289,18 +298,13 @@ class CudaBackend final : public BackendImpl {
 
     PlanParams pp{};
     pp.plans = plans_dev_.as<RankPlan>();
-    pp.num_ranks = num_ranks_;
-    pp.num_shared = p.num_shared();
-    pp.tokens = T;
-    for (int s = 0; s < p.num_shared(); ++s) pp.shared_gateup_tiles[s] = ceil_div(p.shared_intermediate[s], kGateUpCols);
-    pp.gateup_tiles = gateup_tiles_;
-    pp.down_tiles = down_tiles_;
-    pp.lag = lag_;
+    pp.shape = plan_shape_;
     pp.tasks = tasks_.as<Task>();
     pp.num_tasks = task_counts_.as<int>();
     pp.pulls = pulls_.as<int2>();
     pp.num_pulls = task_counts_.as<int>() + 1;
-    schedule_plan_kernel<<<ceil_div(std::max(cap_tiles_, shared_row_tiles_) + lag_, 256), 256, 0, stream_>>>(pp);
+    schedule_plan_kernel<<<ceil_div(ceil_div(std::max(cap_tiles_, shared_row_tiles_), band_) + lag_, 256), 256, 0,
+                           stream_>>>(pp);
     check_launch("schedule_plan_kernel");
 
     ForwardParams fp{};
@@ -635,7 +639,8 @@ class CudaBackend final : public BackendImpl {
   int capacity_ = 0, cap_tiles_ = 0, ring_tiles_ = 0, chunks_ = 0;
   int schedule_warp_smem_ = 0, schedule_offsets_smem_ = 0;  // dynamic smem of the schedule kernels
   int gateup_tiles_ = 0, down_tiles_ = 0, shared_row_tiles_ = 0;
-  int comm_ctas_ = 0, compute_ctas_ = 0, lag_ = 0;
+  int comm_ctas_ = 0, compute_ctas_ = 0, band_ = 1, lag_ = 0;
+  PlanShape plan_shape_{};  // the task order's parameters (plan_order.h)
   std::uint64_t timeout_ns_ = wait_timeout_ns();
   std::size_t workspace_bytes_ = 0;
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cuda/common.cuh"
+#include "cuda/plan_order.h"
 
 namespace mok::cuda {
 
@@ -29,7 +30,6 @@ constexpr int kStagingPitch = kDownCols + 8;          // bf16 per staging row (+
 constexpr int kStagingBytes = kTileM * kStagingPitch * 2;
 constexpr int kSmemBytes = 1024 /*align slack*/ + kStages * kStageBytes + kStagingBytes + 256 /*barriers, task ring*/;
 
-enum TaskKind : std::uint32_t { kRoutedGateUp = 0, kRoutedDown = 1, kSharedGateUp = 2, kSharedDown = 3 };
 
 // A compute task, packed: kind 4 bits | rank 12 | shared index 8 | column tile 12 | row tile 28.
 struct Task {
@@ -55,7 +55,6 @@ struct SharedPlan {
   int gateup_tiles;     // ceil(I_s / 128)
 };
 
-constexpr int kMaxShared = 8;
 
 // Tensor maps of one rank (in device global memory, 64-byte aligned).
 struct RankMaps {

@@ -205,84 +205,32 @@ __global__ void __launch_bounds__(kScheduleThreads) schedule_scatter_kernel(cons
 
 struct PlanParams {
   RankPlan* plans;
-  int num_ranks, num_shared, tokens;
-  int shared_gateup_tiles[kMaxShared];
-  int gateup_tiles, down_tiles;  // routed, per row tile
-  int lag;                       // groups between a row tile's gate/up and its down tiles
+  PlanShape shape;  // row tiles per rank come from plans[d].num_row_tiles
   Task* tasks;
   int* num_tasks;
   int2* pulls;
   int* num_pulls;
 };
 
-// Groups g = 0, 1, ...: for each rank d, the gate/up tiles of shared row tile g
-// and of routed row tile g (whose pull comes first), then the down tiles of row tile
-// g - lag. The lag lets a row tile's gate/up tiles finish before its down tiles are taken.
-__device__ __forceinline__ void plan_group(const PlanParams& p, int g, int shared_tiles, Task* tasks, int2* pulls,
-                                           int& n_task, int& n_pull) {
-  for (int d = 0; d < p.num_ranks; ++d) {
-    const int m = *p.plans[d].num_row_tiles;
-    if (g < shared_tiles)
-      for (int s = 0; s < p.num_shared; ++s)
-        for (int n = 0; n < p.shared_gateup_tiles[s]; ++n) {
-          if (tasks) tasks[n_task] = Task::make(kSharedGateUp, d, s, n, g);
-          ++n_task;
-        }
-    if (g < m) {
-      if (pulls) pulls[n_pull] = make_int2(d, g);
-      ++n_pull;
-      for (int n = 0; n < p.gateup_tiles; ++n) {
-        if (tasks) tasks[n_task] = Task::make(kRoutedGateUp, d, 0, n, g);
-        ++n_task;
-      }
-    }
-    const int lagged = g - p.lag;
-    if (lagged >= 0 && lagged < shared_tiles)
-      for (int s = 0; s < p.num_shared; ++s)
-        for (int n = 0; n < p.down_tiles; ++n) {
-          if (tasks) tasks[n_task] = Task::make(kSharedDown, d, s, n, lagged);
-          ++n_task;
-        }
-    if (lagged >= 0 && lagged < m)
-      for (int n = 0; n < p.down_tiles; ++n) {
-        if (tasks) tasks[n_task] = Task::make(kRoutedDown, d, 0, n, lagged);
-        ++n_task;
-      }
-  }
-}
-
-// Tasks and pulls of the groups before g, in closed form (the counts plan_group produces),
-// so every group is planned by its own thread with no scan.
-__device__ __forceinline__ int2 plan_prefix(const PlanParams& p, int g, int shared_tiles, int shared_gateup_sum) {
-  const int lagged = max(0, g - p.lag);
-  int tasks = 0, pulls = 0;
-  for (int d = 0; d < p.num_ranks; ++d) {
-    const int m = *p.plans[d].num_row_tiles;
-    tasks += min(g, shared_tiles) * shared_gateup_sum + min(g, m) * p.gateup_tiles +
-             min(lagged, shared_tiles) * p.num_shared * p.down_tiles + min(lagged, m) * p.down_tiles;
-    pulls += min(g, m);
-  }
-  return make_int2(tasks, pulls);
-}
-
-// grid ceil(max_groups / 256), 256 threads: one thread per group.
+// grid ceil(max_groups / 256), 256 threads: one thread per group of the order in
+// plan_order.h, which it writes at its closed-form offset.
 __global__ void __launch_bounds__(256) schedule_plan_kernel(const PlanParams p) {
   const int g = blockIdx.x * blockDim.x + threadIdx.x;
-  const int shared_tiles = p.num_shared > 0 ? (p.tokens + kTileM - 1) / kTileM : 0;
-  int shared_gateup_sum = 0;
-  for (int s = 0; s < p.num_shared; ++s) shared_gateup_sum += p.shared_gateup_tiles[s];
-  int max_tiles = shared_tiles;
-  for (int d = 0; d < p.num_ranks; ++d) max_tiles = max(max_tiles, *p.plans[d].num_row_tiles);
-  const int groups = max_tiles > 0 ? max_tiles + p.lag : 0;
+  auto row_tiles = [&](int d) { return *p.plans[d].num_row_tiles; };
+  const int groups = plan_groups(p.shape, row_tiles);
   if (g == 0) {
-    const int2 all = plan_prefix(p, groups, shared_tiles, shared_gateup_sum);
-    *p.num_tasks = all.x;
-    *p.num_pulls = all.y;
+    const PlanCount all = plan_prefix(p.shape, groups, row_tiles);
+    *p.num_tasks = all.tasks;
+    *p.num_pulls = all.pulls;
   }
   if (g >= groups) return;
-  const int2 before = plan_prefix(p, g, shared_tiles, shared_gateup_sum);
-  int n_task = 0, n_pull = 0;
-  plan_group(p, g, shared_tiles, p.tasks + before.x, p.pulls + before.y, n_task, n_pull);
+  const PlanCount before = plan_prefix(p.shape, g, row_tiles);
+  Task* tasks = p.tasks + before.tasks;
+  int2* pulls = p.pulls + before.pulls;
+  plan_group(
+      p.shape, g, row_tiles,
+      [&](std::uint32_t kind, int d, int s, int n, int t) { *tasks++ = Task::make(kind, d, s, n, t); },
+      [&](int d, int t) { *pulls++ = make_int2(d, t); });
 }
 
 }  // namespace mok::cuda

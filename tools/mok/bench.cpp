@@ -75,6 +75,7 @@ int bench_command(const std::vector<std::string>& argv) {
   const int active = static_cast<int>(args.take_int("active-rank").value_or(0));
   Config config;
   if (auto v = args.take_int("comm-sms")) config.forward_comm_sms = static_cast<int>(*v);
+  if (auto v = args.take_int("band")) config.task_band_tiles = static_cast<int>(*v);
   if (auto v = args.take_double("capacity")) config.schedule_capacity_factor = *v;
   ProblemArgs pa = parse_problem(args, "qwen3.5-397b-a17b", true);
   args.finish();
@@ -236,7 +237,8 @@ int bench_command(const std::vector<std::string>& argv) {
      << ", \"remote\": " << remote << ", \"padded\": " << stats[0].padded_rows << "},\n  \"config\": {\"minibatch_rows\": "
      << layer.config().minibatch_rows << ", \"macrobatch_rows\": " << layer.config().macrobatch_rows
      << ", \"schedule_capacity_factor\": " << layer.config().schedule_capacity_factor
-     << ", \"forward_comm_sms\": " << layer.config().forward_comm_sms << ", \"tile_rows\": " << layer.config().tile_rows
+     << ", \"forward_comm_sms\": " << layer.config().forward_comm_sms
+     << ", \"task_band_tiles\": " << layer.config().task_band_tiles << ", \"tile_rows\": " << layer.config().tile_rows
      << "},\n  \"gpu\": {\"name\": \"" << prop.name << "\", \"sms\": " << prop.multiProcessorCount
      << ", \"driver\": \"" << driver / 1000 << "." << (driver % 1000) / 10 << "\", \"cuda_runtime\": \""
      << runtime / 1000 << "." << (runtime % 1000) / 10 << "\"},\n  \"timing\": {\"warmup\": " << warmup

@@ -44,7 +44,7 @@ execution:
   --check                 compare with the CPU reference (MoK's tolerances)
   --iters N --warmup N    timed repetitions (default 1 and 0 on cpu, 20 and 5 on cuda)
   --threads N             CPU threads (default: all cores)
-  --capacity F --minibatch N --macrobatch N --comm-sms N --tile-rows N   config
+  --capacity F --minibatch N --macrobatch N --comm-sms N --tile-rows N --band N   config
 )";
 
 double median(std::vector<double> v) {
@@ -105,6 +105,7 @@ int run_command(const std::vector<std::string>& argv) {
   if (auto v = args.take_int("macrobatch")) config.macrobatch_rows = static_cast<int>(*v);
   if (auto v = args.take_int("comm-sms")) config.forward_comm_sms = config.backward_comm_sms = static_cast<int>(*v);
   if (auto v = args.take_int("tile-rows")) config.tile_rows = static_cast<int>(*v);
+  if (auto v = args.take_int("band")) config.task_band_tiles = static_cast<int>(*v);
 
   LayerData data;
   std::string shape_name;

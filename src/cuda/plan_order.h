@@ -1,0 +1,117 @@
+// mok: the order of the megakernel's work (compute tasks and row pulls), as plain integer
+// logic shared by the device (schedule_plan_kernel) and the host (choosing band and lag, and
+// the CPU tests that check the order's counts, coverage and dependencies).
+//
+// Groups g = 0, 1, ... each cover the band of row tiles [g*band, (g+1)*band). In a group,
+// for each computed rank d: the shared experts' gate/up tiles of the band, the pulls of the
+// band's routed row tiles, their gate/up tiles, then the down tiles (shared, routed) of band
+// g - lag. Within a band the order is column by column (for n: for row tile), so CTAs that
+// claim consecutive tasks read the same weight tile at about the same time (one HBM read,
+// the rest L2 hits). The lag lets a band's gate/up tiles finish before its down tiles are
+// taken. What must stay true (tests/test_plan_order.cpp):
+//   - a gate/up tile's pull is in its own group or earlier, a down tile comes after every
+//     gate/up tile of its row tile, so the lowest unfinished item can always progress;
+//   - when the row ring wraps, a pull waits for the down tiles of the tile one ring earlier,
+//     which must be in an earlier group: ring_tiles / band > lag (choose_band_and_lag).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define MOK_PLAN_HD __host__ __device__ __forceinline__
+#else
+#define MOK_PLAN_HD inline
+#endif
+
+namespace mok::cuda {
+
+enum TaskKind : std::uint32_t { kRoutedGateUp = 0, kRoutedDown = 1, kSharedGateUp = 2, kSharedDown = 3 };
+
+constexpr int kMaxShared = 8;
+
+// What the order depends on. Row tiles of computed rank d: row_tiles[d] (device-built).
+struct PlanShape {
+  int num_ranks, num_shared;
+  int shared_tiles;                       // ceil(T / 128) when there are shared experts, else 0
+  int shared_gateup_tiles[kMaxShared];    // ceil(I_s / 128)
+  int gateup_tiles, down_tiles;           // routed, per row tile: ceil(I / 128), ceil(H / 256)
+  int band, lag;
+};
+
+MOK_PLAN_HD int plan_min(int a, int b) { return a < b ? a : b; }
+MOK_PLAN_HD int plan_max(int a, int b) { return a > b ? a : b; }
+
+// Emits group g's tasks (task(kind, rank, shared, col, row_tile)) and pulls (pull(rank, row_tile)).
+template <typename RowTiles, typename EmitTask, typename EmitPull>
+MOK_PLAN_HD void plan_group(const PlanShape& p, int g, RowTiles row_tiles, EmitTask task, EmitPull pull) {
+  auto band_tasks = [&](std::uint32_t kind, int d, int s, int cols, int band, int limit) {
+    const int lo = band * p.band, hi = plan_min(lo + p.band, limit);
+    for (int n = 0; n < cols; ++n)
+      for (int t = lo; t < hi; ++t) task(kind, d, s, n, t);
+  };
+  const int lagged = g - p.lag;
+  for (int d = 0; d < p.num_ranks; ++d) {
+    const int m = row_tiles(d);
+    for (int s = 0; s < p.num_shared; ++s) band_tasks(kSharedGateUp, d, s, p.shared_gateup_tiles[s], g, p.shared_tiles);
+    for (int t = g * p.band; t < plan_min((g + 1) * p.band, m); ++t) pull(d, t);
+    band_tasks(kRoutedGateUp, d, 0, p.gateup_tiles, g, m);
+    if (lagged >= 0) {
+      for (int s = 0; s < p.num_shared; ++s) band_tasks(kSharedDown, d, s, p.down_tiles, lagged, p.shared_tiles);
+      band_tasks(kRoutedDown, d, 0, p.down_tiles, lagged, m);
+    }
+  }
+}
+
+struct PlanCount {
+  int tasks, pulls;
+};
+
+// Tasks and pulls of the groups before g, in closed form (the row tiles of [0, X) before
+// band g number min(g*band, X)), so each group can be planned by its own thread.
+template <typename RowTiles>
+MOK_PLAN_HD PlanCount plan_prefix(const PlanShape& p, int g, RowTiles row_tiles) {
+  int shared_gateup_sum = 0;
+  for (int s = 0; s < p.num_shared; ++s) shared_gateup_sum += p.shared_gateup_tiles[s];
+  const int rows = g * p.band, lagged_rows = plan_max(0, g - p.lag) * p.band;
+  PlanCount c{0, 0};
+  for (int d = 0; d < p.num_ranks; ++d) {
+    const int m = row_tiles(d);
+    c.tasks += plan_min(rows, p.shared_tiles) * shared_gateup_sum + plan_min(rows, m) * p.gateup_tiles +
+               plan_min(lagged_rows, p.shared_tiles) * p.num_shared * p.down_tiles +
+               plan_min(lagged_rows, m) * p.down_tiles;
+    c.pulls += plan_min(rows, m);
+  }
+  return c;
+}
+
+// Groups the order has: every band of the most row tiles any rank (or the shared experts)
+// has, plus the lag for the last down tiles.
+template <typename RowTiles>
+MOK_PLAN_HD int plan_groups(const PlanShape& p, RowTiles row_tiles) {
+  int max_tiles = p.shared_tiles;
+  for (int d = 0; d < p.num_ranks; ++d) max_tiles = plan_max(max_tiles, row_tiles(d));
+  return max_tiles > 0 ? (max_tiles + p.band - 1) / p.band + p.lag : 0;
+}
+
+struct BandAndLag {
+  int band, lag;
+};
+
+// Host: the band (asked for, or 1) and the lag in groups. While one task runs about 2.5x the
+// compute CTAs' worth of tasks are claimed (a gate/up tile costs about two average tasks), so
+// a row tile's down tiles go that many tasks after its gate/up tiles. With a wrapping ring
+// the band shrinks until ring_tiles / band > lag (for band 1: lag <= ring_tiles - 1).
+inline BandAndLag choose_band_and_lag(int asked_band, int compute_ctas, int gateup_tiles, int down_tiles,
+                                      int ring_tiles, bool ring_wraps) {
+  const int per_tile = gateup_tiles + down_tiles;
+  const int lag_tiles = (5 * compute_ctas + 2 * per_tile - 1) / (2 * per_tile);
+  BandAndLag r{std::max(1, asked_band), 0};
+  for (;;) {
+    r.lag = (lag_tiles + r.band - 1) / r.band + 1;
+    if (r.band == 1) r.lag = std::max(0, std::min(r.lag, ring_tiles - 1));
+    if (r.band == 1 || !ring_wraps || ring_tiles / r.band > r.lag) return r;
+    --r.band;
+  }
+}
+
+}  // namespace mok::cuda

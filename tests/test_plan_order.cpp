@@ -1,0 +1,206 @@
+// The megakernel's work order (src/cuda/plan_order.h), checked on the CPU: the closed-form
+// offsets each device thread writes at, that every task and pull appears exactly once, that
+// every task comes after what it waits for, and that a wrapping ring never makes a pull wait
+// for later work (the order's deadlock freedom).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "cuda/plan_order.h"
+
+namespace mok::cuda {
+namespace {
+
+struct Item {
+  int group;
+  int index;  // position in its list (tasks or pulls)
+};
+
+using TaskKey = std::tuple<std::uint32_t, int, int, int, int>;  // kind, rank, shared, col, row tile
+
+struct Order {
+  std::vector<int> group_tasks, group_pulls;  // per group
+  std::map<TaskKey, Item> tasks;
+  std::map<std::pair<int, int>, Item> pulls;
+  int duplicates = 0;
+};
+
+Order build(const PlanShape& p, const std::vector<int>& rows) {
+  auto row_tiles = [&](int d) { return rows[d]; };
+  Order o;
+  int ti = 0, pi = 0;
+  const int groups = plan_groups(p, row_tiles);
+  for (int g = 0; g < groups; ++g) {
+    int nt = 0, np = 0;
+    plan_group(
+        p, g, row_tiles,
+        [&](std::uint32_t kind, int d, int s, int n, int t) {
+          o.duplicates += !o.tasks.emplace(TaskKey{kind, d, s, n, t}, Item{g, ti++}).second;
+          ++nt;
+        },
+        [&](int d, int t) {
+          o.duplicates += !o.pulls.emplace(std::pair{d, t}, Item{g, pi++}).second;
+          ++np;
+        });
+    o.group_tasks.push_back(nt);
+    o.group_pulls.push_back(np);
+  }
+  return o;
+}
+
+struct Case {
+  PlanShape shape;
+  std::vector<int> rows;
+};
+
+Case random_case(std::mt19937& rng) {
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  Case c{};
+  PlanShape& p = c.shape;
+  p.num_ranks = pick(1, 4);
+  p.num_shared = pick(0, 2);
+  p.shared_tiles = p.num_shared > 0 ? pick(1, 20) : 0;
+  for (int s = 0; s < p.num_shared; ++s) p.shared_gateup_tiles[s] = pick(1, 6);
+  p.gateup_tiles = pick(1, 10);
+  p.down_tiles = pick(1, 10);
+  p.band = pick(1, 9);
+  p.lag = pick(0, 6);
+  for (int d = 0; d < p.num_ranks; ++d) c.rows.push_back(pick(0, 3) == 0 ? 0 : pick(1, 40));
+  return c;
+}
+
+TEST(PlanOrder, ClosedFormOffsetsMatchTheGroupsBefore) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 300; ++trial) {
+    const Case c = random_case(rng);
+    auto row_tiles = [&](int d) { return c.rows[d]; };
+    const Order o = build(c.shape, c.rows);
+    PlanCount sum{0, 0};
+    for (std::size_t g = 0; g <= o.group_tasks.size(); ++g) {
+      const PlanCount closed = plan_prefix(c.shape, static_cast<int>(g), row_tiles);
+      ASSERT_EQ(closed.tasks, sum.tasks) << "trial " << trial << " group " << g;
+      ASSERT_EQ(closed.pulls, sum.pulls) << "trial " << trial << " group " << g;
+      if (g < o.group_tasks.size()) {
+        sum.tasks += o.group_tasks[g];
+        sum.pulls += o.group_pulls[g];
+      }
+    }
+  }
+}
+
+TEST(PlanOrder, EveryTaskAndPullExactlyOnce) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    const Case c = random_case(rng);
+    const PlanShape& p = c.shape;
+    const Order o = build(p, c.rows);
+    ASSERT_EQ(o.duplicates, 0) << "trial " << trial;
+    std::size_t tasks = 0, pulls = 0;
+    for (int d = 0; d < p.num_ranks; ++d) {
+      tasks += static_cast<std::size_t>(c.rows[d]) * (p.gateup_tiles + p.down_tiles);
+      for (int s = 0; s < p.num_shared; ++s)
+        tasks += static_cast<std::size_t>(p.shared_tiles) * (p.shared_gateup_tiles[s] + p.down_tiles);
+      pulls += c.rows[d];
+      for (int t = 0; t < c.rows[d]; ++t) {
+        ASSERT_TRUE(o.pulls.count({d, t})) << "pull " << d << "," << t;
+        for (int n = 0; n < p.down_tiles; ++n) ASSERT_TRUE(o.tasks.count({kRoutedDown, d, 0, n, t}));
+      }
+    }
+    EXPECT_EQ(o.tasks.size(), tasks) << "trial " << trial;
+    EXPECT_EQ(o.pulls.size(), pulls) << "trial " << trial;
+  }
+}
+
+TEST(PlanOrder, EveryTaskComesAfterWhatItWaitsFor) {
+  std::mt19937 rng(13);
+  for (int trial = 0; trial < 300; ++trial) {
+    const Case c = random_case(rng);
+    const Order o = build(c.shape, c.rows);
+    // Latest gate/up task per (rank, shared or routed, row tile), and its pull's group.
+    std::map<std::tuple<int, int, int>, int> last_gateup;
+    for (const auto& [key, item] : o.tasks) {
+      const auto [kind, d, s, n, t] = key;
+      if (kind == kRoutedGateUp) {
+        const Item pull = o.pulls.at({d, t});
+        ASSERT_LE(pull.group, item.group) << "gate/up before its rows are pulled";
+      }
+      if (kind == kRoutedGateUp || kind == kSharedGateUp) {
+        const int fam = kind == kRoutedGateUp ? -1 : s;
+        auto& last = last_gateup[{d, fam, t}];
+        last = std::max(last, item.index);
+      }
+    }
+    for (const auto& [key, item] : o.tasks) {
+      const auto [kind, d, s, n, t] = key;
+      if (kind == kRoutedDown || kind == kSharedDown) {
+        const int fam = kind == kRoutedDown ? -1 : s;
+        ASSERT_GT(item.index, last_gateup.at({d, fam, t})) << "a down tile before its row tile's gate/up tiles";
+      }
+    }
+  }
+}
+
+TEST(PlanOrder, WrappingRingNeverWaitsForLaterWork) {
+  // A pull of row tile t reuses the ring slot of tile t - ring and waits for all its down
+  // tiles: they must come in an earlier group. choose_band_and_lag guarantees it.
+  std::mt19937 rng(17);
+  for (int trial = 0; trial < 300; ++trial) {
+    Case c = random_case(rng);
+    PlanShape& p = c.shape;
+    const int ring = std::uniform_int_distribution<int>(1, 24)(rng);
+    const int compute = std::uniform_int_distribution<int>(1, 130)(rng);
+    const BandAndLag bl = choose_band_and_lag(p.band, compute, p.gateup_tiles, p.down_tiles, ring, true);
+    p.band = bl.band;
+    p.lag = bl.lag;
+    const Order o = build(p, c.rows);
+    for (int d = 0; d < p.num_ranks; ++d)
+      for (int t = ring; t < c.rows[d]; ++t) {
+        const int pull_group = o.pulls.at({d, t}).group;
+        for (int n = 0; n < p.down_tiles; ++n)
+          ASSERT_LT(o.tasks.at({kRoutedDown, d, 0, n, t - ring}).group, pull_group)
+              << "trial " << trial << " ring " << ring << " band " << p.band << " lag " << p.lag;
+      }
+  }
+}
+
+TEST(PlanOrder, BandAndLagChoices) {
+  // No wrap: the band asked for is kept; the lag is counted in bands.
+  BandAndLag r = choose_band_and_lag(8, 124, 8, 16, 1000, false);
+  EXPECT_EQ(r.band, 8);
+  EXPECT_EQ(r.lag, (13 + 7) / 8 + 1);  // ceil(5*124 / (2*24)) = 13 row tiles
+  // Band 1 is row-tile order with the lag capped below the ring.
+  r = choose_band_and_lag(1, 124, 1, 1, 4, true);
+  EXPECT_EQ(r.band, 1);
+  EXPECT_EQ(r.lag, 3);
+  // A ring too small for the band shrinks it.
+  r = choose_band_and_lag(8, 124, 8, 16, 12, true);
+  EXPECT_LT(r.band, 8);
+  EXPECT_TRUE(r.band == 1 || 12 / r.band > r.lag);
+  // 0 (library default) means 1.
+  EXPECT_EQ(choose_band_and_lag(0, 124, 8, 16, 1000, false).band, 1);
+}
+
+TEST(PlanOrder, BandsAreColumnMajorWithinTheBand) {
+  PlanShape p{};
+  p.num_ranks = 1;
+  p.gateup_tiles = 2;
+  p.down_tiles = 1;
+  p.band = 3;
+  p.lag = 1;
+  std::vector<std::tuple<std::uint32_t, int, int>> seen;  // kind, col, row tile
+  auto row_tiles = [](int) { return 5; };
+  plan_group(
+      p, 0, row_tiles, [&](std::uint32_t kind, int, int, int n, int t) { seen.emplace_back(kind, n, t); },
+      [](int, int) {});
+  const std::vector<std::tuple<std::uint32_t, int, int>> want = {
+      {kRoutedGateUp, 0, 0}, {kRoutedGateUp, 0, 1}, {kRoutedGateUp, 0, 2},
+      {kRoutedGateUp, 1, 0}, {kRoutedGateUp, 1, 1}, {kRoutedGateUp, 1, 2}};
+  EXPECT_EQ(seen, want);
+}
+
+}  // namespace
+}  // namespace mok::cuda
