@@ -4,6 +4,7 @@ Pure Python, no torch, no numpy. A record is built only from mok.json (written b
 `mok bench`), peer.json (written by peer_torch.py) and the environment (git, the clock):
 nothing in it is typed by hand. bench/README.md describes every field.
 """
+import copy
 import datetime
 import json
 import os
@@ -142,6 +143,33 @@ def _timed(entry, flops=None):
     return out
 
 
+def merge_group(moks):
+    """The mok part of one record for a real EP group, from every rank's mok.json (rank
+    order): per timed iteration the slowest rank (MoK's method), rows and bytes of the rank
+    that moved the most, the check passing only when every rank's does; each rank's own
+    figures are kept under "ranks"."""
+    if not moks:
+        raise ValueError("merge_group: no ranks")
+    iters = [m.get("forward_iters_ms") for m in moks]
+    if not all(iters) or len({len(i) for i in iters}) != 1:
+        raise ValueError("merge_group: every rank's mok.json needs forward_iters_ms of one length")
+    worst = sorted(max(col) for col in zip(*iters))
+    out = copy.deepcopy(moks[0])
+    out["ep_mode"] = "distributed"
+    out["active_rank"] = None
+    out["forward"] = {"median_ms": worst[len(worst) // 2], "min_ms": worst[0], "max_ms": worst[-1]}
+    out["forward_iters_ms"] = [max(col) for col in zip(*iters)]
+    busiest = max(moks, key=lambda m: int(m["rows"].get("remote", 0)))
+    out["rows"] = dict(busiest["rows"])
+    rank_checks = [((m.get("check") or {}).get("forward") or {}) for m in moks]
+    out["check"] = {"forward": {"passes": all(bool(c.get("passes")) for c in rank_checks),
+                                "max_abs": max(float(c.get("max_abs", float("inf"))) for c in rank_checks),
+                                "rel": max(float(c.get("rel", float("inf"))) for c in rank_checks)}}
+    out["ranks"] = [{"rank": r, "forward": m.get("forward"), "rows": m.get("rows"),
+                     "check": ((m.get("check") or {}).get("forward"))} for r, m in enumerate(moks)]
+    return out
+
+
 def make_record(mok, peer, env):
     """One benchmark record from mok.json, peer.json (may be None) and collect_env()."""
     problem = mok["problem"]
@@ -169,6 +197,7 @@ def make_record(mok, peer, env):
     fp8 = (ceilings.get("fp8_e4m3") or {}).get("tflops")
     fp8_exact = (ceilings.get("fp8_e4m3_exact_accum") or {}).get("tflops")
     copy = (ceilings.get("copy") or {}).get("gbps")
+    a2a = (ceilings.get("nccl_all_to_all") or {}).get("busbw_gbps")
     ms = lambda e: e["median_ms"] if e else None  # noqa: E731
     tf = lambda e: e.get("tflops") if e else None  # noqa: E731
 
@@ -201,7 +230,7 @@ def make_record(mok, peer, env):
         "timing": {"mok": mok.get("timing"), "peer": peer.get("timing")},
         "flops": {"mok_forward": f_fwd, "mok_backward": f_bwd, "performed_forward": perf_fwd,
                   "grouped_gemms": grouped_gemm_flops(problem, n_rows)},
-        "mok": {"forward": mok_fwd, "backward": mok_bwd, "check": mok_check},
+        "mok": {"forward": mok_fwd, "backward": mok_bwd, "check": mok_check, "ranks": mok.get("ranks")},
         "peers": {
             "pytorch_pipeline": {"forward": pipe_fwd, "backward": pipe_bwd, "check": peer_check,
                                  "precision": peer.get("peer_precision"), "what": peer.get("peer"),
@@ -211,7 +240,7 @@ def make_record(mok, peer, env):
                                       "down": _timed(peer.get("down_gemm"))},
         } if peer else {},
         "ceilings": {"dense_bf16_tflops": dense, "fp8_e4m3_tflops": fp8, "fp8_e4m3_exact_accum_tflops": fp8_exact,
-                     "copy_gbps": copy,
+                     "copy_gbps": copy, "nccl_all_to_all_busbw_gbps": a2a,
                      "detail": ceilings or None},
         "ratios": {
             "speedup_forward_vs_pytorch": ratio(ms(pipe_fwd), ms(mok_fwd)),
@@ -226,7 +255,9 @@ def make_record(mok, peer, env):
         "bytes": {"hbm_forward": hbm, "link_forward": link,
                   "mok_hbm_gbps": mok_gbps, "mok_hbm_of_copy_ceiling": ratio(mok_gbps, copy),
                   "pytorch_hbm_gbps": pipe_gbps, "pytorch_hbm_of_copy_ceiling": ratio(pipe_gbps, copy),
-                  "mok_link_gbps": gbps(link, ms(mok_fwd))},
+                  "mok_link_gbps": gbps(link, ms(mok_fwd)),
+                  # Bytes both ways over NCCL's all-to-all bus bandwidth one way, doubled.
+                  "mok_link_of_nccl_all_to_all": ratio(gbps(link, ms(mok_fwd)), None if a2a is None else 2 * a2a)},
         "check": {"mok": mok_pass, "pytorch": peer_pass,
                   "passes": bool(mok_pass) and (peer_pass is not False)},
     }

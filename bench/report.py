@@ -93,6 +93,32 @@ def sweep_groups(recs):
             if len({int(r["tokens_per_rank"]) for r in v}) >= 2}
 
 
+def group_lines(recs):
+    """Real EP groups (mok launch): the NVLink side of each record."""
+    groups = [r for r in recs if r.get("ep_mode") == "distributed"]
+    if not groups:
+        return []
+    lines = ["## Real EP groups (one process per GPU, NVLink)", "",
+             "Per iteration the slowest rank; link bytes = rows each rank pulls from and pushes to the "
+             "others (the busiest rank); the ceiling is NCCL's all-to-all bus bandwidth measured in the "
+             "same run, doubled for both directions.", "",
+             "| shape | ranks | tokens | mok ms | PyTorch + NCCL ms | speedup | link MB/rank | mok link GB/s "
+             "| NCCL all-to-all busbw GB/s | of ceiling | check |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for rec in groups:
+        v = values(rec)
+        b = rec.get("bytes") or {}
+        frac = b.get("mok_link_of_nccl_all_to_all")
+        cells = [rec["shape"], rec["problem"].get("ep_size"), rec["tokens_per_rank"], _f(v["mok_ms"], ".3f"),
+                 _f(v["pt_ms"], ".3f"), _f(v["speedup"], ".2f", "x"),
+                 _f(None if b.get("link_forward") is None else b["link_forward"] / 1e6, ".1f"),
+                 _f(b.get("mok_link_gbps"), ".0f"),
+                 _f((rec.get("ceilings") or {}).get("nccl_all_to_all_busbw_gbps"), ".0f"),
+                 _f(None if frac is None else 100 * frac, ".1f", "%"), check_text(rec)]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return lines + [""]
+
+
 def repeat_groups(loaded):
     """{key + (commit,): records} where one commit was measured more than once on one key: the
     runs whose agreement says how far a single figure can be trusted."""
@@ -232,6 +258,7 @@ def markdown(recs, plots, out_dir, repeats=None):
                      _f(v["pt_bwd_tflops"], ".1f"), _f(sp, ".2f", "x")]
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         lines.append("")
+    lines += group_lines(recs)
     lines += repeats or []
     lines += ["## Ceilings measured with each record", "",
               "| shape | tokens | dense bf16 TFLOP/s | fp8 e4m3 TFLOP/s (fast accum / exact) | copy GB/s "

@@ -4,6 +4,7 @@
     python3 bench/run.py                          # the seven default shapes
     python3 bench/run.py --shapes glm-5.2,qwen3-30b-a3b
     python3 bench/run.py --sweep --shapes qwen3.5-397b-a17b   # tokens per rank 512..16384
+    python3 bench/run.py --launch 8 --shapes qwen3.5-397b-a17b # a real EP group, one process per GPU
 
 For each run: `MOK_BIN bench --shape S --ep-mode M --ep R --tokens T --routing X --warmup W
 --iters N --work-dir DIR`, then `python3 bench/peer_torch.py DIR --warmup W --iters N`, then
@@ -58,6 +59,10 @@ def cuda_status(assume_no_gpu=False):
 
 def plan_runs(args):
     """The list of (shape, ep_mode, ep, tokens) to run, from the command line."""
+    if args.launch:
+        shapes = [s for s in (args.shapes.split(",") if args.shapes else []) if s] or ["qwen3.5-397b-a17b"]
+        tokens = {s: t for s, _, _, t in DEFAULT_RUNS}
+        return [(s, "distributed", args.launch, args.tokens or tokens.get(s)) for s in shapes]
     defaults = {s: (m, r, t) for s, m, r, t in DEFAULT_RUNS}
     shapes = [s for s in (args.shapes.split(",") if args.shapes else []) if s]
     if args.sweep:
@@ -75,8 +80,13 @@ def plan_runs(args):
     return runs
 
 
+def launch_prefix(args, ep_mode, ep):
+    """`mok launch -n N --` in front of a group's commands, nothing otherwise."""
+    return shlex.split(args.mok_bin) + ["launch", "-n", str(ep), "--"] if ep_mode == "distributed" else []
+
+
 def mok_command(args, shape, ep_mode, ep, tokens, work):
-    cmd = shlex.split(args.mok_bin) + ["bench", "--shape", shape]
+    cmd = launch_prefix(args, ep_mode, ep) + shlex.split(args.mok_bin) + ["bench", "--shape", shape]
     if ep_mode:
         cmd += ["--ep-mode", ep_mode]
     if ep:
@@ -91,13 +101,21 @@ def mok_command(args, shape, ep_mode, ep, tokens, work):
     return cmd
 
 
-def peer_command(args, work):
-    cmd = [sys.executable, os.path.join(BENCH_DIR, "peer_torch.py"), work, "--warmup", str(args.warmup),
-           "--iters", str(args.iters), "--ceiling-warmup", str(args.ceiling_warmup),
-           "--ceiling-iters", str(args.ceiling_iters)]
-    if args.no_backward:
+def peer_command(args, work, ep_mode=None, ep=None):
+    script = "peer_dist.py" if ep_mode == "distributed" else "peer_torch.py"
+    cmd = launch_prefix(args, ep_mode, ep) + [
+        sys.executable, os.path.join(BENCH_DIR, script), work, "--warmup", str(args.warmup), "--iters",
+        str(args.iters), "--ceiling-warmup", str(args.ceiling_warmup), "--ceiling-iters", str(args.ceiling_iters)]
+    if args.no_backward and ep_mode != "distributed":
         cmd.append("--no-backward")
     return cmd
+
+
+def load_mok(work, ep_mode, ep):
+    """mok.json of a run; for a group, every rank's, merged into one (records.merge_group)."""
+    if ep_mode == "distributed":
+        return records.merge_group([workdir.load_mok_json(os.path.join(work, f"rank{r}")) for r in range(ep)])
+    return workdir.load_mok_json(work)
 
 
 def run_one(args, shape, ep_mode, ep, tokens):
@@ -114,11 +132,12 @@ def run_one(args, shape, ep_mode, ep, tokens):
     rc = subprocess.call(cmd)
     if rc != 0:
         row["error"] = f"mok bench exited {rc}"
-        if not os.path.exists(os.path.join(work, workdir.MOK_JSON)):
+        first = os.path.join(work, "rank0") if ep_mode == "distributed" else work
+        if not os.path.exists(os.path.join(first, workdir.MOK_JSON)):
             return row
         # mok.json is there (a failed check, say): record the run all the same.
     try:
-        mok = workdir.load_mok_json(work)
+        mok = load_mok(work, ep_mode, ep)
     except (workdir.ContractError, ValueError) as exc:
         row["error"] = row["error"] or f"mok.json: {exc}"
         return row
@@ -127,14 +146,14 @@ def run_one(args, shape, ep_mode, ep, tokens):
     if args.no_peer:
         print("(--no-peer: the PyTorch peer is not run)")
     else:
-        cmd = peer_command(args, work)
+        cmd = peer_command(args, work, ep_mode, ep)
         print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
         rc = subprocess.call(cmd)
         peer_path = os.path.join(work, workdir.PEER_JSON)
         if os.path.exists(peer_path):
             peer = workdir.read_json(peer_path)
         if rc != 0 and not row["error"]:
-            row["error"] = f"peer_torch.py exited {rc}"
+            row["error"] = f"{'peer_dist.py' if ep_mode == 'distributed' else 'peer_torch.py'} exited {rc}"
 
     record = records.make_record(mok, peer, records.collect_env(REPO_ROOT, mok))
     row["record"] = record
@@ -183,6 +202,8 @@ def main(argv=None):
     ap.add_argument("--sweep", action="store_true", help="tokens per rank 512..16384 on the one shape given")
     ap.add_argument("--sweep-tokens", help="comma-separated tokens per rank for --sweep")
     ap.add_argument("--ep-mode", choices=("slice", "all"), help="override the shape's EP mode")
+    ap.add_argument("--launch", type=int, metavar="N",
+                    help="a real EP group of N processes, one per GPU (mok launch; peer: peer_dist.py)")
     ap.add_argument("--ep", type=int, help="override the shape's EP size")
     ap.add_argument("--tokens", type=int, help="override the shape's tokens per rank")
     ap.add_argument("--dtype", choices=("bf16", "mxfp8"), help="passed to mok bench (default: mok's)")

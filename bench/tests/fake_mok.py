@@ -5,6 +5,10 @@ Accepts the command line run.py gives `mok bench` and writes a small synthetic w
 directory (synth_workdir.py) whatever the shape: the shape name is kept, the sizes are not.
     fake_mok.py bench --shape S --ep-mode M --ep R --tokens T --routing X
                       --warmup W --iters N --work-dir DIR [other options ignored]
+    fake_mok.py launch -n N [--timeout S] -- CMD...   runs CMD once per rank, one after the
+                      other, with MOK_RANK / MOK_WORLD_SIZE / MOK_LOCAL_RANK set (as mok launch)
+With --ep-mode distributed it writes WORK_DIR/rank<MOK_RANK>, with per-iteration times
+forward_ms * (1 + rank / 10), so the slowest rank is the last one.
 Set FAKE_MOK_FAIL_SHAPE=S to make it fail (exit 3, no mok.json) for shape S, and
 FAKE_MOK_CHECK_FAIL_SHAPE=S to make its check fail (mok.json written, passes false, exit 3).
 """
@@ -16,7 +20,25 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from synth_workdir import make_workdir  # noqa: E402
 
 
+def launch(argv):
+    import subprocess
+    ap = argparse.ArgumentParser(prog="fake_mok launch")
+    ap.add_argument("-n", type=int, required=True)
+    ap.add_argument("--timeout", type=float)
+    split = argv.index("--")
+    args = ap.parse_args(argv[:split])
+    for r in range(args.n):
+        env = dict(os.environ, MOK_RANK=str(r), MOK_WORLD_SIZE=str(args.n), MOK_LOCAL_RANK=str(r))
+        rc = subprocess.call(argv[split + 1:], env=env)
+        if rc != 0:
+            print(f"fake_mok launch: rank {r} exited {rc}", file=sys.stderr)
+            return rc
+    return 0
+
+
 def main(argv):
+    if argv and argv[0] == "launch":
+        return launch(argv[1:])
     if not argv or argv[0] != "bench":
         print("fake_mok: only the 'bench' command is emulated", file=sys.stderr)
         return 1
@@ -34,8 +56,22 @@ def main(argv):
         print(f"fake_mok: failing on purpose for shape {args.shape}", file=sys.stderr)
         return 3
     tokens = min(args.tokens or 64, 256)
-    make_workdir(args.work_dir, shape=args.shape, ep_mode=args.ep_mode, tokens=tokens, routing=args.routing,
+    work_dir, rank = args.work_dir, None
+    if args.ep_mode == "distributed":
+        rank = int(os.environ["MOK_RANK"])
+        work_dir = os.path.join(args.work_dir, f"rank{rank}")
+    make_workdir(work_dir, shape=args.shape, ep_mode=args.ep_mode, tokens=tokens, routing=args.routing,
                  warmup=args.warmup, iters=args.iters, forward_ms=0.5, backward_ms=1.0)
+    if rank is not None:
+        import json
+        path = os.path.join(work_dir, "mok.json")
+        with open(path) as f:
+            doc = json.load(f)
+        doc["forward_iters_ms"] = [0.5 * (1 + rank / 10) + 0.01 * i for i in range(args.iters)]
+        doc["active_rank"] = rank
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1)
+    args.work_dir = work_dir
     if os.environ.get("FAKE_MOK_CHECK_FAIL_SHAPE") == args.shape:
         import json
         path = os.path.join(args.work_dir, "mok.json")

@@ -189,6 +189,45 @@ class Files(unittest.TestCase):
         self.assertEqual(records.RESULTS_DIR, os.path.join(helpers.BENCH_DIR, "results"))
 
 
+class Group(unittest.TestCase):
+    def rank(self, times, remote, passes=True, max_abs=0.01):
+        m = copy.deepcopy(fixture("fixture_mok_qwen35_slice.json"))
+        m["forward_iters_ms"] = times
+        m["forward"] = {"median_ms": sorted(times)[len(times) // 2], "min_ms": min(times), "max_ms": max(times)}
+        m["rows"]["remote"] = remote
+        m["check"]["forward"].update({"passes": passes, "max_abs": max_abs})
+        return m
+
+    def test_merge_takes_the_slowest_rank_per_iteration(self):
+        merged = records.merge_group([self.rank([1.0, 5.0, 2.0], 10), self.rank([3.0, 1.0, 2.5], 30)])
+        self.assertEqual(merged["forward_iters_ms"], [3.0, 5.0, 2.5])
+        self.assertEqual(merged["forward"], {"median_ms": 3.0, "min_ms": 2.5, "max_ms": 5.0})
+        self.assertEqual(merged["ep_mode"], "distributed")
+        self.assertEqual(merged["rows"]["remote"], 30)
+        self.assertTrue(merged["check"]["forward"]["passes"])
+        self.assertEqual(len(merged["ranks"]), 2)
+
+    def test_merge_fails_when_any_rank_fails_or_lacks_times(self):
+        merged = records.merge_group([self.rank([1.0], 1), self.rank([1.0], 1, passes=False, max_abs=3.0)])
+        self.assertFalse(merged["check"]["forward"]["passes"])
+        self.assertEqual(merged["check"]["forward"]["max_abs"], 3.0)
+        with self.assertRaises(ValueError):
+            records.merge_group([self.rank([1.0, 2.0], 1), self.rank([1.0], 1)])
+        with self.assertRaises(ValueError):
+            records.merge_group([])
+
+    def test_link_rate_against_nccl_all_to_all(self):
+        mok = records.merge_group([self.rank([2.0], 1000), self.rank([2.0], 1000)])
+        peer = {"ceilings": {"nccl_all_to_all": {"busbw_gbps": 100.0}}}
+        rec = records.make_record(mok, peer, env())
+        H = rec["problem"]["hidden"]
+        link = 2 * 1000 * H * 2
+        self.assertEqual(rec["bytes"]["link_forward"], link)
+        self.assertAlmostEqual(rec["bytes"]["mok_link_gbps"], link / 2e-3 / 1e9)
+        self.assertAlmostEqual(rec["bytes"]["mok_link_of_nccl_all_to_all"], link / 2e-3 / 1e9 / 200.0)
+        self.assertEqual(rec["ceilings"]["nccl_all_to_all_busbw_gbps"], 100.0)
+
+
 class Environment(unittest.TestCase):
     def test_git_commit(self):
         e = records.collect_env()

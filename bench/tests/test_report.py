@@ -125,6 +125,22 @@ class Report(unittest.TestCase):
             self.assertIn("900.0%", text)
             self.assertIn("No shape has been measured twice", "\n".join(report.repeat_lines(loaded[2:3])))
 
+    def test_real_groups_table(self):
+        m = copy.deepcopy(fixture("fixture_mok_qwen35_slice.json"))
+        m["forward_iters_ms"] = [2.0]
+        m["rows"]["remote"] = 1000
+        mok = records.merge_group([m, copy.deepcopy(m)])
+        rec = records.make_record(mok, {"ceilings": {"nccl_all_to_all": {"busbw_gbps": 100.0}},
+                                        "forward": {"median_ms": 5.0, "min_ms": 5.0, "max_ms": 5.0}}, env())
+        lines = report.group_lines([rec])
+        self.assertIn("## Real EP groups (one process per GPU, NVLink)", lines[0])
+        row = [c.strip() for c in lines[-2].strip("|").split("|")]
+        self.assertEqual(row[0], "qwen3.5-397b-a17b")
+        self.assertEqual(row[3:6], ["2.000", "5.000", "2.50x"])
+        self.assertEqual(row[8], "100")
+        self.assertEqual(report.group_lines([records.make_record(fixture("fixture_mok_qwen35_slice.json"), None,
+                                                                 env())]), [])
+
     def test_given_files_only_and_empty(self):
         with tempfile.TemporaryDirectory() as d:
             paths = fixture_records(os.path.join(d, "results"))

@@ -62,7 +62,7 @@ class NoGpu(unittest.TestCase):
 
 
 def ns(**kw):
-    base = dict(shapes=None, sweep=False, sweep_tokens=None, ep_mode=None, ep=None, tokens=None)
+    base = dict(shapes=None, sweep=False, sweep_tokens=None, ep_mode=None, ep=None, tokens=None, launch=None)
     base.update(kw)
     return types.SimpleNamespace(**base)
 
@@ -102,6 +102,15 @@ class Plan(unittest.TestCase):
         self.assertEqual(cmd[:5], ["python3", "fake.py", "bench", "--shape", "medium"])
         self.assertIn("--dtype", cmd)
         self.assertNotIn("--ep", cmd)
+        args.mok_bin = "build/bin/mok"
+        cmd = run.mok_command(args, "qwen3.5-397b-a17b", "distributed", 8, 2048, "/w")
+        self.assertEqual(cmd[:9], ["build/bin/mok", "launch", "-n", "8", "--", "build/bin/mok", "bench", "--shape",
+                                   "qwen3.5-397b-a17b"])
+        args.ceiling_warmup, args.ceiling_iters, args.no_backward = 1, 2, True
+        peer = run.peer_command(args, "/w", "distributed", 8)
+        self.assertEqual(peer[:5], ["build/bin/mok", "launch", "-n", "8", "--"])
+        self.assertTrue(peer[6].endswith("peer_dist.py"))
+        self.assertNotIn("--no-backward", peer)
 
 
 class EndToEnd(unittest.TestCase):
@@ -134,6 +143,23 @@ class EndToEnd(unittest.TestCase):
             self.assertIn("ERROR: mok bench exited 3", r.stdout.splitlines()[-2])
             # Successful work directories are removed; the failed one is kept.
             self.assertEqual(sorted(os.listdir(os.path.join(d, "work"))), ["qwen3-30b-a3b_all_1_64"])
+
+    def test_launched_group_takes_the_slowest_rank_per_iteration(self):
+        with tempfile.TemporaryDirectory() as d:
+            results = os.path.join(d, "results")
+            args = ["--launch", "3", "--shapes", "qwen3.5-397b-a17b", "--tokens", "64", "--no-peer",
+                    "--warmup", "0", "--iters", "5", "--mok-bin", f"{sys.executable} {FAKE_MOK}",
+                    "--work-root", os.path.join(d, "work"), "--results-dir", results]
+            r = run_with_fake_torch("cuda", args)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("launch -n 3 --", r.stdout)
+            files = glob.glob(os.path.join(results, "*.json"))
+            self.assertEqual(len(files), 1)
+            rec = helpers.read_json(files[0])
+            self.assertEqual(rec["ep_mode"], "distributed")
+            # Rank 2 is the slowest (0.5 * 1.2 ms + 0.01 ms per iteration): median of 5 = iteration 2.
+            self.assertAlmostEqual(rec["mok"]["forward"]["median_ms"], 0.6 + 0.02)
+            self.assertEqual([x["rank"] for x in rec["mok"]["ranks"]], [0, 1, 2])
 
     def test_failed_mok_check_is_recorded(self):
         with tempfile.TemporaryDirectory() as d:

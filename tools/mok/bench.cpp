@@ -16,6 +16,7 @@
 #include "core/compare.h"
 #include "core/device_mirror.h"
 #include "core/rng.h"
+#include "comm/group_env.h"
 #include "io/layer_io.h"
 #include "io/npy.h"
 #include "numerics/numerics.h"
@@ -54,6 +55,15 @@ std::string json_timing(const Timing& t) {
   return s.str();
 }
 
+std::string json_list(const std::vector<double>& v) {
+  std::ostringstream s;
+  s.precision(6);
+  s << "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s << (i ? ", " : "") << v[i];
+  s << "]";
+  return s.str();
+}
+
 HostTensor tensor_from(DType dtype, std::vector<std::int64_t> shape, const void* data) {
   HostTensor t(dtype, std::move(shape));
   std::memcpy(t.data<void>(), data, t.bytes());
@@ -72,6 +82,8 @@ int bench_command(const std::vector<std::string>& argv) {
   const std::uint64_t seed = static_cast<std::uint64_t>(args.take_int("seed").value_or(1));
   const RoutingSpec routing_spec = RoutingSpec::parse(args.take_or("routing", "gaussian"));
   const std::string ep_mode = args.take_or("ep-mode", "auto");
+  if (ep_mode != "all" && ep_mode != "slice" && ep_mode != "distributed" && ep_mode != "auto")
+    throw Error("option --ep-mode: must be all, slice or distributed, got '" + ep_mode + "'");
   const int active = static_cast<int>(args.take_int("active-rank").value_or(0));
   Config config;
   if (auto v = args.take_int("comm-sms")) config.forward_comm_sms = static_cast<int>(*v);
@@ -81,15 +93,28 @@ int bench_command(const std::vector<std::string>& argv) {
   args.finish();
   const Problem& p = pa.problem;
   require(cuda_available(), "mok bench: no CUDA GPU is available (the benchmark runs on the GPU only)");
+  // distributed: this process is one rank of a real group (start it with mok launch); it
+  // times its own forward and writes its own work directory, WORK_DIR/rank<r>.
+  const bool distributed = ep_mode == "distributed";
   const bool slice = ep_mode == "slice" || (ep_mode == "auto" && p.ep_size > 1);
-  require(slice || p.ep_size == 1, "mok bench: --ep-mode all measures EP = 1 only; use --ep-mode slice for EP > 1");
+  require(slice || distributed || p.ep_size == 1,
+          "mok bench: --ep-mode all measures EP = 1 only; use --ep-mode slice or distributed for EP > 1");
   const int R = p.ep_size, T = p.tokens_per_rank, H = p.hidden, k = p.top_k;
-  const int me = slice ? active : 0;
+  int me = slice ? active : 0, device = 0;
+  if (distributed) {
+    const auto env = comm::GroupEnvironment::from_environment();
+    require(env.world_size == R, "mok bench --ep-mode distributed: --ep " + std::to_string(R) +
+                                     " must equal the group's size " + std::to_string(env.world_size) +
+                                     " (from " + env.source + ")");
+    me = env.rank;
+    device = env.local_rank;
+  }
+  const bool one_rank = slice || distributed;  // weights of rank `me` only
 
   // ---- data and routing ----
   const Routing routing = generate_routing(p, routing_spec, seed);
   const RoutingBalance balance = routing_balance(p, routing);
-  LayerData host = make_layer_data(p, routing, seed, false, slice ? me : -1);
+  LayerData host = make_layer_data(p, routing, seed, false, one_rank ? me : -1);
   ref::ThreadPool pool(0);
   std::vector<const std::int32_t*> tops;
   for (const auto& r : host.ranks) tops.push_back(r.top_experts.data<std::int32_t>());
@@ -100,7 +125,8 @@ int bench_command(const std::vector<std::string>& argv) {
   const ref::SlotBuffer rows_ref = ref::routed_rows_rank(p, pool, sched, me, fwd);
   const std::size_t slot_elems = static_cast<std::size_t>(T) * k * H;
   ref::SlotBuffer combine_local(slot_elems);
-  // Slots other ranks' experts fill: a seeded pattern (their weights are not here).
+  // Slots other ranks' experts fill: in a slice a seeded pattern (their weights are not
+  // here); in a real group the other ranks write them, and they are read back after the run.
   for (std::size_t i = 0; i < slot_elems; ++i) combine_local[i] = num::bf16_from_float(rng::normal(seed, 77, i));
   std::vector<std::int64_t> row_source, row_slot;
   std::vector<std::int32_t> row_expert;
@@ -123,21 +149,26 @@ int bench_command(const std::vector<std::string>& argv) {
   const std::int64_t N = static_cast<std::int64_t>(row_source.size());
   HostTensor y_ref(DType::bf16, {T, H});
   const auto shared_ref = ref::shared_forward_rank(p, pool, fwd[me]);
-  ref::combine_epilogue_rank(p, pool, shared_ref, combine_local, host.ranks[me].router_weights.data<float>(),
-                             y_ref.data<std::uint16_t>());
+  if (!distributed)  // distributed: after the run, over the slots the group really wrote
+    ref::combine_epilogue_rank(p, pool, shared_ref, combine_local, host.ranks[me].router_weights.data<float>(),
+                               y_ref.data<std::uint16_t>());
 
   // ---- mok on the GPU ----
+  BENCH_CUDA(cudaSetDevice(device));
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   LayerOptions o;
   o.backend = Backend::cuda;
-  o.ep_mode = slice ? EpMode::rank_slice : EpMode::all_ranks;
+  o.ep_mode = distributed ? EpMode::distributed : slice ? EpMode::rank_slice : EpMode::all_ranks;
   o.active_rank = me;
+  o.cuda_device = device;
   o.cuda_stream = stream;
   Layer layer(p, config, o);
-  DeviceMirror mirror(host, 0);
+  DeviceMirror mirror(host, device);
   BENCH_CUDA(cudaMemcpy(layer.combine_slots(me).data, combine_local.data(), slot_elems * 2, cudaMemcpyHostToDevice));
-  const auto args_dev = mirror.forward_args();
+  const auto all_args = mirror.forward_args();
+  const std::vector<RankForward> args_dev =
+      distributed ? std::vector<RankForward>{all_args[me]} : all_args;
   // Timed like the peers (bench/peer_torch.py): warm-up calls, then every timed call between
   // its own pair of events, all enqueued back to back and read after one synchronisation, so
   // the host's launch latency is not counted as device time.
@@ -154,7 +185,7 @@ int bench_command(const std::vector<std::string>& argv) {
     BENCH_CUDA(cudaEventRecord(stop[i], stream));
   }
   layer.synchronize();
-  std::vector<double> ms;
+  std::vector<double> ms;  // in iteration order (a group's record takes the slowest rank per iteration)
   for (int i = 0; i < iters; ++i) {
     float t = 0;
     BENCH_CUDA(cudaEventElapsedTime(&t, start[i], stop[i]));
@@ -162,23 +193,35 @@ int bench_command(const std::vector<std::string>& argv) {
     cudaEventDestroy(start[i]);
     cudaEventDestroy(stop[i]);
   }
+  const std::vector<double> ms_all = ms;
   const Timing fwd_time = summarize(ms);
 
   // ---- check: rows pushed into the owners' slots, and y ----
+  // In a real group only this rank's slots are readable here: the rows it computed for its
+  // own tokens are checked against the reference, and y against the reference epilogue over
+  // the slots every rank wrote (bitwise equality with virtual ranks: mok run --expect).
   LayerData out = host;
   mirror.copy_outputs_to(out);
-  std::vector<std::uint16_t> rows_gpu(static_cast<std::size_t>(N) * H);
+  if (distributed) {
+    BENCH_CUDA(cudaMemcpy(combine_local.data(), layer.combine_slots(me).data, slot_elems * 2, cudaMemcpyDeviceToHost));
+    ref::combine_epilogue_rank(p, pool, shared_ref, combine_local, host.ranks[me].router_weights.data<float>(),
+                               y_ref.data<std::uint16_t>());
+  }
+  std::vector<float> a, b;
   for (std::int64_t r = 0; r < N; ++r) {
     const int src = static_cast<int>(row_slot[r] / (std::int64_t(T) * k));
     const std::int64_t slot = row_slot[r] % (std::int64_t(T) * k);
-    BENCH_CUDA(cudaMemcpyAsync(&rows_gpu[r * H], layer.combine_slots(src).as<std::uint16_t>() + slot * H, H * 2,
-                               cudaMemcpyDeviceToHost, stream));
-  }
-  BENCH_CUDA(cudaStreamSynchronize(stream));
-  std::vector<float> a(rows_gpu.size()), b(rows_gpu.size());
-  for (std::size_t i = 0; i < rows_gpu.size(); ++i) {
-    a[i] = num::bf16_to_float(rows_gpu[i]);
-    b[i] = num::bf16_to_float(rows_ref[i]);
+    if (distributed && src != me) continue;
+    std::vector<std::uint16_t> row(H);
+    if (distributed)
+      std::copy_n(&combine_local[slot * H], H, row.data());
+    else
+      BENCH_CUDA(cudaMemcpy(row.data(), layer.combine_slots(src).as<std::uint16_t>() + slot * H, H * 2,
+                            cudaMemcpyDeviceToHost));
+    for (int c = 0; c < H; ++c) {
+      a.push_back(num::bf16_to_float(row[c]));
+      b.push_back(num::bf16_to_float(rows_ref[r * H + c]));
+    }
   }
   const Comparison rows_cmp = compare(a.data(), b.data(), static_cast<std::int64_t>(a.size()));
   const Comparison y_cmp = compare(out.ranks[me].y, y_ref);
@@ -186,20 +229,32 @@ int bench_command(const std::vector<std::string>& argv) {
   const bool passes = rows_cmp.passes(tol.max_abs, tol.rel) && y_cmp.passes(tol.max_abs, tol.rel);
 
   // ---- the peers' inputs ----
+  // Single GPU: the work of this rank for bench/peer_torch.py. Distributed: each rank's own
+  // inputs and weights in WORK_DIR/rank<r> for bench/peer_dist.py (tokens travel there by
+  // torch.distributed all-to-all, as users run it).
   namespace fs = std::filesystem;
-  fs::create_directories(work_dir);
-  auto path = [&](const std::string& name) { return (fs::path(work_dir) / name).string(); };
-  {
+  const fs::path dir = distributed ? fs::path(work_dir) / ("rank" + std::to_string(me)) : fs::path(work_dir);
+  fs::create_directories(dir);
+  auto path = [&](const std::string& name) { return (dir / name).string(); };
+  const RankData& mine = host.ranks[me];
+  if (!distributed) {
     HostTensor x_all(DType::bf16, {std::int64_t(R) * T, H});
     for (int r = 0; r < R; ++r)
       std::memcpy(x_all.data<std::uint16_t>() + std::size_t(r) * T * H, host.ranks[r].x.data<void>(),
                   std::size_t(T) * H * 2);
     npy::save(path("x_all.npy"), x_all);
+    npy::save(path("row_source.npy"), tensor_from(DType::i64, {N}, row_source.data()));
+    npy::save(path("row_expert.npy"), tensor_from(DType::i32, {N}, row_expert.data()));
+    npy::save(path("row_weight.npy"), tensor_from(DType::f32, {N}, row_weight.data()));
+    npy::save(path("combine_local.npy"), tensor_from(DType::bf16, {std::int64_t(T) * k, H}, combine_local.data()));
+    npy::save(path("rows_ref.npy"), tensor_from(DType::bf16, {N, H}, rows_ref.data()));
+    HostTensor dy(DType::bf16, {T, H});
+    for (std::int64_t i = 0; i < dy.numel(); ++i)
+      dy.data<std::uint16_t>()[i] = num::bf16_from_float(rng::normal(seed, rng::kDy, std::uint64_t(me) * T * H + i));
+    npy::save(path("dy_local.npy"), dy);
+  } else {
+    npy::save(path("top_experts.npy"), mine.top_experts);
   }
-  npy::save(path("row_source.npy"), tensor_from(DType::i64, {N}, row_source.data()));
-  npy::save(path("row_expert.npy"), tensor_from(DType::i32, {N}, row_expert.data()));
-  npy::save(path("row_weight.npy"), tensor_from(DType::f32, {N}, row_weight.data()));
-  const RankData& mine = host.ranks[me];
   npy::save(path("w_gate.npy"), mine.w_gate);
   npy::save(path("w_up.npy"), mine.w_up);
   npy::save(path("w_down.npy"), mine.w_down);
@@ -211,18 +266,10 @@ int bench_command(const std::vector<std::string>& argv) {
   }
   npy::save(path("x_local.npy"), mine.x);
   npy::save(path("router_weights.npy"), mine.router_weights);
-  npy::save(path("combine_local.npy"), tensor_from(DType::bf16, {std::int64_t(T) * k, H}, combine_local.data()));
-  npy::save(path("rows_ref.npy"), tensor_from(DType::bf16, {N, H}, rows_ref.data()));
   npy::save(path("y_ref.npy"), y_ref);
-  {
-    HostTensor dy(DType::bf16, {T, H});
-    for (std::int64_t i = 0; i < dy.numel(); ++i)
-      dy.data<std::uint16_t>()[i] = num::bf16_from_float(rng::normal(seed, rng::kDy, std::uint64_t(me) * T * H + i));
-    npy::save(path("dy_local.npy"), dy);
-  }
 
   cudaDeviceProp prop;
-  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, device));
   int driver = 0, runtime = 0;
   cudaDriverGetVersion(&driver);
   cudaRuntimeGetVersion(&runtime);
@@ -230,8 +277,8 @@ int bench_command(const std::vector<std::string>& argv) {
   std::ofstream js(path("mok.json"));
   js.precision(8);
   js << "{\n  \"tool\": \"mok bench\",\n  \"shape\": \"" << (pa.shape_name.empty() ? "custom" : pa.shape_name)
-     << "\",\n  \"problem\": " << io::problem_to_json(p) << "  ,\"ep_mode\": \"" << (slice ? "slice" : "all")
-     << "\",\n  \"active_rank\": " << me << ",\n  \"routing\": {\"spec\": \"" << routing_spec.describe()
+     << "\",\n  \"problem\": " << io::problem_to_json(p) << "  ,\"ep_mode\": \""
+     << (distributed ? "distributed" : slice ? "slice" : "all") << "\",\n  \"active_rank\": " << me << ",\n  \"routing\": {\"spec\": \"" << routing_spec.describe()
      << "\", \"max_over_mean_expert\": " << balance.max_over_mean_expert
      << ", \"max_over_mean_rank\": " << balance.max_over_mean_rank << "},\n  \"rows\": {\"real\": " << N
      << ", \"remote\": " << remote << ", \"padded\": " << stats[0].padded_rows << "},\n  \"config\": {\"minibatch_rows\": "
@@ -242,8 +289,11 @@ int bench_command(const std::vector<std::string>& argv) {
      << "},\n  \"gpu\": {\"name\": \"" << prop.name << "\", \"sms\": " << prop.multiProcessorCount
      << ", \"driver\": \"" << driver / 1000 << "." << (driver % 1000) / 10 << "\", \"cuda_runtime\": \""
      << runtime / 1000 << "." << (runtime % 1000) / 10 << "\"},\n  \"timing\": {\"warmup\": " << warmup
-     << ", \"iters\": " << iters << ", \"method\": \"cuda events around each forward call on one stream\"},\n"
-     << "  \"forward\": " << json_timing(fwd_time) << ",\n  \"backward\": null,\n"
+     << ", \"iters\": " << iters
+     << ", \"method\": \"cuda events around each forward call on one stream, enqueued back to back, read after "
+        "one synchronisation\"},\n"
+     << "  \"forward\": " << json_timing(fwd_time) << ",\n  \"forward_iters_ms\": " << json_list(ms_all)
+     << ",\n  \"backward\": null,\n"
      << "  \"check\": {\"forward\": {\"max_abs\": " << std::max(rows_cmp.max_abs, y_cmp.max_abs)
      << ", \"rel\": " << std::max(rows_cmp.rel, y_cmp.rel) << ", \"rows\": \"" << rows_cmp.describe()
      << "\", \"y\": \"" << y_cmp.describe() << "\", \"passes\": " << (passes ? "true" : "false") << "}},\n"

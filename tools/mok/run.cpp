@@ -84,8 +84,12 @@ int run_command(const std::vector<std::string>& argv) {
                     : ep_mode == "distributed" ? EpMode::distributed
                                                : EpMode::all_ranks;
   // Distributed: this process is one rank of the group its launcher started.
-  const int my_rank =
-      options.ep_mode == EpMode::distributed ? comm::GroupEnvironment::from_environment().rank : -1;
+  int my_rank = -1;
+  if (options.ep_mode == EpMode::distributed) {
+    const auto env = comm::GroupEnvironment::from_environment();
+    my_rank = env.rank;
+    options.cuda_device = env.local_rank;  // the group's device for this process (the data goes there too)
+  }
   options.active_rank = static_cast<int>(args.take_int("active-rank").value_or(0));
   options.cpu_threads = static_cast<int>(args.take_int("threads").value_or(0));
   const bool on_cuda = options.backend == Backend::cuda;

@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""The PyTorch + NCCL peer of a real EP group: one process per GPU, started by mok launch
+(or torchrun), on exactly the work `mok bench --ep-mode distributed` ran.
+
+    mok launch -n N -- python3 bench/peer_dist.py DIR [--warmup 500] [--iters 100]
+
+Each rank r reads DIR/rank<r> (its x, top-k ids, router weights, its experts' weights and
+y_ref), then, on its GPU, runs the pipeline users write around grouped GEMMs:
+  1. counts per destination rank, all_to_all_single of the counts (and the host reads them:
+     the split sizes), argsort of the (token, j) pairs by destination;
+  2. all_to_all_single of the rows and of their local expert ids (NCCL: the dispatch);
+  3. argsort permute, torch._grouped_mm gate/up, SwiGLU, torch._grouped_mm down, unpermute
+     (bench/peer_torch.py's routed_rows);
+  4. all_to_all_single of the result rows back to their sources (the combine), unpermute
+     into [T*k, H] slots, router-weighted sum plus the shared experts (local_y).
+It checks y against y_ref (MoK's bar) on every rank before timing; times the forward with
+CUDA events per iteration on every rank, the slowest rank per iteration making the figure
+(as mok bench's group record does); and measures NCCL's own all-to-all bandwidth (the
+NVLink ceiling) and the dense bf16 GEMM rate on rank 0. Rank 0 writes DIR/peer.json.
+Exit status: 0 all good, 1 a check failed or a part raised, 2 no CUDA GPU / no group.
+
+The exchange is planned by the array-module-agnostic functions below (numpy in the CPU
+tests, torch here), so the permutations are tested without GPUs.
+"""
+import argparse
+import json
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import checks  # noqa: E402
+import workdir  # noqa: E402
+
+SCHEMA = 1
+NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+
+
+# ---- the exchange plan (numpy or torch) --------------------------------------------------
+
+def send_plan(top_flat, k, local_experts, ranks, xp):
+    """For the flattened top-k ids of one rank ([T*k], global expert ids, pair t*k + j):
+    the pair order that groups pairs by destination rank (stable: token order within a
+    destination), each sent row's source token, its destination-local expert id, and the
+    rows for each destination rank."""
+    dest = top_flat // local_experts
+    order = xp.argsort(dest, stable=True) if xp.__name__ == "torch" else xp.argsort(dest, kind="stable")
+    return order, order // k, (top_flat % local_experts)[order], xp.bincount(dest, minlength=ranks)
+
+
+def unpermute_slots(back, order, xp):
+    """Rows that came back in send order -> slots in (token, j) order."""
+    slots = xp.empty_like(back)
+    slots[order] = back
+    return slots
+
+
+def simulate_exchange(sends, counts):
+    """What R ranks' all_to_all_single calls deliver, in one process (tests): sends[r] is
+    rank r's send buffer ordered by destination, counts[r][d] the rows r sends to d. Rank
+    d receives every source's block for d, sources in rank order."""
+    import numpy as np
+    R = len(sends)
+    offsets = [np.concatenate([[0], np.cumsum(c)]) for c in counts]
+    return [np.concatenate([sends[s][offsets[s][d]:offsets[s][d + 1]] for s in range(R)]) for d in range(R)]
+
+
+# ---- the group -------------------------------------------------------------------------
+
+def group_env(environ=os.environ):
+    """(rank, world_size, local_rank, rendezvous_dir) from mok launch's or torchrun's variables."""
+    def first(*names):
+        for n in names:
+            if environ.get(n) not in (None, ""):
+                return environ[n]
+        return None
+    rank, world, local = first("MOK_RANK", "RANK"), first("MOK_WORLD_SIZE", "WORLD_SIZE"), first(
+        "MOK_LOCAL_RANK", "LOCAL_RANK")
+    rdv = first("MOK_LAUNCH_DIR", "MOK_RENDEZVOUS_DIR")
+    if rank is None or world is None:
+        raise RuntimeError("peer_dist.py: no group: start it with `mok launch -n N -- ...` or torchrun "
+                           "(MOK_RANK/MOK_WORLD_SIZE or RANK/WORLD_SIZE unset)")
+    return int(rank), int(world), int(local if local is not None else rank), rdv
+
+
+def init_group(rank, world, rdv):
+    import torch.distributed as dist
+    if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        dist.init_process_group("nccl", rank=rank, world_size=world)
+    else:
+        if not rdv:
+            raise RuntimeError("peer_dist.py: no rendezvous: MOK_LAUNCH_DIR (mok launch) or MASTER_ADDR/PORT")
+        dist.init_process_group("nccl", init_method="file://" + os.path.join(rdv, "torch_peer_dist"),
+                                rank=rank, world_size=world)
+
+
+class RankWork:
+    """One rank's inputs on its GPU, fused weights made once (outside every timing)."""
+
+    def __init__(self, rank_dir, device):
+        import numpy as np
+        import torch
+        self.doc = workdir.load_mok_json(rank_dir)
+        p = self.doc["problem"]
+        self.R, self.T, self.H, self.I, self.k, self.E_loc, widths = workdir.problem_dims(p)
+        self.limit = None if p.get("swiglu_limit") is None else float(p["swiglu_limit"])
+
+        def load(name):
+            return np.load(os.path.join(rank_dir, name + ".npy"))
+
+        def bf16(bits):
+            return torch.from_numpy(np.ascontiguousarray(bits).view(np.int16)).view(torch.bfloat16).to(device)
+
+        self.x = bf16(load("x_local"))
+        self.top = torch.from_numpy(load("top_experts").astype(np.int64)).to(device).reshape(-1)
+        self.router_weights = torch.from_numpy(load("router_weights")).float().to(device)
+        self.y_ref = bf16(load("y_ref"))
+        self.w13 = torch.cat([bf16(load("w_gate")), bf16(load("w_up"))], dim=1).contiguous()
+        self.w2 = bf16(load("w_down")).contiguous()
+        self.shared = []
+        for s, width in enumerate(widths):
+            pre = f"shared{s}_"
+            w13s = torch.cat([bf16(load(pre + "w_gate")), bf16(load(pre + "w_up"))], dim=0).contiguous()
+            self.shared.append((w13s, bf16(load(pre + "w_down")).contiguous(), width))
+
+    def forward(self):
+        import torch
+        import torch.distributed as dist
+        from peer_torch import local_y, routed_rows
+        order, src_token, expert_send, counts = send_plan(self.top, self.k, self.E_loc, self.R, torch)
+        recv_counts = torch.empty_like(counts)
+        dist.all_to_all_single(recv_counts, counts)
+        send_splits, recv_splits = counts.tolist(), recv_counts.tolist()  # the host needs the sizes
+        x_send = self.x.index_select(0, src_token)
+        x_recv = self.x.new_empty((sum(recv_splits), self.H))
+        dist.all_to_all_single(x_recv, x_send, recv_splits, send_splits)
+        e_recv = expert_send.new_empty((sum(recv_splits),))
+        dist.all_to_all_single(e_recv, expert_send, recv_splits, send_splits)
+        out = routed_rows(x_recv, e_recv, self.w13, self.w2, self.E_loc, self.I, self.limit)
+        back = self.x.new_empty((self.T * self.k, self.H))
+        dist.all_to_all_single(back, out, send_splits, recv_splits)
+        slots = unpermute_slots(back, order, torch)
+        return local_y(self.x, self.shared, self.router_weights, slots, self.limit)
+
+
+def time_rank(fn, warmup, iters):
+    """Per-iteration CUDA-event times (ms) on this rank, iteration order."""
+    import torch
+    import torch.distributed as dist
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in events]
+
+
+def slowest_per_iteration(per_rank):
+    """[rank][iteration] ms -> per iteration the slowest rank's time."""
+    return [max(col) for col in zip(*per_rank)]
+
+
+def gather_floats(values, world):
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor(values, dtype=torch.float64, device="cuda")
+    out = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(out, t)
+    return [o.tolist() for o in out]
+
+
+def nccl_all_to_all(nbytes, warmup, iters, world):
+    """NCCL's all-to-all on nbytes per rank: the slowest rank's median time, algorithm
+    bandwidth (bytes each rank sends / time) and bus bandwidth (x (R-1)/R, nccl-tests)."""
+    import torch
+    import torch.distributed as dist
+    n = nbytes // 2 // world * world
+    inp = torch.ones(n, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty_like(inp)
+    times = time_rank(lambda: dist.all_to_all_single(out, inp), warmup, iters)
+    worst = slowest_per_iteration(gather_floats(times, world))
+    t = checks.summarize_ms(worst)
+    algbw = n * 2 / (t["median_ms"] * 1e-3) / 1e9
+    return {**t, "bytes_per_rank": n * 2, "algbw_gbps": algbw, "busbw_gbps": algbw * (world - 1) / world}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("work_dir", help="the directory `mok bench --ep-mode distributed --work-dir` wrote")
+    ap.add_argument("--warmup", type=int, default=500)
+    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--ceiling-warmup", type=int, default=20)
+    ap.add_argument("--ceiling-iters", type=int, default=50)
+    ap.add_argument("--a2a-mib", type=float, default=256.0, help="bytes per rank of the NCCL all-to-all ceiling")
+    ap.add_argument("--gemm-n", type=int, default=8192)
+    args = ap.parse_args(argv)
+    for k, v in NCCL_ENV.items():
+        os.environ.setdefault(k, v)
+    try:
+        rank, world, local, rdv = group_env()
+    except RuntimeError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    try:
+        import torch
+    except ImportError:
+        print("peer_dist.py: PyTorch is not installed", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available() or torch.cuda.device_count() <= local:
+        print(f"peer_dist.py: rank {rank}: no CUDA GPU {local}", file=sys.stderr)
+        return 2
+    torch.cuda.set_device(local)
+    init_group(rank, world, rdv)
+    import torch.distributed as dist
+    from peer_torch import ceiling_dense_bf16, gpu_env
+
+    result = {"tool": "peer_dist", "schema": SCHEMA, "work_dir": os.path.abspath(args.work_dir), "env": gpu_env(),
+              "world_size": world,
+              "peer": "pytorch + NCCL: all_to_all_single dispatch (counts, rows, expert ids), argsort permute, "
+                      "torch._grouped_mm x2, SwiGLU, unpermute, all_to_all_single combine, shared experts, "
+                      "weighted sum (bf16)",
+              "peer_precision": "bf16",
+              "timing": {"warmup": args.warmup, "iters": args.iters,
+                         "median": "sorted[n//2] over iterations of the slowest rank's CUDA-event time"},
+              "check": None, "forward": None, "ranks": None, "ceilings": {}, "skipped": {}, "errors": {}}
+    ok = True
+    try:
+        work = RankWork(os.path.join(args.work_dir, f"rank{rank}"), torch.device("cuda", local))
+        result["shape"], result["problem"] = work.doc["shape"], work.doc["problem"]
+        tol = checks.tolerance(work.doc["problem"]["precision"])
+        stats = checks.compare(work.forward().float(), work.y_ref.float(), torch)
+        stats["passes"] = checks.passes(stats, tol)
+        all_stats = [None] * world
+        dist.all_gather_object(all_stats, stats)
+        result["check"] = {"passes": all(s["passes"] for s in all_stats),
+                           "max_abs": max(s["max_abs"] for s in all_stats),
+                           "rel": max(s["rel"] for s in all_stats), "ranks": all_stats, "tolerance": tol}
+        if result["check"]["passes"]:
+            per_rank = gather_floats(time_rank(work.forward, args.warmup, args.iters), world)
+            result["forward"] = checks.summarize_ms(slowest_per_iteration(per_rank))
+            result["ranks"] = [checks.summarize_ms(t) for t in per_rank]
+        else:
+            ok = False
+            result["skipped"]["forward"] = "the peer failed its forward check"
+        del work
+        torch.cuda.empty_cache()
+        result["ceilings"]["nccl_all_to_all"] = nccl_all_to_all(
+            int(args.a2a_mib * (1 << 20)), args.ceiling_warmup, args.ceiling_iters, world)
+        if rank == 0:
+            result["ceilings"]["dense_bf16"] = ceiling_dense_bf16(args.gemm_n, args.ceiling_warmup,
+                                                                  args.ceiling_iters)
+    except Exception as exc:  # recorded; every rank reports its own
+        ok = False
+        result["errors"][f"rank{rank}"] = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+    if rank == 0:
+        path = os.path.join(args.work_dir, workdir.PEER_JSON)
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+        fwd = result["forward"]["median_ms"] if result["forward"] else None
+        print(f"peer_dist.py: {world} ranks, check {'PASS' if (result['check'] or {}).get('passes') else 'FAIL'}, "
+              f"forward median {fwd} ms (slowest rank per iteration); wrote {path}")
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

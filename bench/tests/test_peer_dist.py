@@ -1,0 +1,65 @@
+"""The distributed peer's exchange plan (bench/peer_dist.py), on the CPU with numpy: R ranks
+simulated in one process, all-to-all by concatenation, experts as per-(rank, expert) scales,
+so every slot's expected row is known exactly."""
+import unittest
+
+import numpy as np
+
+import peer_dist
+
+
+def random_top(rng, T, k, E):
+    return np.stack([rng.choice(E, size=k, replace=False) for _ in range(T)]).astype(np.int64)
+
+
+class ExchangePlan(unittest.TestCase):
+    def run_group(self, R, T, k, E_loc, H, seed):
+        rng = np.random.default_rng(seed)
+        E = R * E_loc
+        xs = [rng.standard_normal((T, H)) for _ in range(R)]
+        tops = [random_top(rng, T, k, E) for _ in range(R)]
+        scale = rng.uniform(1, 2, size=(R, E_loc))
+        plans = [peer_dist.send_plan(t.reshape(-1), k, E_loc, R, np) for t in tops]
+        counts = [p[3] for p in plans]
+        x_recv = peer_dist.simulate_exchange([xs[r][plans[r][1]] for r in range(R)], counts)
+        e_recv = peer_dist.simulate_exchange([plans[r][2] for r in range(R)], counts)
+        outs = [x_recv[d] * scale[d][e_recv[d]][:, None] for d in range(R)]
+        # Back: rank d returns to s exactly the rows s sent it (counts transposed).
+        back_counts = [np.array([counts[s][d] for s in range(R)]) for d in range(R)]
+        backs = peer_dist.simulate_exchange(outs, back_counts)
+        for r in range(R):
+            slots = peer_dist.unpermute_slots(backs[r], plans[r][0], np)
+            self.assertEqual(slots.shape, (T * k, H))
+            for t in range(T):
+                for j in range(k):
+                    e = tops[r][t, j]
+                    np.testing.assert_array_equal(slots[t * k + j], xs[r][t] * scale[e // E_loc][e % E_loc])
+
+    def test_groups(self):
+        for R, T, k, E_loc, seed in ((2, 7, 2, 3, 1), (3, 16, 4, 2, 2), (4, 9, 1, 5, 3), (4, 12, 8, 2, 4)):
+            with self.subTest(R=R, T=T, k=k):
+                self.run_group(R, T, k, E_loc, 5, seed)
+
+    def test_send_order_keeps_token_order_within_a_destination(self):
+        top = np.array([[3, 0], [1, 2], [0, 3]])  # E_loc = 2, R = 2
+        order, src, experts, counts = peer_dist.send_plan(top.reshape(-1), 2, 2, 2, np)
+        self.assertEqual(counts.tolist(), [3, 3])
+        self.assertEqual(order.tolist(), [1, 2, 4, 0, 3, 5])
+        self.assertEqual(src.tolist(), [0, 1, 2, 0, 1, 2])
+        self.assertEqual(experts.tolist(), [0, 1, 0, 1, 0, 1])
+
+
+class Group(unittest.TestCase):
+    def test_environment(self):
+        self.assertEqual(peer_dist.group_env({"MOK_RANK": "1", "MOK_WORLD_SIZE": "4", "MOK_LOCAL_RANK": "1",
+                                              "MOK_LAUNCH_DIR": "/tmp/x"}), (1, 4, 1, "/tmp/x"))
+        self.assertEqual(peer_dist.group_env({"RANK": "2", "WORLD_SIZE": "8", "LOCAL_RANK": "0"}), (2, 8, 0, None))
+        with self.assertRaises(RuntimeError):
+            peer_dist.group_env({})
+
+    def test_slowest_rank_per_iteration(self):
+        self.assertEqual(peer_dist.slowest_per_iteration([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]), [3.0, 5.0, 2.5])
+
+
+if __name__ == "__main__":
+    unittest.main()
