@@ -1,7 +1,7 @@
 // mok: the CUDA backend behind mok::Layer (Backend::cuda), Hopper sm_90a.
 //
-// A forward is nine stream-ordered launches and no host synchronisation:
-//   memset(counters) -> stage x -> schedule validate -> count -> offsets -> scatter -> plan
+// A forward is eight stream-ordered launches (nine in a real group) and no host synchronisation:
+//   memset(counters) -> [group: stage x] -> schedule validate -> count -> offsets -> scatter -> plan
 //   -> megakernel (dispatch + every expert FFN + combine push) -> combine epilogue.
 // The grid and every buffer are sized from the schedule capacity on the host; the device
 // reads the real row counts. Device-side input errors (bad expert ids, capacity) are
@@ -262,8 +262,10 @@ class CudaBackend final : public BackendImpl {
 
     EpilogueParams ep{T, H, p.top_k, p.num_shared(), plans_dev_.as<RankPlan>(), a.calls, error_.as<DeviceError>()};
     const dim3 row_grid(ceil_div(static_cast<long long>(T) * H / 8, 256), num_ranks_);
-    stage_x_kernel<<<row_grid, 256, 0, stream_>>>(ep);
-    check_launch("stage_x_kernel");
+    if (group_) {  // peers pull this rank's rows from its symmetric window
+      stage_x_kernel<<<row_grid, 256, 0, stream_>>>(ep);
+      check_launch("stage_x_kernel");
+    }
 
     ScheduleParams sp{};
     sp.top_experts = a.tops;
@@ -492,17 +494,14 @@ class CudaBackend final : public BackendImpl {
       plan.ring = rank_buffers_.back().as<__nv_bfloat16>();
       rank_buffers_.push_back(track(DeviceBuffer(ring_rows * I * 2)));
       plan.act = rank_buffers_.back().as<__nv_bfloat16>();
-      if (group_) {
-        plan.x_staged = static_cast<__nv_bfloat16*>(x_sym_.local);
-      } else {
-        rank_buffers_.push_back(track(DeviceBuffer(static_cast<std::size_t>(T) * H * 2)));
-        plan.x_staged = rank_buffers_.back().as<__nv_bfloat16>();
-      }
+      // A real group stages x in its symmetric window (peers pull from there); on one GPU
+      // the rows and the shared experts read the caller's x directly (per call, below).
+      plan.x_staged = group_ ? static_cast<__nv_bfloat16*>(x_sym_.local) : nullptr;
       plan.combine = combine_ptrs[first_rank_ + d];
       RankMaps& m = fixed_maps_[d];
       m.ring = encode_2d(plan.ring, H, ring_rows, kTileM);
       m.act = encode_2d(plan.act, I, ring_rows, kTileM);
-      m.x_staged = encode_2d(plan.x_staged, H, T, kTileM);
+      if (group_) m.x_staged = encode_2d(plan.x_staged, H, T, kTileM);
       for (int s = 0; s < p.num_shared(); ++s) {
         const int w = p.shared_intermediate[s];
         SharedPlan& sp = plan.shared[s];
@@ -588,10 +587,9 @@ class CudaBackend final : public BackendImpl {
         hw[r] = ranks[0].inputs.router_weights.as<const float>();
         continue;
       }
-      const bool computed = r >= first_rank_ && r < first_rank_ + num_ranks_;
-      // Rows of computed ranks come from their staged (symmetric) copy; in a rank slice the
-      // other ranks' x is read where it was filled in advance.
-      hx[r] = computed ? plans_host_[r - first_rank_].x_staged : ranks[r].inputs.x.as<const __nv_bfloat16>();
+      // One GPU: every rank's rows are read from the x it was given (in a rank slice, the
+      // other ranks' x filled in advance); nothing is staged.
+      hx[r] = ranks[r].inputs.x.as<const __nv_bfloat16>();
       htops[r] = ranks[r].inputs.top_experts.as<const int>();
       hw[r] = ranks[r].inputs.router_weights.as<const float>();
     }
@@ -600,6 +598,7 @@ class CudaBackend final : public BackendImpl {
       const RankForward& r = ranks[arg_index(d)];
       RankMaps& m = hmaps[d];
       m = fixed_maps_[d];
+      if (!group_) m.x_staged = encode_2d(r.inputs.x.data, H, p.tokens_per_rank, kTileM);
       m.w_gate = encode_2d(r.weights.w_gate.data, H, static_cast<std::uint64_t>(E) * I, kGateUpCols);
       m.w_up = encode_2d(r.weights.w_up.data, H, static_cast<std::uint64_t>(E) * I, kGateUpCols);
       m.w_down = encode_2d(r.weights.w_down.data, I, static_cast<std::uint64_t>(E) * H, kDownCols);
