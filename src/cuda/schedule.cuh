@@ -72,6 +72,22 @@ __device__ __forceinline__ int destination_expert(const ScheduleParams& p, unsig
   return q >= 0 && q < p.num_ranks * p.local_experts ? q : -1;
 }
 
+constexpr int kIdsPerLane = kScheduleChunk / 32;
+
+// Lane `lane`'s destination experts of its warp's chunk (stream positions begin + 32*i +
+// lane), all loaded before any is used: 32 independent loads in flight per lane instead of a
+// chain of dependent ones (the count and scatter passes are latency-bound otherwise).
+__device__ __forceinline__ void load_chunk(const ScheduleParams& p, const StreamChunk& c, int lane,
+                                           int (&q)[kIdsPerLane]) {
+  const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
+#pragma unroll
+  for (int i = 0; i < kIdsPerLane; ++i) {
+    const unsigned g = c.begin + 32u * i + lane;
+    int src, slot;
+    q[i] = g < c.end ? destination_expert(p, g, per, &src, &slot) : -1;
+  }
+}
+
 // grid ceil(chunks / kScheduleWarps), kScheduleThreads; dynamic smem: a histogram of the
 // destination experts per warp. Writes rows per (expert, chunk).
 __global__ void __launch_bounds__(kScheduleThreads) schedule_count_kernel(const ScheduleParams p) {
@@ -83,13 +99,11 @@ __global__ void __launch_bounds__(kScheduleThreads) schedule_count_kernel(const 
   int* hist = hist_all + warp * Q;
   for (int q = lane; q < Q; q += 32) hist[q] = 0;
   __syncwarp();
-  const StreamChunk c = stream_chunk(p, chunk);
-  const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
-  for (unsigned g = c.begin + lane; g < c.end; g += 32) {
-    int src, slot;
-    const int q = destination_expert(p, g, per, &src, &slot);
-    if (q >= 0) atomicAdd(&hist[q], 1);
-  }
+  int q[kIdsPerLane];
+  load_chunk(p, stream_chunk(p, chunk), lane, q);
+#pragma unroll
+  for (int i = 0; i < kIdsPerLane; ++i)
+    if (q[i] >= 0) atomicAdd(&hist[q[i]], 1);
   __syncwarp();
   for (int q = lane; q < Q; q += 32)
     p.plans[q / p.local_experts].expert_counts[(q % p.local_experts) * p.chunks + chunk] = hist[q];
@@ -184,10 +198,13 @@ __global__ void __launch_bounds__(kScheduleThreads) schedule_scatter_kernel(cons
   const StreamChunk c = stream_chunk(p, chunk);
   const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
   const unsigned lanes_below = (1u << lane) - 1;
-  for (unsigned g0 = c.begin; g0 < c.end; g0 += 32) {
-    const unsigned g = g0 + lane;
-    int src = 0, slot = 0, q = -1;
-    if (g < c.end) q = destination_expert(p, g, per, &src, &slot);
+  int qs[kIdsPerLane];
+  load_chunk(p, c, lane, qs);
+#pragma unroll
+  for (int i = 0; i < kIdsPerLane; ++i) {
+    const unsigned g = c.begin + 32u * i + lane;
+    const int q = qs[i];
+    const int src = static_cast<int>(g / per), slot = static_cast<int>(g - static_cast<unsigned>(src) * per);
     const unsigned peers = __match_any_sync(0xffffffffu, q);
     const int before = __popc(peers & lanes_below);
     if (q >= 0) {
