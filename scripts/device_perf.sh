@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Where a forward's time goes, on a GPU machine: per-kernel device time of one forward
+# (Nsight Compute, clocks as the GPU runs them), then the megakernel's tuning knobs swept with
+# `mok run` (task bands, communication SMs) on the shapes given. Diagnostics for choosing
+# defaults; the benchmark records come from bench/run.py, not from here.
+#
+#   scripts/device_perf.sh [--bin DIR] [--shapes a,b,...] [--bands 1,4,8] [--comm 4,8]
+#
+# Output: $OUT/perf_<shape>_kernels.txt (ncu), $OUT/perf.log; a short table last.
+set -uo pipefail
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+BIN=build/bin
+SHAPES="qwen3.5-397b-a17b,deepseek-v4-pro,qwen3-30b-a3b"
+BANDS="1,2,4,8"
+COMM=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bin) BIN=$2; shift 2 ;;
+    --shapes) SHAPES=$2; shift 2 ;;
+    --bands) BANDS=$2; shift 2 ;;
+    --comm) COMM=$2; shift 2 ;;
+    *) echo "device_perf: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+[ -x "$BIN/mok" ] || { echo "device_perf: $BIN/mok is missing (build first, or --bin DIR)" >&2; exit 1; }
+table=()
+
+# The shape's own EP mode: MoK's shapes as one rank's EP-64 slice, the others at EP 1.
+shape_args() {
+  case "$1" in
+    qwen3-30b-a3b) echo "--shape $1 --tokens 16384" ;;
+    mixtral-8x7b|gpt-oss-20b) echo "--shape $1" ;;
+    *) echo "--shape $1 --ep-mode slice" ;;
+  esac
+}
+
+forward_ms() { "$BIN/mok" run --backend cuda $1 --iters 30 --warmup 10 2>&1 | tee -a "$OUT/perf.log" |
+  awk '$1 == "forward" {print $2}'; }
+
+for shape in ${SHAPES//,/ }; do
+  args=$(shape_args "$shape")
+  if command -v ncu > /dev/null; then
+    timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum -c 10 \
+      "$BIN/mok" run --backend cuda $args --iters 1 --warmup 0 > "$OUT/perf_${shape}_kernels.txt" 2>&1
+    kernels=$(grep -E "^  [a-z_]+.*\(|gpu__time_duration" "$OUT/perf_${shape}_kernels.txt" |
+      awk '/\(/ {split($1, n, "("); name = n[1]; next} {printf "%s=%s%s ", name, $NF, $(NF-1)}')
+    table+=("$shape kernels: $kernels")
+  fi
+  line="$shape forward ms:"
+  for b in ${BANDS//,/ }; do line+=" band$b=$(forward_ms "$args --band $b")"; done
+  for c in ${COMM//,/ }; do line+=" comm$c=$(forward_ms "$args --comm-sms $c")"; done
+  table+=("$line")
+done
+
+echo
+echo "==== device_perf ===="
+printf '%s\n' "${table[@]}" | tee "$OUT/perf_table.txt"
