@@ -212,11 +212,13 @@ class CudaBackend final : public BackendImpl {
     shared_row_tiles_ = ceil_div(p.tokens_per_rank, kTileM);
 
     // Default split: a pulled row (2H bytes) feeds 6*H*I flops, so the pull rate the compute
-    // SMs need is ~(their rate)/(3I) bytes/s; one communication SM moves ~40 GB/s and one
-    // compute SM does ~4 TFLOP/s (H200, measured), so about sms * 32 / I pull SMs.
+    // SMs need is ~(their rate)/(3I) bytes/s. On the H200 a communication SM moved ~30 GB/s
+    // (Qwen3-30B, T=16384: 3 SMs 5.5 ms, 6 SMs 3.0 ms, 12 SMs 2.7 ms) and a compute SM does
+    // ~4 TFLOP/s, so ~sms * 44 / I pull SMs; rounded up (sms * 55 / I) because too few
+    // starve every compute SM while one too many costs 1/sms of the math.
     comm_ctas_ = c.forward_comm_sms > 0
                      ? c.forward_comm_sms
-                     : std::clamp(static_cast<int>(ceil_div(32LL * sms_, p.intermediate)), 2, 16);
+                     : std::clamp(static_cast<int>(ceil_div(55LL * sms_, p.intermediate)), 2, 16);
     require(comm_ctas_ < sms_, "Config.forward_comm_sms = " + std::to_string(comm_ctas_) +
                                    ": must leave compute SMs (the GPU has " + std::to_string(sms_) + ")");
     config_.forward_comm_sms = comm_ctas_;
