@@ -4,7 +4,7 @@
 # `mok run` (task bands, communication SMs) on the shapes given. Diagnostics for choosing
 # defaults; the benchmark records come from bench/run.py, not from here.
 #
-#   scripts/device_perf.sh [--bin DIR] [--shapes a,b,...] [--bands 1,4,8] [--comm 4,8]
+#   scripts/device_perf.sh [--bin DIR] [--shapes a,b,...] [--bands 1,4,8] [--comm 4,8] [--ahead 2,6,11]
 #
 # Output: $OUT/perf_<shape>_kernels.txt (ncu), $OUT/perf.log; a short table last.
 set -uo pipefail
@@ -14,12 +14,14 @@ BIN=build/bin
 SHAPES="qwen3.5-397b-a17b,deepseek-v4-pro,qwen3-30b-a3b"
 BANDS="1,2,4,8"
 COMM=""
+AHEAD=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) BIN=$2; shift 2 ;;
     --shapes) SHAPES=$2; shift 2 ;;
     --bands) BANDS=$2; shift 2 ;;
     --comm) COMM=$2; shift 2 ;;
+    --ahead) AHEAD=$2; shift 2 ;;
     *) echo "device_perf: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -51,6 +53,7 @@ for shape in ${SHAPES//,/ }; do
   line="$shape forward ms:"
   for b in ${BANDS//,/ }; do line+=" band$b=$(forward_ms "$args --band $b")"; done
   for c in ${COMM//,/ }; do line+=" comm$c=$(forward_ms "$args --comm-sms $c")"; done
+  for a in ${AHEAD//,/ }; do line+=" ahead$a=$(MOK_PULL_AHEAD=$a forward_ms "$args")"; done
   table+=("$line")
 done
 

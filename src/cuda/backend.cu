@@ -125,6 +125,12 @@ std::uint64_t wait_timeout_ns() {
   return static_cast<std::uint64_t>((ms > 0 ? ms : 20000.0) * 1e6);
 }
 
+// Dispatch loads each pull pipeline keeps ahead of its stores (tuning; 0 = the default).
+int pull_ahead_from_env() {
+  const char* env = std::getenv("MOK_PULL_AHEAD");
+  return env ? std::max(0, std::atoi(env)) : 0;
+}
+
 int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
 
 void check_launch(const char* what) {
@@ -340,6 +346,7 @@ class CudaBackend final : public BackendImpl {
     fp.error = error_.as<DeviceError>();
     fp.task_counter = counters_.as<int>() + counters_.bytes() / sizeof(int) - 1;
     fp.ring_wraps = ring_tiles_ < cap_tiles_ ? 1 : 0;
+    fp.pull_ahead = pull_ahead_;
     forward_megakernel<<<comm_ctas_ + compute_ctas_, kComputeThreads, kSmemBytes, stream_>>>(fp);
     check_launch("forward_megakernel");
     if (group_) group_->barrier(stream_);  // every rank's rows are in our combine slots
@@ -642,6 +649,7 @@ class CudaBackend final : public BackendImpl {
   int gateup_tiles_ = 0, down_tiles_ = 0, shared_row_tiles_ = 0;
   int comm_ctas_ = 0, compute_ctas_ = 0, band_ = 1, lag_ = 0;
   PlanShape plan_shape_{};  // the task order's parameters (plan_order.h)
+  int pull_ahead_ = pull_ahead_from_env();
   std::uint64_t timeout_ns_ = wait_timeout_ns();
   std::size_t workspace_bytes_ = 0;
 

@@ -67,12 +67,14 @@ __device__ __forceinline__ void stage_sources(const ForwardParams& p, const int2
 // Rows first, first + step, ... of the tile into the ring. A bulk store holds its slot until
 // it has read it (about as long as a load takes), so half the slots are loads in flight and
 // half are stores still reading. Returns when every store is complete.
-__device__ __forceinline__ void pull_rows(PullPipeline& pl, const void* const* sources, std::uint8_t* ring_tile,
-                                          int first, int step) {
+__device__ __forceinline__ void pull_rows(const ForwardParams& p, PullPipeline& pl, const void* const* sources,
+                                          std::uint8_t* ring_tile, int first, int step) {
   const int n = (kTileM - first + step - 1) / step;
   const int S = pl.num_slots;
-  const int ahead = max(1, S / 2);          // loads issued ahead of the store being issued
-  const int pending = min(8, S - ahead);    // stores allowed to be still reading (>= 1)
+  // Loads issued ahead of the store being issued (MOK_PULL_AHEAD, a tuning knob; default
+  // half the slots) and stores allowed to be still reading their slots (>= 1).
+  const int ahead = p.pull_ahead > 0 ? min(p.pull_ahead, S - 1) : max(1, S / 2);
+  const int pending = min(8, S - ahead);
   auto load = [&](int j) {
     const unsigned u = pl.used + j;
     const int slot = static_cast<int>(u % S);
@@ -132,7 +134,7 @@ __device__ void dispatch_role(const ForwardParams& p, std::uint8_t* smem_raw) {
     if (s_ok && warp < kPullWarps) {
       stage_sources(p, plan.rows + static_cast<long long>(tile) * kTileM, warp, kPullWarps, s_sources[warp]);
       if (lane == 0) {
-        pull_rows(pl, s_sources[warp],
+        pull_rows(p, pl, s_sources[warp],
                   reinterpret_cast<std::uint8_t*>(plan.ring + static_cast<long long>(tile % p.ring_tiles) * kTileM * p.hidden),
                   warp, kPullWarps);
         // The GEMM reads these rows through TMA (async proxy) on another SM.

@@ -111,6 +111,7 @@ struct ForwardParams {
   const int* num_pulls;                    // [1]
   int* task_counter;                       // next compute task to claim (zeroed per forward)
   int ring_wraps;                          // ring_tiles < capacity tiles: pulls wait for free slots
+  int pull_ahead;                          // dispatch: loads ahead per pipeline (0: half its slots)
   DeviceError* error;
 };
 
