@@ -88,7 +88,6 @@ struct EpGroup::Impl {
   GroupEnvironment env;
   std::uint64_t timeout_ms = 60000;
   ncclComm_t comm = nullptr;
-  int* scratch = nullptr;  // one int for barriers
   bool aborted = false;
 };
 
@@ -142,12 +141,10 @@ EpGroup::EpGroup(const GroupEnvironment& env, std::uint64_t timeout_ms) : impl_(
     throw Error("EP group: only " + std::to_string(lsa_size) + " of " + std::to_string(env.world_size) +
                 " ranks are reachable by load/store from rank " + std::to_string(env.rank) +
                 "; mok's NCCL provider needs one NVLink domain (the network path, GIN, is not built)");
-  check_cuda(cudaMalloc(&impl_->scratch, sizeof(int)), "cudaMalloc");
 }
 
 EpGroup::~EpGroup() {
   const NcclApi& nccl = NcclApi::get();
-  if (impl_->scratch) cudaFree(impl_->scratch);
   if (impl_->comm) (impl_->aborted ? nccl.CommAbort : nccl.CommDestroy)(impl_->comm);
 }
 
@@ -203,10 +200,8 @@ void EpGroup::all_gather(const void* send, void* recv, std::size_t bytes_per_ran
              "ncclAllGather");
 }
 
-void EpGroup::barrier(void* stream) {
-  // A one-int all-reduce: no rank passes it before every rank reached it (stream-ordered).
-  check_nccl(NcclApi::get().AllReduce(impl_->scratch, impl_->scratch, 1, ncclInt, ncclSum, impl_->comm,
-                                      static_cast<cudaStream_t>(stream)),
+void EpGroup::barrier_max(const int* send, int* recv, void* stream) {
+  check_nccl(NcclApi::get().AllReduce(send, recv, 1, ncclInt, ncclMax, impl_->comm, static_cast<cudaStream_t>(stream)),
              "ncclAllReduce (barrier)");
 }
 

@@ -45,7 +45,9 @@ class EpGroup {
 
   // Stream-ordered collectives (stream = a cudaStream_t).
   void all_gather(const void* send, void* recv, std::size_t bytes_per_rank, void* stream);
-  void barrier(void* stream);
+  // A barrier that also carries a value: recv (device int) = max over ranks of *send (device
+  // int); no rank passes it before every rank reached it (stream-ordered).
+  void barrier_max(const int* send, int* recv, void* stream);
 
   // Waits for `stream` with a deadline, watching NCCL's asynchronous errors; on a timeout
   // or error aborts the communicator and throws mok::Error saying so.

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <list>
@@ -211,6 +212,11 @@ class CudaBackend final : public BackendImpl {
             "problem: " + std::to_string(dest_experts) + " experts computed on this GPU; the cuda backend's schedule "
             "takes at most " + std::to_string(kScheduleMaxExperts) + " (use fewer virtual ranks or a rank slice)");
     chunks_ = static_cast<int>(ceil_div(stream_ids, kScheduleChunk));
+    // The schedule's row offsets and (expert, chunk) indices are 32-bit on the device.
+    require(stream_ids + static_cast<long long>(dest_experts) * (kTileM - 1) < (1ll << 31) &&
+                static_cast<long long>(p.local_experts()) * chunks_ < (1ll << 31),
+            "problem: " + std::to_string(stream_ids) + " routed ids over " + std::to_string(dest_experts) +
+                " experts is too large for the cuda backend's 32-bit schedule offsets");
     schedule_warp_smem_ = static_cast<int>(kScheduleWarps * dest_experts * sizeof(int));
     schedule_offsets_smem_ = static_cast<int>(2 * dest_experts * sizeof(int));
     gateup_tiles_ = ceil_div(p.intermediate, kGateUpCols);
@@ -245,12 +251,14 @@ class CudaBackend final : public BackendImpl {
 
     allocate();
     MOK_CUDA_CHECK(cudaFuncSetAttribute(forward_megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    // The limit belongs to the kernel, not to this Layer: set it to what any Layer may need, so
+    // a later, smaller Layer cannot lower it under an earlier one.
     MOK_CUDA_CHECK(cudaFuncSetAttribute(schedule_count_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        schedule_warp_smem_));
+                                        kScheduleWarps * kScheduleMaxExperts * sizeof(int)));
     MOK_CUDA_CHECK(cudaFuncSetAttribute(schedule_scatter_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        schedule_warp_smem_));
+                                        kScheduleWarps * kScheduleMaxExperts * sizeof(int)));
     MOK_CUDA_CHECK(cudaFuncSetAttribute(schedule_offsets_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        schedule_offsets_smem_));
+                                        2 * kScheduleMaxExperts * sizeof(int)));
   }
 
   // cudaFree waits for the device, so buffers in use by queued work are released safely;
@@ -259,16 +267,21 @@ class CudaBackend final : public BackendImpl {
   void forward(std::span<const RankForward> ranks) override {
     check_forward_args(problem_, options_, ranks, Device::cuda);
     // In a slice or a group, ranks[] of a computed rank d is ranks[arg_index(d)].
-    for (const auto& r : ranks)
+    for (const auto& r : ranks) {
       if (r.inputs.x.device_index != options_.cuda_device)
         throw Error("x: must be on cuda:" + std::to_string(options_.cuda_device) + ", got " + r.inputs.x.describe());
+      // Rows move with bulk copies and TMA, which need 16-byte aligned rows.
+      if (reinterpret_cast<std::uintptr_t>(r.inputs.x.data) % 16 != 0)
+        throw Error("x: its data must be 16-byte aligned for the cuda backend, got " + r.inputs.x.describe());
+    }
     const CallArgs& a = call_args(ranks);
     const Problem& p = problem_;
     const int T = p.tokens_per_rank, H = p.hidden;
 
     MOK_CUDA_CHECK(cudaMemsetAsync(counters_.as<int>(), 0, counters_.bytes(), stream_));
 
-    EpilogueParams ep{T, H, p.top_k, p.num_shared(), plans_dev_.as<RankPlan>(), a.calls, error_.as<DeviceError>()};
+    EpilogueParams ep{T, H, p.top_k, p.num_shared(), plans_dev_.as<RankPlan>(), a.calls, error_.as<DeviceError>(),
+                      group_ ? group_error_.as<int>() : nullptr};
     const dim3 row_grid(ceil_div(static_cast<long long>(T) * H / 8, 256), num_ranks_);
     if (group_) {  // peers pull this rank's rows from its symmetric window
       stage_x_kernel<<<row_grid, 256, 0, stream_>>>(ep);
@@ -349,7 +362,10 @@ class CudaBackend final : public BackendImpl {
     fp.pull_ahead = pull_ahead_;
     forward_megakernel<<<comm_ctas_ + compute_ctas_, kComputeThreads, kSmemBytes, stream_>>>(fp);
     check_launch("forward_megakernel");
-    if (group_) group_->barrier(stream_);  // every rank's rows are in our combine slots
+    // Every rank's rows are in our combine slots, and every rank's error code is known here:
+    // a rank that failed (capacity, say) did not push its rows for our tokens.
+    if (group_) group_->barrier_max(reinterpret_cast<const int*>(error_.as<char>() + offsetof(DeviceError, code)),
+                                    group_error_.as<int>(), stream_);
 
     combine_epilogue_kernel<<<row_grid, 256, 0, stream_>>>(ep);
     check_launch("combine_epilogue_kernel");
@@ -388,6 +404,14 @@ class CudaBackend final : public BackendImpl {
     if (e.code != kOk) {
       MOK_CUDA_CHECK(cudaMemset(error_.as<DeviceError>(), 0, sizeof(DeviceError)));
       throw Error(describe_device_error(e, problem_.tokens_per_rank, problem_.top_k));
+    }
+    if (group_) {
+      int group_code = kOk;
+      MOK_CUDA_CHECK(cudaMemcpy(&group_code, group_error_.as<int>(), sizeof(int), cudaMemcpyDeviceToHost));
+      if (group_code != kOk)
+        throw Error("forward: another rank of the EP group recorded a device error (code " +
+                    std::to_string(group_code) + "; its Layer::synchronize says what), so rows for this rank's "
+                    "tokens may be missing: y was poisoned with NaN");
     }
   }
 
@@ -448,7 +472,9 @@ class CudaBackend final : public BackendImpl {
     // ... and the megakernel's task counter last.
     counters_ = track(DeviceBuffer((num_ranks_ * per_rank_counters + 1) * sizeof(int)));
     error_ = track(DeviceBuffer(sizeof(DeviceError)));
+    group_error_ = track(DeviceBuffer(sizeof(int)));
     MOK_CUDA_CHECK(cudaMemset(error_.as<void>(), 0, sizeof(DeviceError)));
+    MOK_CUDA_CHECK(cudaMemset(group_error_.as<void>(), 0, sizeof(int)));
     long long shared_tasks = 0;
     for (int w : p.shared_intermediate) shared_tasks += static_cast<long long>(shared_row_tiles_) * (ceil_div(w, kGateUpCols) + down_tiles_);
     const long long max_tasks = num_ranks_ * (shared_tasks + static_cast<long long>(cap_tiles_) * (gateup_tiles_ + down_tiles_));
@@ -653,7 +679,7 @@ class CudaBackend final : public BackendImpl {
   std::uint64_t timeout_ns_ = wait_timeout_ns();
   std::size_t workspace_bytes_ = 0;
 
-  DeviceBuffer counters_, error_, tasks_, pulls_, task_counts_, combine_of_dev_, plans_dev_, zero_row_;
+  DeviceBuffer counters_, error_, group_error_, tasks_, pulls_, task_counts_, combine_of_dev_, plans_dev_, zero_row_;
   std::vector<DeviceBuffer> combine_, rank_buffers_;
   std::vector<RankPlan> plans_host_;
   std::vector<RankMaps> fixed_maps_;

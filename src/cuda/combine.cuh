@@ -21,6 +21,7 @@ struct EpilogueParams {
   const RankPlan* plans;   // [num_ranks]
   const CallRank* calls;   // [num_ranks]
   const DeviceError* error;
+  const int* group_error;  // real group: the max error code over the ranks (else nullptr)
 };
 
 // grid (ceil(T*H/8 / 256), num_ranks), 256 threads; each thread one 8-column chunk.
@@ -57,8 +58,9 @@ __global__ void combine_epilogue_kernel(const EpilogueParams p) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], __fmul_rn(wj, __bfloat162float(b[e])));
   }
-  // A failed forward (bad routing, capacity, timeout) never returns plausible numbers.
-  const bool failed = p.error->code != kOk;
+  // A failed forward (bad routing, capacity, timeout; here or, in a real group, on any rank:
+  // its rows for these tokens may be missing) never returns plausible numbers.
+  const bool failed = p.error->code != kOk || (p.group_error != nullptr && *p.group_error != kOk);
   int4 out;
   __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(&out);
 #pragma unroll

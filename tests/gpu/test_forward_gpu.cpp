@@ -399,6 +399,28 @@ TEST(GpuErrors, ExpertIdOutOfRangeIsReportedAndPoisonsOutput) {
   EXPECT_NO_THROW(layer.synchronize());
 }
 
+TEST(GpuErrors, MisalignedXIsAClearError) {
+  MOK_REQUIRE_GPU();
+  // Rows move with bulk copies and TMA: x must be 16-byte aligned, said before any launch.
+  const Problem p = make_problem(16, 256, 128, 4, {}, 1, 64);
+  const LayerData host = make_data(p, "gaussian");
+  LayerOptions o;
+  o.backend = Backend::cuda;
+  Layer layer(p, Config{}, o);
+  DeviceMirror mirror(host, 0);
+  auto args = mirror.forward_args();
+  void* shifted = nullptr;
+  ASSERT_EQ(cudaMalloc(&shifted, args[0].inputs.x.bytes() + 16), cudaSuccess);
+  args[0].inputs.x.data = static_cast<char*>(shifted) + 2;  // same shape and strides, off by one bf16
+  try {
+    layer.forward(args);
+    FAIL() << "expected an alignment error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("16-byte aligned"));
+  }
+  cudaFree(shifted);
+}
+
 TEST(GpuErrors, DuplicateExpertIsReported) {
   MOK_REQUIRE_GPU();
   const Problem p = make_problem(16, 256, 128, 4, {}, 1, 64);

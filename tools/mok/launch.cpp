@@ -7,8 +7,11 @@
 // multicast stays off in every process (NCCL_NVLS_ENABLE=0, NVSHMEM_DISABLE_NVLS=1,
 // TORCH_SYMM_MEM_DISABLE_MULTICAST=1: on these machines multicast can take the host's GPUs
 // out of service). If any rank exits non-zero or dies, the others are stopped (SIGTERM,
-// then SIGKILL after a grace period) and the launcher exits non-zero naming that rank.
+// then SIGKILL after a grace period) and the launcher exits non-zero naming that rank: with
+// that rank's exit status when it exited, else 1. SIGINT/SIGTERM/SIGHUP to the launcher stop
+// every rank the same way, and a rank whose launcher dies gets SIGTERM (PR_SET_PDEATHSIG).
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,6 +39,9 @@ std::string describe_status(int status) {
   return "stopped (status " + std::to_string(status) + ")";
 }
 
+volatile sig_atomic_t g_launcher_signal = 0;
+extern "C" void on_launcher_signal(int sig) { g_launcher_signal = sig; }
+
 }  // namespace
 
 int launch_command(const std::vector<std::string>& argv) {
@@ -58,6 +64,13 @@ int launch_command(const std::vector<std::string>& argv) {
   require(mkdtemp(dir_template) != nullptr, "mok launch: cannot create a rendezvous directory in /tmp");
   const std::string launch_dir = dir_template;
 
+  // A signal to the launcher stops the ranks (handled in the watch loop below).
+  struct sigaction sa {};
+  sa.sa_handler = on_launcher_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+
+  const pid_t launcher = getpid();
   std::vector<pid_t> pids(n, -1);
   std::vector<bool> done(n, false);
   for (long long r = 0; r < n; ++r) {
@@ -65,6 +78,12 @@ int launch_command(const std::vector<std::string>& argv) {
     require(pid >= 0, "mok launch: fork failed for rank " + std::to_string(r));
     if (pid == 0) {
       setpgid(0, 0);  // one process group per rank: stopping a rank stops what it started
+      // The rank goes when the launcher goes, however it goes.
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != launcher) _exit(1);
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &dfl, nullptr);
       setenv("MOK_RANK", std::to_string(r).c_str(), 1);
       setenv("MOK_LOCAL_RANK", std::to_string(r).c_str(), 1);
       setenv("MOK_WORLD_SIZE", std::to_string(n).c_str(), 1);
@@ -84,7 +103,7 @@ int launch_command(const std::vector<std::string>& argv) {
   }
 
   const auto start = std::chrono::steady_clock::now();
-  int failed_rank = -1;
+  int failed_rank = -1, exit_code = 1;
   std::string failure;
   long long remaining = n;
   double stopped_at = -1;  // when the other ranks were asked to stop
@@ -103,6 +122,7 @@ int launch_command(const std::vector<std::string>& argv) {
           const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
           if (!ok && failed_rank < 0) {
             failed_rank = static_cast<int>(r);
+            if (WIFEXITED(status)) exit_code = WEXITSTATUS(status);
             failure = "rank " + std::to_string(r) + " " + describe_status(status);
             std::fprintf(stderr, "mok launch: %s; stopping the other ranks\n", failure.c_str());
             stop_all(SIGTERM);
@@ -111,6 +131,13 @@ int launch_command(const std::vector<std::string>& argv) {
       continue;
     }
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (failed_rank < 0 && g_launcher_signal != 0) {
+      failed_rank = n;
+      exit_code = 128 + g_launcher_signal;
+      failure = std::string("the launcher got signal ") + strsignal(g_launcher_signal);
+      std::fprintf(stderr, "mok launch: %s; stopping every rank\n", failure.c_str());
+      stop_all(SIGTERM);
+    }
     if (failed_rank < 0 && timeout_s > 0 && elapsed > timeout_s) {
       failed_rank = n;  // no single rank to blame
       failure = "timed out after " + std::to_string(static_cast<long long>(timeout_s)) + " s";
@@ -127,7 +154,7 @@ int launch_command(const std::vector<std::string>& argv) {
   std::filesystem::remove_all(launch_dir, ec);
   if (failed_rank >= 0) {
     std::fprintf(stderr, "mok launch: failed: %s\n", failure.c_str());
-    return 1;
+    return exit_code != 0 ? exit_code : 1;
   }
   return 0;
 }
