@@ -254,10 +254,14 @@ def main(argv=None):
         if rank == 0:
             result["ceilings"]["dense_bf16"] = ceiling_dense_bf16(args.gemm_n, args.ceiling_warmup,
                                                                   args.ceiling_iters)
-    except Exception as exc:  # recorded; every rank reports its own
-        ok = False
-        result["errors"][f"rank{rank}"] = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # this rank's failure: its own traceback, and a non-zero exit
         traceback.print_exc()
+        print(f"peer_dist.py: rank {rank} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        # The launcher stops the other ranks (possibly stuck in a collective) when this exits
+        # non-zero; run.py records the peer as failed when no peer.json appears.
+        return 1
+    # Every rank reached here: rank 0 writes the group's verdict, then all leave together (an
+    # early exit would get rank 0 stopped before it writes).
     if rank == 0:
         path = os.path.join(args.work_dir, workdir.PEER_JSON)
         with open(path, "w") as f:
@@ -265,8 +269,9 @@ def main(argv=None):
         fwd = result["forward"]["median_ms"] if result["forward"] else None
         print(f"peer_dist.py: {world} ranks, check {'PASS' if (result['check'] or {}).get('passes') else 'FAIL'}, "
               f"forward median {fwd} ms (slowest rank per iteration); wrote {path}")
+    dist.barrier()
     dist.destroy_process_group()
-    return 0 if ok else 1
+    return 0 if ok or rank != 0 else 1
 
 
 if __name__ == "__main__":

@@ -152,6 +152,8 @@ def run_one(args, shape, ep_mode, ep, tokens):
         peer_path = os.path.join(work, workdir.PEER_JSON)
         if os.path.exists(peer_path):
             peer = workdir.read_json(peer_path)
+        elif rc != 0:  # the peer failed before writing its verdict: a failed peer, not a missing one
+            peer = {"check": {"passes": False}, "errors": {"peer": f"exited {rc} without writing peer.json"}}
         if rc != 0 and not row["error"]:
             row["error"] = f"{'peer_dist.py' if ep_mode == 'distributed' else 'peer_torch.py'} exited {rc}"
 

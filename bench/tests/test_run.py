@@ -161,6 +161,22 @@ class EndToEnd(unittest.TestCase):
             self.assertAlmostEqual(rec["mok"]["forward"]["median_ms"], 0.6 + 0.02)
             self.assertEqual([x["rank"] for x in rec["mok"]["ranks"]], [0, 1, 2])
 
+    def test_a_group_peer_that_dies_is_recorded_as_failed(self):
+        # The fake torch has no distributed package: peer_dist.py dies on every rank before
+        # writing peer.json. The record must say the peer failed, not that it passed.
+        with tempfile.TemporaryDirectory() as d:
+            results = os.path.join(d, "results")
+            args = ["--launch", "2", "--shapes", "qwen3.5-397b-a17b", "--tokens", "64", "--warmup", "0",
+                    "--iters", "2", "--mok-bin", f"{sys.executable} {FAKE_MOK}",
+                    "--work-root", os.path.join(d, "work"), "--results-dir", results]
+            r = run_with_fake_torch("cuda", args)
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            files = glob.glob(os.path.join(results, "*.json"))
+            self.assertEqual(len(files), 1)
+            rec = helpers.read_json(files[0])
+            self.assertEqual(rec["check"], {"mok": True, "pytorch": False, "passes": False})
+            self.assertIn("FAIL (mok True, pytorch False)", r.stdout)
+
     def test_failed_mok_check_is_recorded(self):
         with tempfile.TemporaryDirectory() as d:
             results = os.path.join(d, "results")

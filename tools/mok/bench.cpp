@@ -3,10 +3,12 @@
 // and writes the same work for the peers (bench/peer_torch.py) into a work directory:
 // mok.json plus the .npy files described in bench/README.md.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "mok/cli_args.h"
 
@@ -72,6 +74,29 @@ HostTensor tensor_from(DType dtype, std::vector<std::int64_t> shape, const void*
 
 }  // namespace
 
+namespace {
+
+// A file written whole or not at all (readers in other processes never see half of it).
+void save_atomic(const std::filesystem::path& path, const HostTensor& t) {
+  const std::filesystem::path tmp = path.string() + ".tmp";
+  npy::save(tmp.string(), t);
+  std::filesystem::rename(tmp, path);
+}
+
+// Waits until every path exists, or throws naming the first one missing after `timeout_s`.
+void wait_for_files(const std::vector<std::filesystem::path>& paths, double timeout_s, const std::string& what) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  for (const auto& f : paths)
+    while (!std::filesystem::exists(f)) {
+      if (std::chrono::steady_clock::now() > deadline)
+        throw Error("mok bench: waited " + std::to_string(static_cast<int>(timeout_s)) + " s for " + f.string() +
+                    " (" + what + "): that rank failed or is stuck");
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+}
+
+}  // namespace
+
 int bench_command(const std::vector<std::string>& argv) {
   Args args(argv, {});
   const std::string work_dir = args.take_or("work-dir", "");
@@ -85,6 +110,7 @@ int bench_command(const std::vector<std::string>& argv) {
   if (ep_mode != "all" && ep_mode != "slice" && ep_mode != "distributed" && ep_mode != "auto")
     throw Error("option --ep-mode: must be all, slice or distributed, got '" + ep_mode + "'");
   const int active = static_cast<int>(args.take_int("active-rank").value_or(0));
+  const double exchange_timeout_s = args.take_double("exchange-timeout").value_or(900);
   Config config;
   if (auto v = args.take_int("comm-sms")) config.forward_comm_sms = static_cast<int>(*v);
   if (auto v = args.take_int("band")) config.task_band_tiles = static_cast<int>(*v);
@@ -100,7 +126,7 @@ int bench_command(const std::vector<std::string>& argv) {
   require(slice || distributed || p.ep_size == 1,
           "mok bench: --ep-mode all measures EP = 1 only; use --ep-mode slice or distributed for EP > 1");
   const int R = p.ep_size, T = p.tokens_per_rank, H = p.hidden, k = p.top_k;
-  int me = slice ? active : 0, device = 0;
+  int me = slice ? active : 0, device = 0, world = 1;
   if (distributed) {
     const auto env = comm::GroupEnvironment::from_environment();
     require(env.world_size == R, "mok bench --ep-mode distributed: --ep " + std::to_string(R) +
@@ -108,52 +134,27 @@ int bench_command(const std::vector<std::string>& argv) {
                                      " (from " + env.source + ")");
     me = env.rank;
     device = env.local_rank;
+    world = env.world_size;
   }
   const bool one_rank = slice || distributed;  // weights of rank `me` only
+  namespace fs = std::filesystem;
+  const fs::path dir = distributed ? fs::path(work_dir) / ("rank" + std::to_string(me)) : fs::path(work_dir);
+  fs::create_directories(dir);
+  auto path = [&](const std::string& name) { return (dir / name).string(); };
+  auto rank_file = [&](int r, const std::string& name) { return fs::path(work_dir) / ("rank" + std::to_string(r)) / name; };
 
-  // ---- data and routing ----
+  // ---- data and routing (every rank of a group makes the same, with its own weights) ----
   const Routing routing = generate_routing(p, routing_spec, seed);
   const RoutingBalance balance = routing_balance(p, routing);
   LayerData host = make_layer_data(p, routing, seed, false, one_rank ? me : -1);
-  ref::ThreadPool pool(0);
-  std::vector<const std::int32_t*> tops;
-  for (const auto& r : host.ranks) tops.push_back(r.top_experts.data<std::int32_t>());
-  const RankSchedule sched = build_schedule(p, config, tops, me);
   const auto fwd = host.forward_args();
-
-  // ---- reference: this rank's rows, its shared experts, and y over the filled slots ----
-  const ref::SlotBuffer rows_ref = ref::routed_rows_rank(p, pool, sched, me, fwd);
   const std::size_t slot_elems = static_cast<std::size_t>(T) * k * H;
+  // The rank's combine slots before the run: in a slice, the slots other ranks' experts fill
+  // hold a seeded pattern (their weights are not here), and y_ref is taken over it.
   ref::SlotBuffer combine_local(slot_elems);
-  // Slots other ranks' experts fill: in a slice a seeded pattern (their weights are not
-  // here); in a real group the other ranks write them, and they are read back after the run.
   for (std::size_t i = 0; i < slot_elems; ++i) combine_local[i] = num::bf16_from_float(rng::normal(seed, 77, i));
-  std::vector<std::int64_t> row_source, row_slot;
-  std::vector<std::int32_t> row_expert;
-  std::vector<float> row_weight;
-  std::int64_t remote = 0;
-  {
-    std::int64_t r = 0;
-    for (int e = 0; e < p.local_experts(); ++e)
-      for (std::int64_t i = 0; i < sched.expert_rows[e]; ++i, ++r) {
-        const ScheduleRow row = sched.rows[sched.expert_begin[e] + i];
-        row_source.push_back(std::int64_t(row.src_rank) * T + row.slot / k);
-        row_slot.push_back(std::int64_t(row.src_rank) * T * k + row.slot);
-        row_expert.push_back(e);
-        row_weight.push_back(host.ranks[row.src_rank].router_weights.data<float>()[row.slot]);
-        if (row.src_rank != me) ++remote;
-        if (row.src_rank == me)
-          std::copy_n(&rows_ref[r * H], H, &combine_local[std::size_t(row.slot) * H]);
-      }
-  }
-  const std::int64_t N = static_cast<std::int64_t>(row_source.size());
-  HostTensor y_ref(DType::bf16, {T, H});
-  const auto shared_ref = ref::shared_forward_rank(p, pool, fwd[me]);
-  if (!distributed)  // distributed: after the run, over the slots the group really wrote
-    ref::combine_epilogue_rank(p, pool, shared_ref, combine_local, host.ranks[me].router_weights.data<float>(),
-                               y_ref.data<std::uint16_t>());
 
-  // ---- mok on the GPU ----
+  // ---- mok on the GPU: the layer (a group forms here, all ranks at about the same time) ----
   BENCH_CUDA(cudaSetDevice(device));
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -165,14 +166,54 @@ int bench_command(const std::vector<std::string>& argv) {
   o.cuda_stream = stream;
   Layer layer(p, config, o);
   DeviceMirror mirror(host, device);
-  BENCH_CUDA(cudaMemcpy(layer.combine_slots(me).data, combine_local.data(), slot_elems * 2, cudaMemcpyHostToDevice));
   const auto all_args = mirror.forward_args();
-  const std::vector<RankForward> args_dev =
-      distributed ? std::vector<RankForward>{all_args[me]} : all_args;
+  const std::vector<RankForward> args_dev = distributed ? std::vector<RankForward>{all_args[me]} : all_args;
+
+  // ---- reference: this rank's rows (its experts, every source), its shared experts ----
+  // A group's ranks compute it after timing (so they meet at the layer's bootstrap together);
+  // one GPU needs it first: the slice's slots for its own tokens are pre-filled from it.
+  ref::ThreadPool pool(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world));
+  std::vector<const std::int32_t*> tops;
+  for (const auto& r : host.ranks) tops.push_back(r.top_experts.data<std::int32_t>());
+  const RankSchedule sched = build_schedule(p, config, tops, me);
+  std::vector<std::int64_t> row_source, row_slot;
+  std::vector<std::int32_t> row_expert;
+  std::vector<float> row_weight;
+  std::int64_t remote = 0;
+  for (int e = 0; e < p.local_experts(); ++e)
+    for (std::int64_t i = 0; i < sched.expert_rows[e]; ++i) {
+      const ScheduleRow row = sched.rows[sched.expert_begin[e] + i];
+      row_source.push_back(std::int64_t(row.src_rank) * T + row.slot / k);
+      row_slot.push_back(std::int64_t(row.src_rank) * T * k + row.slot);
+      row_expert.push_back(e);
+      row_weight.push_back(host.ranks[row.src_rank].router_weights.data<float>()[row.slot]);
+      if (row.src_rank != me) ++remote;
+    }
+  const std::int64_t N = static_cast<std::int64_t>(row_source.size());
+  ref::SlotBuffer rows_ref;
+  std::vector<ref::SlotBuffer> shared_ref;
+  auto compute_reference = [&] {
+    rows_ref = ref::routed_rows_rank(p, pool, sched, me, fwd);
+    shared_ref = ref::shared_forward_rank(p, pool, fwd[me]);
+  };
+  if (!distributed) {
+    compute_reference();
+    for (std::int64_t r = 0; r < N; ++r)
+      if (row_slot[r] / (std::int64_t(T) * k) == me)
+        std::copy_n(&rows_ref[r * H], H, &combine_local[std::size_t(row_slot[r] % (std::int64_t(T) * k)) * H]);
+  }
+  BENCH_CUDA(cudaMemcpy(layer.combine_slots(me).data, combine_local.data(), slot_elems * 2, cudaMemcpyHostToDevice));
+
+  // ---- timing ----
   // Timed like the peers (bench/peer_torch.py): warm-up calls, then every timed call between
-  // its own pair of events, all enqueued back to back and read after one synchronisation, so
-  // the host's launch latency is not counted as device time.
-  for (int i = 0; i < warmup; ++i) layer.forward(args_dev);
+  // its own pair of events, enqueued back to back and read after a synchronisation, so the
+  // host's launch latency is not counted as device time. Synchronising every 50 calls keeps
+  // a group's bounded wait (MOK_WAIT_TIMEOUT_MS) about progress, not the whole queue.
+  constexpr int kSyncEvery = 50;
+  for (int i = 0; i < warmup; ++i) {
+    layer.forward(args_dev);
+    if ((i + 1) % kSyncEvery == 0) layer.synchronize();
+  }
   layer.synchronize();
   std::vector<cudaEvent_t> start(iters), stop(iters);
   for (int i = 0; i < iters; ++i) {
@@ -183,6 +224,7 @@ int bench_command(const std::vector<std::string>& argv) {
     BENCH_CUDA(cudaEventRecord(start[i], stream));
     layer.forward(args_dev);
     BENCH_CUDA(cudaEventRecord(stop[i], stream));
+    if ((i + 1) % kSyncEvery == 0) layer.synchronize();
   }
   layer.synchronize();
   std::vector<double> ms;  // in iteration order (a group's record takes the slowest rank per iteration)
@@ -193,35 +235,88 @@ int bench_command(const std::vector<std::string>& argv) {
     cudaEventDestroy(start[i]);
     cudaEventDestroy(stop[i]);
   }
-  const std::vector<double> ms_all = ms;
   const Timing fwd_time = summarize(ms);
-
-  // ---- check: rows pushed into the owners' slots, and y ----
-  // In a real group only this rank's slots are readable here: the rows it computed for its
-  // own tokens are checked against the reference, and y against the reference epilogue over
-  // the slots every rank wrote (bitwise equality with virtual ranks: mok run --expect).
+  const auto stats = layer.last_schedule_stats();
   LayerData out = host;
   mirror.copy_outputs_to(out);
-  if (distributed) {
-    BENCH_CUDA(cudaMemcpy(combine_local.data(), layer.combine_slots(me).data, slot_elems * 2, cudaMemcpyDeviceToHost));
-    ref::combine_epilogue_rank(p, pool, shared_ref, combine_local, host.ranks[me].router_weights.data<float>(),
-                               y_ref.data<std::uint16_t>());
-  }
+
+  // ---- check: every slot this rank's y reads, and y ----
+  // One GPU: the rows this rank computed, read where they were pushed (their owners' slots),
+  // and y over the slots (the slice's other slots: the seeded pattern). A real group: each
+  // rank hands the reference rows it computed for other ranks' tokens to their owners
+  // through WORK_DIR (rows_for<r>.npy, slots_for<r>.npy), so every rank checks all its slots
+  // and y against references none of the GPUs produced.
+  HostTensor y_ref(DType::bf16, {T, H});
   std::vector<float> a, b;
-  for (std::int64_t r = 0; r < N; ++r) {
-    const int src = static_cast<int>(row_slot[r] / (std::int64_t(T) * k));
-    const std::int64_t slot = row_slot[r] % (std::int64_t(T) * k);
-    if (distributed && src != me) continue;
+  auto add_row = [&](const std::uint16_t* got, const std::uint16_t* want) {
+    for (int c = 0; c < H; ++c) {
+      a.push_back(num::bf16_to_float(got[c]));
+      b.push_back(num::bf16_to_float(want[c]));
+    }
+  };
+  if (!distributed) {
     std::vector<std::uint16_t> row(H);
-    if (distributed)
-      std::copy_n(&combine_local[slot * H], H, row.data());
-    else
+    for (std::int64_t r = 0; r < N; ++r) {
+      const int src = static_cast<int>(row_slot[r] / (std::int64_t(T) * k));
+      const std::int64_t slot = row_slot[r] % (std::int64_t(T) * k);
       BENCH_CUDA(cudaMemcpy(row.data(), layer.combine_slots(src).as<std::uint16_t>() + slot * H, H * 2,
                             cudaMemcpyDeviceToHost));
-    for (int c = 0; c < H; ++c) {
-      a.push_back(num::bf16_to_float(row[c]));
-      b.push_back(num::bf16_to_float(rows_ref[r * H + c]));
+      add_row(row.data(), &rows_ref[r * H]);
     }
+    ref::combine_epilogue_rank(p, pool, shared_ref, combine_local, host.ranks[me].router_weights.data<float>(),
+                               y_ref.data<std::uint16_t>());
+  } else {
+    compute_reference();
+    // Reference slots of this rank's tokens: its own rows, then the other ranks' files.
+    ref::SlotBuffer ref_slots(slot_elems);
+    std::vector<char> covered(static_cast<std::size_t>(T) * k, 0);
+    std::vector<std::vector<std::int64_t>> slots_for(R);
+    std::vector<std::vector<std::uint16_t>> rows_for(R);
+    for (std::int64_t r = 0; r < N; ++r) {
+      const int src = static_cast<int>(row_slot[r] / (std::int64_t(T) * k));
+      const std::int64_t slot = row_slot[r] % (std::int64_t(T) * k);
+      if (src == me) {
+        std::copy_n(&rows_ref[r * H], H, &ref_slots[std::size_t(slot) * H]);
+        covered[slot] = 1;
+      } else {
+        slots_for[src].push_back(slot);
+        rows_for[src].insert(rows_for[src].end(), &rows_ref[r * H], &rows_ref[r * H] + H);
+      }
+    }
+    for (int s = 0; s < R; ++s)
+      if (s != me) {
+        const auto n = static_cast<std::int64_t>(slots_for[s].size());
+        save_atomic(rank_file(me, "rows_for" + std::to_string(s) + ".npy"),
+                    tensor_from(DType::bf16, {n, H}, rows_for[s].data()));
+        save_atomic(rank_file(me, "slots_for" + std::to_string(s) + ".npy"),
+                    tensor_from(DType::i64, {n}, slots_for[s].data()));
+      }
+    std::vector<fs::path> incoming;
+    for (int s = 0; s < R; ++s)
+      if (s != me) incoming.push_back(rank_file(s, "slots_for" + std::to_string(me) + ".npy"));
+    wait_for_files(incoming, exchange_timeout_s, "reference rows for this rank's tokens");
+    for (int s = 0; s < R; ++s) {
+      if (s == me) continue;
+      const HostTensor sl = npy::load(rank_file(s, "slots_for" + std::to_string(me) + ".npy").string(), DType::i64);
+      const std::int64_t n = sl.numel();
+      const HostTensor rw =
+          npy::load(rank_file(s, "rows_for" + std::to_string(me) + ".npy").string(), DType::bf16, {n, H});
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t slot = sl.data<std::int64_t>()[i];
+        require(slot >= 0 && slot < std::int64_t(T) * k && !covered[slot],
+                "mok bench: rank " + std::to_string(s) + " sent a reference row for slot " + std::to_string(slot) +
+                    " that is out of range or already covered");
+        std::copy_n(rw.data<std::uint16_t>() + i * H, H, &ref_slots[std::size_t(slot) * H]);
+        covered[slot] = 1;
+      }
+    }
+    for (std::size_t slot = 0; slot < covered.size(); ++slot)
+      require(covered[slot], "mok bench: no rank computed a reference row for slot " + std::to_string(slot));
+    BENCH_CUDA(cudaMemcpy(combine_local.data(), layer.combine_slots(me).data, slot_elems * 2, cudaMemcpyDeviceToHost));
+    for (std::size_t slot = 0; slot < covered.size(); ++slot)
+      add_row(&combine_local[slot * H], &ref_slots[slot * H]);
+    ref::combine_epilogue_rank(p, pool, shared_ref, ref_slots, host.ranks[me].router_weights.data<float>(),
+                               y_ref.data<std::uint16_t>());
   }
   const Comparison rows_cmp = compare(a.data(), b.data(), static_cast<std::int64_t>(a.size()));
   const Comparison y_cmp = compare(out.ranks[me].y, y_ref);
@@ -232,10 +327,6 @@ int bench_command(const std::vector<std::string>& argv) {
   // Single GPU: the work of this rank for bench/peer_torch.py. Distributed: each rank's own
   // inputs and weights in WORK_DIR/rank<r> for bench/peer_dist.py (tokens travel there by
   // torch.distributed all-to-all, as users run it).
-  namespace fs = std::filesystem;
-  const fs::path dir = distributed ? fs::path(work_dir) / ("rank" + std::to_string(me)) : fs::path(work_dir);
-  fs::create_directories(dir);
-  auto path = [&](const std::string& name) { return (dir / name).string(); };
   const RankData& mine = host.ranks[me];
   if (!distributed) {
     HostTensor x_all(DType::bf16, {std::int64_t(R) * T, H});
@@ -273,38 +364,49 @@ int bench_command(const std::vector<std::string>& argv) {
   int driver = 0, runtime = 0;
   cudaDriverGetVersion(&driver);
   cudaRuntimeGetVersion(&runtime);
-  const auto stats = layer.last_schedule_stats();
-  std::ofstream js(path("mok.json"));
-  js.precision(8);
-  js << "{\n  \"tool\": \"mok bench\",\n  \"shape\": \"" << (pa.shape_name.empty() ? "custom" : pa.shape_name)
-     << "\",\n  \"problem\": " << io::problem_to_json(p) << "  ,\"ep_mode\": \""
-     << (distributed ? "distributed" : slice ? "slice" : "all") << "\",\n  \"active_rank\": " << me << ",\n  \"routing\": {\"spec\": \"" << routing_spec.describe()
-     << "\", \"max_over_mean_expert\": " << balance.max_over_mean_expert
-     << ", \"max_over_mean_rank\": " << balance.max_over_mean_rank << "},\n  \"rows\": {\"real\": " << N
-     << ", \"remote\": " << remote << ", \"padded\": " << stats[0].padded_rows << "},\n  \"config\": {\"minibatch_rows\": "
-     << layer.config().minibatch_rows << ", \"macrobatch_rows\": " << layer.config().macrobatch_rows
-     << ", \"schedule_capacity_factor\": " << layer.config().schedule_capacity_factor
-     << ", \"forward_comm_sms\": " << layer.config().forward_comm_sms
-     << ", \"task_band_tiles\": " << layer.config().task_band_tiles << ", \"tile_rows\": " << layer.config().tile_rows
-     << "},\n  \"gpu\": {\"name\": \"" << prop.name << "\", \"sms\": " << prop.multiProcessorCount
-     << ", \"driver\": \"" << driver / 1000 << "." << (driver % 1000) / 10 << "\", \"cuda_runtime\": \""
-     << runtime / 1000 << "." << (runtime % 1000) / 10 << "\"},\n  \"timing\": {\"warmup\": " << warmup
-     << ", \"iters\": " << iters
-     << ", \"method\": \"cuda events around each forward call on one stream, enqueued back to back, read after "
-        "one synchronisation\"},\n"
-     << "  \"forward\": " << json_timing(fwd_time) << ",\n  \"forward_iters_ms\": " << json_list(ms_all)
-     << ",\n  \"backward\": null,\n"
-     << "  \"check\": {\"forward\": {\"max_abs\": " << std::max(rows_cmp.max_abs, y_cmp.max_abs)
-     << ", \"rel\": " << std::max(rows_cmp.rel, y_cmp.rel) << ", \"rows\": \"" << rows_cmp.describe()
-     << "\", \"y\": \"" << y_cmp.describe() << "\", \"passes\": " << (passes ? "true" : "false") << "}},\n"
-     << "  \"build\": {\"commit\": \"" << MOK_GIT_COMMIT << "\", \"dirty\": " << (MOK_GIT_DIRTY ? "true" : "false")
-     << "}\n}\n";
-  js.close();
-  std::printf("mok bench: %s %s rows=%lld remote=%lld forward median %.4f ms (min %.4f max %.4f) %.1f TFLOP/s; "
+  {
+    std::ofstream js(path("mok.json.tmp"));
+    js.precision(8);
+    js << "{\n  \"tool\": \"mok bench\",\n  \"shape\": \"" << (pa.shape_name.empty() ? "custom" : pa.shape_name)
+       << "\",\n  \"problem\": " << io::problem_to_json(p) << "  ,\"ep_mode\": \""
+       << (distributed ? "distributed" : slice ? "slice" : "all") << "\",\n  \"active_rank\": " << me
+       << ",\n  \"routing\": {\"spec\": \"" << routing_spec.describe()
+       << "\", \"max_over_mean_expert\": " << balance.max_over_mean_expert
+       << ", \"max_over_mean_rank\": " << balance.max_over_mean_rank << "},\n  \"rows\": {\"real\": " << N
+       << ", \"remote\": " << remote << ", \"padded\": " << stats[0].padded_rows
+       << "},\n  \"config\": {\"minibatch_rows\": " << layer.config().minibatch_rows
+       << ", \"macrobatch_rows\": " << layer.config().macrobatch_rows
+       << ", \"schedule_capacity_factor\": " << layer.config().schedule_capacity_factor
+       << ", \"forward_comm_sms\": " << layer.config().forward_comm_sms
+       << ", \"task_band_tiles\": " << layer.config().task_band_tiles << ", \"tile_rows\": " << layer.config().tile_rows
+       << "},\n  \"gpu\": {\"name\": \"" << prop.name << "\", \"sms\": " << prop.multiProcessorCount
+       << ", \"driver\": \"" << driver / 1000 << "." << (driver % 1000) / 10 << "\", \"cuda_runtime\": \""
+       << runtime / 1000 << "." << (runtime % 1000) / 10 << "\"},\n  \"timing\": {\"warmup\": " << warmup
+       << ", \"iters\": " << iters
+       << ", \"method\": \"cuda events around each forward call on one stream, enqueued back to back, read after "
+          "a synchronisation (every 50 calls)\"},\n"
+       << "  \"forward\": " << json_timing(fwd_time) << ",\n  \"forward_iters_ms\": " << json_list(ms)
+       << ",\n  \"backward\": null,\n"
+       << "  \"check\": {\"forward\": {\"max_abs\": " << std::max(rows_cmp.max_abs, y_cmp.max_abs)
+       << ", \"rel\": " << std::max(rows_cmp.rel, y_cmp.rel) << ", \"rows\": \"" << rows_cmp.describe()
+       << "\", \"y\": \"" << y_cmp.describe() << "\", \"passes\": " << (passes ? "true" : "false") << "}},\n"
+       << "  \"build\": {\"commit\": \"" << MOK_GIT_COMMIT << "\", \"dirty\": " << (MOK_GIT_DIRTY ? "true" : "false")
+       << "}\n}\n";
+  }
+  fs::rename(path("mok.json.tmp"), path("mok.json"));
+  std::printf("mok bench: %s %s rank %d rows=%lld remote=%lld forward median %.4f ms (min %.4f max %.4f) %.1f TFLOP/s; "
               "check %s rows[%s] y[%s]\n",
-              pa.shape_name.c_str(), p.describe().c_str(), static_cast<long long>(N), static_cast<long long>(remote),
-              fwd_time.median, fwd_time.min, fwd_time.max, p.mok_forward_flops() / (fwd_time.median * 1e-3) / 1e12,
-              passes ? "PASS" : "FAIL", rows_cmp.describe().c_str(), y_cmp.describe().c_str());
+              pa.shape_name.c_str(), p.describe().c_str(), me, static_cast<long long>(N),
+              static_cast<long long>(remote), fwd_time.median, fwd_time.min, fwd_time.max,
+              p.mok_forward_flops() / (fwd_time.median * 1e-3) / 1e12, passes ? "PASS" : "FAIL",
+              rows_cmp.describe().c_str(), y_cmp.describe().c_str());
+  if (distributed) {
+    // Every rank's mok.json exists before any rank exits: mok launch stops the others as soon
+    // as one exits non-zero (a failed check), which must not cost their records.
+    std::vector<fs::path> records;
+    for (int r = 0; r < R; ++r) records.push_back(rank_file(r, "mok.json"));
+    wait_for_files(records, exchange_timeout_s, "every rank's record before exiting");
+  }
   cudaStreamDestroy(stream);
   return passes ? 0 : 3;
 }
