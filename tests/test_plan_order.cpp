@@ -24,7 +24,8 @@ using TaskKey = std::tuple<std::uint32_t, int, int, int, int>;  // kind, rank, s
 
 struct Order {
   std::vector<int> group_tasks, group_pulls;  // per group
-  std::map<TaskKey, Item> tasks;
+  std::map<TaskKey, Item> tasks;              // real tasks (phantoms apart)
+  std::vector<TaskKey> sequence;              // every task in order, phantoms included
   std::map<std::pair<int, int>, Item> pulls;
   int duplicates = 0;
 };
@@ -39,7 +40,9 @@ Order build(const PlanShape& p, const std::vector<int>& rows) {
     plan_group(
         p, g, row_tiles,
         [&](std::uint32_t kind, int d, int s, int n, int t) {
-          o.duplicates += !o.tasks.emplace(TaskKey{kind, d, s, n, t}, Item{g, ti++}).second;
+          o.sequence.emplace_back(kind, d, s, n, t);
+          if (!(kind & kPhantom)) o.duplicates += !o.tasks.emplace(TaskKey{kind, d, s, n, t}, Item{g, ti}).second;
+          ++ti;
           ++nt;
         },
         [&](int d, int t) {
@@ -69,6 +72,7 @@ Case random_case(std::mt19937& rng) {
   p.down_tiles = pick(1, 10);
   p.band = pick(1, 9);
   p.lag = pick(0, 6);
+  p.pairs = pick(0, 1);
   for (int d = 0; d < p.num_ranks; ++d) c.rows.push_back(pick(0, 3) == 0 ? 0 : pick(1, 40));
   return c;
 }
@@ -164,6 +168,28 @@ TEST(PlanOrder, WrappingRingNeverWaitsForLaterWork) {
           ASSERT_LT(o.tasks.at({kRoutedDown, d, 0, n, t - ring}).group, pull_group)
               << "trial " << trial << " ring " << ring << " band " << p.band << " lag " << p.lag;
       }
+  }
+}
+
+TEST(PlanOrder, PairsAreHomogeneousAndPhantomsRepeatTheirTwin) {
+  std::mt19937 rng(19);
+  for (int trial = 0; trial < 300; ++trial) {
+    Case c = random_case(rng);
+    c.shape.pairs = 1;
+    const Order o = build(c.shape, c.rows);
+    ASSERT_EQ(o.sequence.size() % 2, 0u) << "trial " << trial;
+    for (std::size_t i = 0; i < o.sequence.size(); i += 2) {
+      const auto [ka, da, sa, na, ta] = o.sequence[i];
+      const auto [kb, db, sb, nb, tb] = o.sequence[i + 1];
+      ASSERT_FALSE(ka & kPhantom) << "a pair starts with a real task";
+      // Same kind, rank and shared expert: the two CTAs run the same K depth in lockstep.
+      ASSERT_EQ(ka, kb & ~kPhantom) << "trial " << trial << " pair " << i / 2;
+      ASSERT_EQ(da, db);
+      ASSERT_EQ(sa, sb);
+      if (kb & kPhantom) {
+        ASSERT_EQ(std::tie(na, ta), std::tie(nb, tb)) << "a phantom repeats its twin";
+      }
+    }
   }
 }
 

@@ -21,6 +21,11 @@ struct Config {
   // column by column, so CTAs running at once share weight tiles in L2 instead of each
   // streaming its own from HBM. 0: chosen by the library; 1: row tile by row tile.
   int task_band_tiles = 0;
+  // Compute SMs in 2-CTA clusters running task pairs (CUDA): two row tiles of one expert and
+  // column load the weight tile once, each CTA a half, multicast to both (half the weight
+  // traffic through L2). Implies bands (8 unless task_band_tiles says). Off by default
+  // until measured on the device.
+  bool task_pairs = false;
 
   void validate() const;                 // throws mok::Error naming the field
   std::string describe() const;

@@ -142,7 +142,7 @@ std::string Config::describe() const {
   std::ostringstream s;
   s << "minibatch=" << minibatch_rows << " macrobatch=" << macrobatch_rows
     << " capacity_factor=" << schedule_capacity_factor << " tile_rows=" << tile_rows
-    << " comm_sms(fwd,bwd)=" << forward_comm_sms << "," << backward_comm_sms << " band=" << task_band_tiles;
+    << " comm_sms(fwd,bwd)=" << forward_comm_sms << "," << backward_comm_sms << " band=" << task_band_tiles << " pairs=" << (task_pairs ? 1 : 0);
   return s.str();
 }
 

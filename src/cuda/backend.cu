@@ -233,18 +233,45 @@ class CudaBackend final : public BackendImpl {
                      : std::clamp(static_cast<int>(ceil_div(55LL * sms_, p.intermediate)), 2, 16);
     require(comm_ctas_ < sms_, "Config.forward_comm_sms = " + std::to_string(comm_ctas_) +
                                    ": must leave compute SMs (the GPU has " + std::to_string(sms_) + ")");
+    pairs_ = c.task_pairs;
+    if (pairs_) {
+      // Clusters of two over the whole grid: an even split, and only as many CTAs as can be
+      // resident at once in clusters (the megakernel needs every CTA resident).
+      comm_ctas_ += comm_ctas_ & 1;
+      cudaLaunchConfig_t probe{};
+      cudaLaunchAttribute cluster{};
+      cluster.id = cudaLaunchAttributeClusterDimension;
+      cluster.val.clusterDim.x = 2;
+      cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+      probe.gridDim = dim3(static_cast<unsigned>(sms_ & ~1));
+      probe.blockDim = dim3(kComputeThreads);
+      probe.dynamicSmemBytes = kSmemBytes;
+      probe.attrs = &cluster;
+      probe.numAttrs = 1;
+      MOK_CUDA_CHECK(cudaFuncSetAttribute(forward_megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+      int clusters = 0;
+      MOK_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, forward_megakernel, &probe));
+      grid_ctas_ = std::min(sms_ & ~1, 2 * clusters);
+    } else {
+      grid_ctas_ = sms_;
+    }
+    require(comm_ctas_ + (pairs_ ? 2 : 1) <= grid_ctas_,
+            "Config.forward_comm_sms = " + std::to_string(comm_ctas_) + ": must leave compute SMs (" +
+                std::to_string(grid_ctas_) + " CTAs can be resident" + (pairs_ ? " in 2-CTA clusters)" : ")"));
     config_.forward_comm_sms = comm_ctas_;
     if (config_.backward_comm_sms == 0) config_.backward_comm_sms = comm_ctas_;
-    compute_ctas_ = sms_ - comm_ctas_;
+    compute_ctas_ = grid_ctas_ - comm_ctas_;
     // A gate/up tile costs about two average tasks, so while one runs ~2.5 * compute CTAs
     // tasks are claimed: put a row tile's down tiles that many tasks after its gate/up tiles.
     // Bands: the library keeps row-tile order (1) until bands are measured on the device.
-    const BandAndLag order = choose_band_and_lag(c.task_band_tiles > 0 ? c.task_band_tiles : 1, compute_ctas_,
-                                                 gateup_tiles_, down_tiles_, ring_tiles_, ring_tiles_ < cap_tiles_);
+    // Pairs share a weight tile only within a band of 2 or more row tiles: 8 unless asked.
+    const int asked_band = c.task_band_tiles > 0 ? c.task_band_tiles : pairs_ ? 8 : 1;
+    const BandAndLag order = choose_band_and_lag(asked_band, compute_ctas_, gateup_tiles_, down_tiles_, ring_tiles_,
+                                                 ring_tiles_ < cap_tiles_);
     band_ = order.band;
     lag_ = order.lag;
     plan_shape_ = PlanShape{num_ranks_, p.num_shared(), p.num_shared() > 0 ? shared_row_tiles_ : 0, {},
-                            gateup_tiles_, down_tiles_, band_, lag_};
+                            gateup_tiles_, down_tiles_, band_, lag_, pairs_ ? 1 : 0};
     for (int s = 0; s < p.num_shared(); ++s)
       plan_shape_.shared_gateup_tiles[s] = ceil_div(p.shared_intermediate[s], kGateUpCols);
     config_.task_band_tiles = band_;
@@ -360,7 +387,23 @@ class CudaBackend final : public BackendImpl {
     fp.task_counter = counters_.as<int>() + counters_.bytes() / sizeof(int) - 1;
     fp.ring_wraps = ring_tiles_ < cap_tiles_ ? 1 : 0;
     fp.pull_ahead = pull_ahead_;
-    forward_megakernel<<<comm_ctas_ + compute_ctas_, kComputeThreads, kSmemBytes, stream_>>>(fp);
+    fp.pairs = pairs_ ? 1 : 0;
+    if (pairs_) {
+      cudaLaunchConfig_t cfg{};
+      cudaLaunchAttribute cluster{};
+      cluster.id = cudaLaunchAttributeClusterDimension;
+      cluster.val.clusterDim.x = 2;
+      cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+      cfg.gridDim = dim3(static_cast<unsigned>(grid_ctas_));
+      cfg.blockDim = dim3(kComputeThreads);
+      cfg.dynamicSmemBytes = kSmemBytes;
+      cfg.stream = stream_;
+      cfg.attrs = &cluster;
+      cfg.numAttrs = 1;
+      MOK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, forward_megakernel, fp));
+    } else {
+      forward_megakernel<<<grid_ctas_, kComputeThreads, kSmemBytes, stream_>>>(fp);
+    }
     check_launch("forward_megakernel");
     // Every rank's rows are in our combine slots, and every rank's error code is known here:
     // a rank that failed (capacity, say) did not push its rows for our tokens.
@@ -477,7 +520,8 @@ class CudaBackend final : public BackendImpl {
     MOK_CUDA_CHECK(cudaMemset(group_error_.as<void>(), 0, sizeof(int)));
     long long shared_tasks = 0;
     for (int w : p.shared_intermediate) shared_tasks += static_cast<long long>(shared_row_tiles_) * (ceil_div(w, kGateUpCols) + down_tiles_);
-    const long long max_tasks = num_ranks_ * (shared_tasks + static_cast<long long>(cap_tiles_) * (gateup_tiles_ + down_tiles_));
+    long long max_tasks = num_ranks_ * (shared_tasks + static_cast<long long>(cap_tiles_) * (gateup_tiles_ + down_tiles_));
+    if (pairs_) max_tasks *= 2;  // at most one phantom per real task (odd runs)
     tasks_ = track(DeviceBuffer(std::max<long long>(1, max_tasks) * sizeof(Task)));
     pulls_ = track(DeviceBuffer(std::max<long long>(1, static_cast<long long>(num_ranks_) * cap_tiles_) * sizeof(int2)));
     task_counts_ = track(DeviceBuffer(2 * sizeof(int)));
@@ -636,12 +680,12 @@ class CudaBackend final : public BackendImpl {
       if (!group_) m.x_staged = encode_2d(r.inputs.x.data, H, p.tokens_per_rank, kTileM);
       m.w_gate = encode_2d(r.weights.w_gate.data, H, static_cast<std::uint64_t>(E) * I, kGateUpCols);
       m.w_up = encode_2d(r.weights.w_up.data, H, static_cast<std::uint64_t>(E) * I, kGateUpCols);
-      m.w_down = encode_2d(r.weights.w_down.data, I, static_cast<std::uint64_t>(E) * H, kDownCols);
+      m.w_down = encode_2d(r.weights.w_down.data, I, static_cast<std::uint64_t>(E) * H, kBHalfRows);
       for (int s = 0; s < p.num_shared(); ++s) {
         const int w = p.shared_intermediate[s];
         m.shared_w_gate[s] = encode_2d(r.weights.shared[s].w_gate.data, H, w, kGateUpCols);
         m.shared_w_up[s] = encode_2d(r.weights.shared[s].w_up.data, H, w, kGateUpCols);
-        m.shared_w_down[s] = encode_2d(r.weights.shared[s].w_down.data, w, H, kDownCols);
+        m.shared_w_down[s] = encode_2d(r.weights.shared[s].w_down.data, w, H, kBHalfRows);
       }
       hcalls[d] = CallRank{r.inputs.x.as<const __nv_bfloat16>(), r.inputs.router_weights.as<const float>(),
                            r.y.as<__nv_bfloat16>()};
@@ -673,7 +717,8 @@ class CudaBackend final : public BackendImpl {
   int capacity_ = 0, cap_tiles_ = 0, ring_tiles_ = 0, chunks_ = 0;
   int schedule_warp_smem_ = 0, schedule_offsets_smem_ = 0;  // dynamic smem of the schedule kernels
   int gateup_tiles_ = 0, down_tiles_ = 0, shared_row_tiles_ = 0;
-  int comm_ctas_ = 0, compute_ctas_ = 0, band_ = 1, lag_ = 0;
+  int comm_ctas_ = 0, compute_ctas_ = 0, grid_ctas_ = 0, band_ = 1, lag_ = 0;
+  bool pairs_ = false;  // Config::task_pairs: 2-CTA clusters
   PlanShape plan_shape_{};  // the task order's parameters (plan_order.h)
   int pull_ahead_ = pull_ahead_from_env();
   std::uint64_t timeout_ns_ = wait_timeout_ns();

@@ -19,6 +19,7 @@ constexpr int kTileM = 128;
 constexpr int kGateUpCols = 128;
 constexpr int kDownCols = 256;
 constexpr int kTileK = 64;
+constexpr int kBHalfRows = 128;  // B tiles load as two 128-row boxes (one per CTA of a pair)
 constexpr int kStages = 3;
 constexpr int kComputeThreads = 384;  // WG0 producer, WG1-2 consumers (one m64 half each)
 constexpr int kAlignRule = 64;        // H, I and shared widths must be multiples of this
@@ -39,7 +40,8 @@ struct Task {
     return Task{std::uint64_t(kind) | (std::uint64_t(rank) << 4) | (std::uint64_t(shared) << 16) |
                 (std::uint64_t(col_tile) << 24) | (std::uint64_t(row_tile) << 36)};
   }
-  __host__ __device__ std::uint32_t kind() const { return bits & 0xf; }
+  __host__ __device__ std::uint32_t kind() const { return bits & 0x7; }
+  __host__ __device__ bool phantom() const { return (bits & kPhantom) != 0; }  // pair mode: compute, store nothing
   __host__ __device__ std::uint32_t rank() const { return (bits >> 4) & 0xfff; }
   __host__ __device__ std::uint32_t shared() const { return (bits >> 16) & 0xff; }
   __host__ __device__ std::uint32_t col_tile() const { return (bits >> 24) & 0xfff; }
@@ -63,10 +65,10 @@ struct RankMaps {
   CUtensorMap x_staged;    // [T, H] this rank's staged x            box 64 x 128
   CUtensorMap w_gate;      // [E_loc*I, H]                           box 64 x 128
   CUtensorMap w_up;        // [E_loc*I, H]                           box 64 x 128
-  CUtensorMap w_down;      // [E_loc*H, I]                           box 64 x 256
+  CUtensorMap w_down;      // [E_loc*H, I]                           box 64 x 128 (two per tile)
   CUtensorMap shared_w_gate[kMaxShared];  // [I_s, H]                box 64 x 128
   CUtensorMap shared_w_up[kMaxShared];    // [I_s, H]                box 64 x 128
-  CUtensorMap shared_w_down[kMaxShared];  // [H, I_s]                box 64 x 256
+  CUtensorMap shared_w_down[kMaxShared];  // [H, I_s]                box 64 x 128 (two per tile)
   CUtensorMap shared_act[kMaxShared];     // [T, I_s]                box 64 x 128
 };
 
@@ -112,6 +114,7 @@ struct ForwardParams {
   int* task_counter;                       // next compute task to claim (zeroed per forward)
   int ring_wraps;                          // ring_tiles < capacity tiles: pulls wait for free slots
   int pull_ahead;                          // dispatch: loads ahead per pipeline (0: half its slots)
+  int pairs;                               // compute CTAs run task pairs as 2-CTA clusters (plan_order.h)
   DeviceError* error;
 };
 

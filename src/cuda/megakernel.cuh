@@ -19,7 +19,9 @@ namespace mok::cuda {
 struct TileJob {
   const CUtensorMap* a;
   const CUtensorMap* b0;
-  const CUtensorMap* b1;  // up weights of a gate/up tile; nullptr for down tiles
+  // B comes as two 128-row boxes: gate then up rows (gate/up tiles), or rows n*256 and
+  // n*256 + 128 of the down weights (down tiles).
+  const CUtensorMap* b1;
   int a_row, b0_row, b1_row;
   int k_tiles;
   const int* wait_flag;  // nullptr: no wait
@@ -49,8 +51,9 @@ __device__ __forceinline__ TileJob describe_task(const ForwardParams& p, Task ta
       const int e = plan.block_expert[tile];
       j.a = &m.act;
       j.a_row = (tile % p.ring_tiles) * kTileM;
-      j.b0 = &m.w_down;
+      j.b0 = j.b1 = &m.w_down;
       j.b0_row = e * p.hidden + n * kDownCols;
+      j.b1_row = j.b0_row + kBHalfRows;
       j.k_tiles = p.inter / kTileK;
       j.wait_flag = plan.act_ready + tile;
       j.wait_target = p.gateup_tiles;
@@ -69,8 +72,9 @@ __device__ __forceinline__ TileJob describe_task(const ForwardParams& p, Task ta
     default: {  // kSharedDown
       j.a = &m.shared_act[s];
       j.a_row = tile * kTileM;
-      j.b0 = &m.shared_w_down[s];
+      j.b0 = j.b1 = &m.shared_w_down[s];
       j.b0_row = n * kDownCols;
+      j.b1_row = j.b0_row + kBHalfRows;
       j.k_tiles = plan.shared[s].width / kTileK;
       j.wait_flag = plan.shared[s].act_ready + tile;
       j.wait_target = plan.shared[s].gateup_tiles;
@@ -124,23 +128,81 @@ __device__ __forceinline__ ComputeSmem carve_smem(std::uint8_t* raw) {
   return s;
 }
 
+// Pair mode (ForwardParams::pairs): compute CTAs run as 2-CTA clusters. Cluster rank 0 (the
+// leader) claims pair j (tasks 2j, 2j+1 of the list, plan_order.h) and hands j to both CTAs'
+// task rings; each CTA computes its task of the pair. The two walk their stage rings in
+// lockstep (a pair's tasks have the same K depth), each stage being free only when both
+// CTAs' consumers have released it, so when the pair's B tiles are the same (one weight
+// tile, two row tiles) each CTA loads one 128-row half and multicasts it to both.
+struct PairRole {
+  bool on = false;
+  std::uint32_t me = 0, peer = 0;
+};
+
+__device__ __forceinline__ PairRole pair_role(const ForwardParams& p) {
+  PairRole r;
+  if (p.pairs) {
+    r.on = true;
+    r.me = sm90::cluster_ctarank();
+    r.peer = r.me ^ 1u;
+  }
+  return r;
+}
+
+__device__ __forceinline__ void wait_shared_barrier(const PairRole& pr, std::uint64_t* bar, std::uint32_t phase) {
+  if (pr.on)
+    sm90::mbar_wait_cluster(bar, phase);
+  else
+    sm90::mbar_wait(bar, phase);
+}
+
+// Whether two tasks read the same B tile (weights): same kind, rank, shared expert and
+// column, and for routed tiles the same expert. (Cheap on purpose: the producer runs in 40
+// registers.)
+__device__ __forceinline__ bool same_weight_tile(const ForwardParams& p, Task a, Task b) {
+  constexpr std::uint64_t kAllButRow = ((std::uint64_t(1) << 36) - 1) & ~std::uint64_t(kPhantom);
+  if ((a.bits & kAllButRow) != (b.bits & kAllButRow)) return false;
+  if (a.kind() == kSharedGateUp || a.kind() == kSharedDown) return true;
+  const int* expert = p.plans[a.rank()].block_expert;
+  return expert[a.row_tile()] == expert[b.row_tile()];
+}
+
+// The task of this CTA for claimed item `idx` (a task, or in pair mode a pair).
+__device__ __forceinline__ Task item_task(const ForwardParams& p, const PairRole& pr, int idx) {
+  return p.tasks[pr.on ? 2 * idx + static_cast<int>(pr.me) : idx];
+}
+
 // The producer claims tasks in order from one counter (a CTA that finishes early takes the
 // next task: gate/up tiles cost 4x a down tile), hands each index to the consumers through
 // a small ring, waits for the task's inputs and streams its operand tiles with TMA.
 __device__ __forceinline__ void producer_loop(const ForwardParams& p, const ComputeSmem& sm, int num_tasks) {
+  const PairRole pr = pair_role(p);
+  const int num_items = pr.on ? num_tasks / 2 : num_tasks;
   RingPosition<kStages> stage;
   RingPosition<kTaskSlots> tslot;
   bool aborted = false;
   for (;;) {
-    sm90::mbar_wait(&sm.task_empty[tslot.slot], tslot.phase ^ 1);
-    int idx = atomicAdd(p.task_counter, 1);
-    if (idx >= num_tasks) idx = -1;
-    sm.task_ring[tslot.slot] = idx;
-    sm90::mbar_arrive(&sm.task_full[tslot.slot]);
+    int idx;
+    if (!pr.on || pr.me == 0) {
+      wait_shared_barrier(pr, &sm.task_empty[tslot.slot], tslot.phase ^ 1);
+      idx = atomicAdd(p.task_counter, 1);
+      if (idx >= num_items) idx = -1;
+      sm.task_ring[tslot.slot] = idx;
+      if (pr.on) {
+        sm90::st_cluster_u32(&sm.task_ring[tslot.slot], pr.peer, idx);
+        sm90::mbar_arrive_cluster(&sm.task_full[tslot.slot], pr.peer);
+      }
+      sm90::mbar_arrive(&sm.task_full[tslot.slot]);
+    } else {
+      sm90::mbar_wait_cluster(&sm.task_full[tslot.slot], tslot.phase);
+      idx = sm.task_ring[tslot.slot];
+      sm90::mbar_arrive_cluster(&sm.task_empty[tslot.slot], 0);  // the leader reuses the slot after this
+    }
     tslot.advance();
     if (idx < 0) break;
-    const Task task = p.tasks[idx];
+    const Task task = item_task(p, pr, idx);
     const TileJob job = describe_task(p, task);
+    const bool share_b = pr.on && same_weight_tile(p, task, p.tasks[2 * idx + static_cast<int>(pr.peer)]);
     if (!aborted && job.wait_flag != nullptr)
       aborted = !wait_at_least(job.wait_flag, job.wait_target, p.error, p.first_rank + task.rank(), job.wait_site,
                                task.row_tile(), p.timeout_ns);
@@ -148,15 +210,22 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
     if (!aborted) fence_proxy_async_global();
     for (int kb = 0; kb < job.k_tiles; ++kb) {
       const int st = stage.slot;
-      sm90::mbar_wait(&sm.empty[st], stage.phase ^ 1);
-      if (aborted) {
+      wait_shared_barrier(pr, &sm.empty[st], stage.phase ^ 1);
+      if (aborted && !pr.on) {
         sm90::mbar_arrive(&sm.full[st]);  // keep the consumers moving; outputs are poisoned
       } else {
+        // (A pair keeps loading after an abort, whatever the memory holds, so that its peer's
+        // barriers still complete; the outputs are poisoned all the same.)
         sm90::mbar_arrive_expect_tx(&sm.full[st], kStageBytes);
         sm90::tma_load_2d(sm.a[st], job.a, &sm.full[st], kb * kTileK, job.a_row);
-        sm90::tma_load_2d(sm.b[st], job.b0, &sm.full[st], kb * kTileK, job.b0_row);
-        if (job.b1 != nullptr)
-          sm90::tma_load_2d(sm.b[st] + kGateUpCols * kTileK, job.b1, &sm.full[st], kb * kTileK, job.b1_row);
+        if (share_b) {
+          const bool second = pr.me == 1;
+          sm90::tma_load_2d_multicast(sm.b[st] + (second ? kBHalfRows * kTileK : 0), second ? job.b1 : job.b0,
+                                      &sm.full[st], kb * kTileK, second ? job.b1_row : job.b0_row, 0x3);
+        } else {
+          sm90::tma_load_2d(sm.b[st], job.b0, &sm.full[st], kb * kTileK, job.b0_row);
+          sm90::tma_load_2d(sm.b[st] + kBHalfRows * kTileK, job.b1, &sm.full[st], kb * kTileK, job.b1_row);
+        }
       }
       stage.advance();
     }
@@ -167,16 +236,28 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
   const int wg_idx = threadIdx.x / 128 - 1;  // which 64-row half of the tile
   const bool wg_leader = threadIdx.x % 128 == 0;
   const int ct = threadIdx.x - 128;           // consumer thread 0..255
+  // (Pair facts are re-read where used, from the parameter bank and %cluster_ctarank, rather
+  // than held in registers next to the 128 accumulators.)
+  // A stage is released to both CTAs' producers in pair mode (either may multicast into it).
+  auto release_stage = [&](int slot) {
+    if (!wg_leader) return;
+    sm90::mbar_arrive(&sm.empty[slot]);
+    if (p.pairs) sm90::mbar_arrive_cluster(&sm.empty[slot], sm90::cluster_ctarank() ^ 1u);
+  };
   RingPosition<kStages> stage;
   RingPosition<kTaskSlots> tslot;
   float acc[128];
   for (;;) {
-    sm90::mbar_wait(&sm.task_full[tslot.slot], tslot.phase);
+    wait_shared_barrier(pair_role(p), &sm.task_full[tslot.slot], tslot.phase);
     const int idx = sm.task_ring[tslot.slot];
-    sm90::mbar_arrive(&sm.task_empty[tslot.slot]);
+    // The slot is reused by the claiming producer: the leader's, in pair mode.
+    if (p.pairs && sm90::cluster_ctarank() != 0)
+      sm90::mbar_arrive_cluster(&sm.task_empty[tslot.slot], 0);
+    else
+      sm90::mbar_arrive(&sm.task_empty[tslot.slot]);
     tslot.advance();
     if (idx < 0) break;
-    const Task task = p.tasks[idx];
+    const Task task = item_task(p, pair_role(p), idx);
     const TileJob job = describe_task(p, task);
 #pragma unroll
     for (int r = 0; r < 128; ++r) acc[r] = 0.0f;
@@ -193,13 +274,13 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
       sm90::wgmma_commit();
       if (kb > 0) {
         sm90::wgmma_wait<1>();
-        if (wg_leader) sm90::mbar_arrive(&sm.empty[prev]);
+        release_stage(prev);
       }
       prev = stage.slot;
       stage.advance();
     }
     sm90::wgmma_wait<0>();
-    if (wg_leader) sm90::mbar_arrive(&sm.empty[prev]);
+    release_stage(prev);
     sm90::fence_accumulators(acc);
 
     // ---- epilogue: registers -> staging (bf16) -> bulk row stores ----
@@ -215,7 +296,8 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
     sm90::fence_proxy_async_shared();
     consumers_sync();
     int* signal = nullptr;
-    switch (task.kind()) {
+    // A phantom (pair mode, odd run) only kept its peer in lockstep: nothing is stored.
+    if (!task.phantom()) switch (task.kind()) {
       case kRoutedGateUp: {
         __nv_bfloat16* act = plan.act + static_cast<long long>(tile % p.ring_tiles) * kTileM * p.inter + n * kGateUpCols;
         store_rows_async(sm.staging, min(kGateUpCols, p.inter - n * kGateUpCols),
@@ -268,18 +350,23 @@ __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const _
     return;
   }
   const ComputeSmem sm = carve_smem(smem_raw);
+  const PairRole pr = pair_role(p);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       sm90::mbar_init(&sm.full[s], 1);
-      sm90::mbar_init(&sm.empty[s], 2);
+      // Released by both consumer warpgroups, of both CTAs in pair mode.
+      sm90::mbar_init(&sm.empty[s], pr.on ? 4 : 2);
     }
     for (int s = 0; s < kTaskSlots; ++s) {
       sm90::mbar_init(&sm.task_full[s], 1);
-      sm90::mbar_init(&sm.task_empty[s], kConsumerThreads);
+      // Read by every consumer thread; in pair mode the leader's slot is also read by the
+      // peer's consumers and producer (the peer's own task_empty is not used).
+      sm90::mbar_init(&sm.task_empty[s], pr.on ? 2 * kConsumerThreads + 1 : kConsumerThreads);
     }
     sm90::fence_barrier_init();
   }
   __syncthreads();
+  if (pr.on) sm90::cluster_sync();  // the peer's barriers exist before anyone arrives on them
   const int num_tasks = *p.num_tasks;
   if (threadIdx.x < 128) {
     sm90::setmaxnreg_dec<40>();
@@ -288,6 +375,8 @@ __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const _
     sm90::setmaxnreg_inc<232>();
     consumer_loop(p, sm, p.swiglu_limit);
   }
+  // No CTA of a pair leaves while its peer may still multicast into it or arrive on it.
+  if (pr.on) sm90::cluster_sync();
 }
 
 }  // namespace mok::cuda

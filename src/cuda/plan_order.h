@@ -26,6 +26,9 @@
 namespace mok::cuda {
 
 enum TaskKind : std::uint32_t { kRoutedGateUp = 0, kRoutedDown = 1, kSharedGateUp = 2, kSharedDown = 3 };
+// Or-ed into a kind: the second task of a pair that only repeats the first (odd counts in
+// pair mode); it is computed for the pair's lockstep and its results are not stored.
+constexpr std::uint32_t kPhantom = 8;
 
 constexpr int kMaxShared = 8;
 
@@ -36,18 +39,30 @@ struct PlanShape {
   int shared_gateup_tiles[kMaxShared];    // ceil(I_s / 128)
   int gateup_tiles, down_tiles;           // routed, per row tile: ceil(I / 128), ceil(H / 256)
   int band, lag;
+  int pairs;                              // 1: tasks go in pairs (2-CTA clusters), see plan_group
 };
 
 MOK_PLAN_HD int plan_min(int a, int b) { return a < b ? a : b; }
 MOK_PLAN_HD int plan_max(int a, int b) { return a > b ? a : b; }
 
+// Tasks of one (kind, rank, shared expert) run over `rows` row tiles: in pair mode rounded up
+// to even (a phantom completes an odd run), so a pair never mixes kinds or K depths.
+MOK_PLAN_HD int run_tasks(const PlanShape& p, int cols, int rows) {
+  const int n = cols * rows;
+  return p.pairs ? n + (n & 1) : n;
+}
+
 // Emits group g's tasks (task(kind, rank, shared, col, row_tile)) and pulls (pull(rank, row_tile)).
+// Pair mode: consecutive tasks 2i, 2i+1 of the list run together on a 2-CTA cluster; within a
+// band they are the same column of two row tiles (same weight tile when the rows are of one
+// expert: loaded once, multicast to both).
 template <typename RowTiles, typename EmitTask, typename EmitPull>
 MOK_PLAN_HD void plan_group(const PlanShape& p, int g, RowTiles row_tiles, EmitTask task, EmitPull pull) {
   auto band_tasks = [&](std::uint32_t kind, int d, int s, int cols, int band, int limit) {
     const int lo = band * p.band, hi = plan_min(lo + p.band, limit);
     for (int n = 0; n < cols; ++n)
       for (int t = lo; t < hi; ++t) task(kind, d, s, n, t);
+    if (p.pairs && hi > lo && ((cols * (hi - lo)) & 1)) task(kind | kPhantom, d, s, cols - 1, hi - 1);
   };
   const int lagged = g - p.lag;
   for (int d = 0; d < p.num_ranks; ++d) {
@@ -66,20 +81,27 @@ struct PlanCount {
   int tasks, pulls;
 };
 
-// Tasks and pulls of the groups before g, in closed form (the row tiles of [0, X) before
-// band g number min(g*band, X)), so each group can be planned by its own thread.
+// Tasks of one run type over the bands before g, for row tiles [0, X): the full bands, each
+// `band` rows, and the last partial one (X % band rows) when g is past it.
+MOK_PLAN_HD int runs_before(const PlanShape& p, int g, int X, int cols) {
+  if (g <= 0 || X <= 0) return 0;
+  const int full = plan_min(g, X / p.band), rest = X % p.band;
+  return full * run_tasks(p, cols, p.band) + (g > X / p.band && rest ? run_tasks(p, cols, rest) : 0);
+}
+
+// Tasks and pulls of the groups before g, in closed form, so each group can be planned by its
+// own thread.
 template <typename RowTiles>
 MOK_PLAN_HD PlanCount plan_prefix(const PlanShape& p, int g, RowTiles row_tiles) {
-  int shared_gateup_sum = 0;
-  for (int s = 0; s < p.num_shared; ++s) shared_gateup_sum += p.shared_gateup_tiles[s];
-  const int rows = g * p.band, lagged_rows = plan_max(0, g - p.lag) * p.band;
+  const int lagged = plan_max(0, g - p.lag);
   PlanCount c{0, 0};
   for (int d = 0; d < p.num_ranks; ++d) {
     const int m = row_tiles(d);
-    c.tasks += plan_min(rows, p.shared_tiles) * shared_gateup_sum + plan_min(rows, m) * p.gateup_tiles +
-               plan_min(lagged_rows, p.shared_tiles) * p.num_shared * p.down_tiles +
-               plan_min(lagged_rows, m) * p.down_tiles;
-    c.pulls += plan_min(rows, m);
+    for (int s = 0; s < p.num_shared; ++s)
+      c.tasks += runs_before(p, g, p.shared_tiles, p.shared_gateup_tiles[s]) +
+                 runs_before(p, lagged, p.shared_tiles, p.down_tiles);
+    c.tasks += runs_before(p, g, m, p.gateup_tiles) + runs_before(p, lagged, m, p.down_tiles);
+    c.pulls += plan_min(g * p.band, m);
   }
   return c;
 }
@@ -95,6 +117,7 @@ MOK_PLAN_HD int plan_groups(const PlanShape& p, RowTiles row_tiles) {
 
 struct BandAndLag {
   int band, lag;
+  int pairs;                              // 1: tasks go in pairs (2-CTA clusters), see plan_group
 };
 
 // Host: the band (asked for, or 1) and the lag in groups. While one task runs about 2.5x the

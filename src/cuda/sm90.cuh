@@ -42,6 +42,18 @@ __device__ __forceinline__ bool mbar_try_wait(std::uint64_t* bar, std::uint32_t 
   return ok != 0;
 }
 
+// The same wait with acquire at cluster scope: for barriers the peer CTA of a pair arrives on.
+__device__ __forceinline__ void mbar_wait_cluster(std::uint64_t* bar, std::uint32_t phase) {
+  std::uint32_t ok = 0;
+  while (!ok)
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(ok)
+        : "r"(smem_addr(bar)), "r"(phase)
+        : "memory");
+}
+
 // Phase waits inside a CTA complete unless a peer role died; they are bounded by the
 // cross-CTA waits (which time out) feeding them, so a plain loop is safe here.
 __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t phase) {
@@ -173,6 +185,49 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- 2-CTA clusters (pair mode) --------------------------------------------------------
+__device__ __forceinline__ std::uint32_t cluster_ctarank() {
+  std::uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+// The shared::cluster address of `local` (a shared-memory object of this CTA) in CTA `cta`.
+__device__ __forceinline__ std::uint32_t peer_smem_addr(const void* local, std::uint32_t cta) {
+  std::uint32_t out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(smem_addr(local)), "r"(cta));
+  return out;
+}
+
+// Arrives on the mbarrier at `local`'s offset in CTA `cta` of the cluster (release, cluster scope).
+__device__ __forceinline__ void mbar_arrive_cluster(std::uint64_t* local, std::uint32_t cta) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(peer_smem_addr(local, cta))
+               : "memory");
+}
+
+// Stores a 32-bit value at `local`'s offset in CTA `cta` of the cluster.
+__device__ __forceinline__ void st_cluster_u32(volatile int* local, std::uint32_t cta, int value) {
+  asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(peer_smem_addr(const_cast<int*>(local), cta)), "r"(value)
+               : "memory");
+}
+
+// Like tma_load_2d, but the box lands at the same shared-memory offset in every CTA of
+// `cta_mask`, each CTA's barrier at `bar`'s offset counting the bytes it receives.
+__device__ __forceinline__ void tma_load_2d_multicast(void* smem_dst, const CUtensorMap* map, std::uint64_t* bar,
+                                                      int c0, int c1, std::uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_addr(smem_dst)),
+      "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "h"(cta_mask)
+      : "memory");
+}
+
+// Every thread of the cluster (arrive, then wait): no CTA leaves while its peer may still
+// write into its shared memory or arrive on its barriers.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
 }
 
 }  // namespace mok::cuda::sm90

@@ -292,6 +292,86 @@ TEST(GpuTaskBands, WrappingRingWithBandsStaysCorrect) {
   EXPECT_EQ(Layer(p, c, o).config().task_band_tiles, 1);
 }
 
+// Pair mode (Config::task_pairs): 2-CTA clusters, weight tiles multicast within a pair,
+// phantoms for odd runs. Same bits as the default path, whatever the routing and EP mode.
+struct PairCase {
+  std::string name;
+  int E, H, I, k;
+  std::vector<int> shared;
+  int ep, tokens;
+  std::string routing;
+  int band;
+};
+
+void PrintTo(const PairCase& c, std::ostream* os) { *os << c.name; }
+
+class GpuTaskPairs : public ::testing::TestWithParam<PairCase> {};
+
+TEST_P(GpuTaskPairs, BitwiseEqualToUnpairedAndMatchReference) {
+  MOK_REQUIRE_GPU();
+  const auto& c = GetParam();
+  const Problem p = make_problem(c.E, c.H, c.I, c.k, c.shared, c.ep, c.tokens);
+  const LayerData host = make_data(p, c.routing);
+  const auto plain = global_y(run_gpu_all_ranks(host).data);
+  Config pairs;
+  pairs.task_pairs = true;
+  pairs.task_band_tiles = c.band;
+  const GpuRun paired = run_gpu_all_ranks(host, pairs, 2);
+  expect_close(paired.data, run_reference(host), Precision::bf16, c.name);
+  const auto y = global_y(paired.data);
+  ASSERT_EQ(y.size(), plain.size());
+  EXPECT_EQ(std::memcmp(y.data(), plain.data(), y.size() * 2), 0) << c.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuTaskPairs,
+    ::testing::Values(
+        // Odd row-tile runs (phantoms), several experts per band, two shared experts.
+        PairCase{"small_ep2_zipf_band8", 16, 512, 256, 4, {256, 128}, 2, 700, "zipf:1.2", 8},
+        PairCase{"small_ep8_band3", 16, 512, 256, 4, {256}, 8, 200, "gaussian", 3},
+        // Row-tile order (band 1): every pair is two columns of one row tile (no sharing).
+        PairCase{"band1_no_sharing", 16, 512, 256, 4, {256}, 2, 300, "gaussian", 1},
+        PairCase{"one_expert_gets_every_row", 16, 256, 128, 1, {}, 2, 900, "hot:1.0:3", 8},
+        PairCase{"qwen3_30b_a3b_ep1", 128, 2048, 768, 8, {}, 1, 2048, "gaussian", 8},
+        PairCase{"gpt_oss_20b_h2880", 32, 2880, 2880, 4, {}, 1, 512, "gaussian", 4}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(GpuTaskPairs, RankSliceIsBitwiseEqualToUnpaired) {
+  MOK_REQUIRE_GPU();
+  // One rank of an EP-16 group: rows from every rank, several pairs per expert. Every rank's
+  // combine slots start at zero, so the rows rank 5 pushes into them, and its y, must agree.
+  const Problem p = make_problem(64, 1024, 512, 6, {512}, 16, 256);
+  const LayerData host = make_data(p, "gaussian");
+  auto run_slice = [&](const Config& c) {
+    LayerOptions o;
+    o.backend = Backend::cuda;
+    o.ep_mode = EpMode::rank_slice;
+    o.active_rank = 5;
+    Layer layer(p, c, o);
+    DeviceMirror mirror(host, 0);
+    const std::size_t slot_bytes = static_cast<std::size_t>(p.tokens_per_rank) * p.top_k * p.hidden * 2;
+    for (int r = 0; r < p.ep_size; ++r) EXPECT_EQ(cudaMemset(layer.combine_slots(r).data, 0, slot_bytes), cudaSuccess);
+    layer.forward(mirror.forward_args());
+    layer.synchronize();
+    std::vector<std::uint16_t> all(slot_bytes / 2 * p.ep_size);
+    for (int r = 0; r < p.ep_size; ++r)
+      EXPECT_EQ(cudaMemcpy(all.data() + slot_bytes / 2 * r, layer.combine_slots(r).data, slot_bytes,
+                           cudaMemcpyDeviceToHost),
+                cudaSuccess);
+    LayerData out = host;
+    mirror.copy_outputs_to(out);
+    const auto& y = out.ranks[5].y;
+    all.insert(all.end(), y.data<std::uint16_t>(), y.data<std::uint16_t>() + y.numel());
+    return all;
+  };
+  Config pairs;
+  pairs.task_pairs = true;
+  const auto a = run_slice(Config{});
+  const auto b = run_slice(pairs);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_TRUE(a == b) << "rank 5's pushed rows or y differ with task pairs";
+}
+
 struct CapturedForward {
   std::vector<std::string> kernels;
   int memsets = 0, memcpys = 0;

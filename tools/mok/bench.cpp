@@ -98,7 +98,7 @@ void wait_for_files(const std::vector<std::filesystem::path>& paths, double time
 }  // namespace
 
 int bench_command(const std::vector<std::string>& argv) {
-  Args args(argv, {});
+  Args args(argv, {"pairs"});
   const std::string work_dir = args.take_or("work-dir", "");
   if (work_dir.empty()) throw Error("option --work-dir: needed (where mok.json and the peer inputs go)");
   const int warmup = static_cast<int>(args.take_int("warmup").value_or(500));
@@ -114,6 +114,7 @@ int bench_command(const std::vector<std::string>& argv) {
   Config config;
   if (auto v = args.take_int("comm-sms")) config.forward_comm_sms = static_cast<int>(*v);
   if (auto v = args.take_int("band")) config.task_band_tiles = static_cast<int>(*v);
+  if (args.take_flag("pairs")) config.task_pairs = true;
   if (auto v = args.take_double("capacity")) config.schedule_capacity_factor = *v;
   ProblemArgs pa = parse_problem(args, "qwen3.5-397b-a17b", true);
   args.finish();

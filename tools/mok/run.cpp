@@ -45,6 +45,7 @@ execution:
   --iters N --warmup N    timed repetitions (default 1 and 0 on cpu, 20 and 5 on cuda)
   --threads N             CPU threads (default: all cores)
   --capacity F --minibatch N --macrobatch N --comm-sms N --tile-rows N --band N   config
+  --pairs                 compute SMs in 2-CTA clusters sharing weight tiles (experimental)
 )";
 
 double median(std::vector<double> v) {
@@ -66,7 +67,7 @@ int run_command(const std::vector<std::string>& argv) {
     std::fputs(kRunHelp, stdout);
     return 0;
   }
-  Args args(argv, {"check"});
+  Args args(argv, {"check", "pairs"});
   const bool gpu = cuda_available();
   const auto load_dir = args.take("load");
   const auto save_dir = args.take("save");
@@ -110,6 +111,7 @@ int run_command(const std::vector<std::string>& argv) {
   if (auto v = args.take_int("comm-sms")) config.forward_comm_sms = config.backward_comm_sms = static_cast<int>(*v);
   if (auto v = args.take_int("tile-rows")) config.tile_rows = static_cast<int>(*v);
   if (auto v = args.take_int("band")) config.task_band_tiles = static_cast<int>(*v);
+  if (args.take_flag("pairs")) config.task_pairs = true;
 
   LayerData data;
   std::string shape_name;
