@@ -5,6 +5,7 @@
 # defaults; the benchmark records come from bench/run.py, not from here.
 #
 #   scripts/device_perf.sh [--bin DIR] [--shapes a,b,...] [--bands 1,4,8] [--comm 4,8] [--ahead 2,6,11]
+#                          [--pairs]   (also time --pairs, Config::task_pairs, at band 8)
 #
 # Output: $OUT/perf_<shape>_kernels.txt (ncu), $OUT/perf.log; a short table last.
 set -uo pipefail
@@ -15,6 +16,7 @@ SHAPES="qwen3.5-397b-a17b,deepseek-v4-pro,qwen3-30b-a3b"
 BANDS="1,2,4,8"
 COMM=""
 AHEAD=""
+PAIRS=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) BIN=$2; shift 2 ;;
@@ -22,6 +24,7 @@ while [ $# -gt 0 ]; do
     --bands) BANDS=$2; shift 2 ;;
     --comm) COMM=$2; shift 2 ;;
     --ahead) AHEAD=$2; shift 2 ;;
+    --pairs) PAIRS=1; shift ;;
     *) echo "device_perf: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -54,6 +57,7 @@ for shape in ${SHAPES//,/ }; do
   for b in ${BANDS//,/ }; do line+=" band$b=$(forward_ms "$args --band $b")"; done
   for c in ${COMM//,/ }; do line+=" comm$c=$(forward_ms "$args --comm-sms $c")"; done
   for a in ${AHEAD//,/ }; do line+=" ahead$a=$(MOK_PULL_AHEAD=$a forward_ms "$args")"; done
+  [ $PAIRS = 1 ] && line+=" pairs_band8=$(forward_ms "$args --pairs --band 8")"
   table+=("$line")
 done
 
