@@ -149,7 +149,7 @@ __device__ __forceinline__ PairRole pair_role(const ForwardParams& p) {
   return r;
 }
 
-__device__ __forceinline__ void wait_shared_barrier(const PairRole& pr, std::uint64_t* bar, std::uint32_t phase) {
+__device__ __forceinline__ void wait_task_full(const PairRole& pr, std::uint64_t* bar, std::uint32_t phase) {
   if (pr.on)
     sm90::mbar_wait_cluster(bar, phase);
   else
@@ -184,7 +184,7 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
   for (;;) {
     int idx;
     if (!pr.on || pr.me == 0) {
-      wait_shared_barrier(pr, &sm.task_empty[tslot.slot], tslot.phase ^ 1);
+      sm90::mbar_wait(&sm.task_empty[tslot.slot], tslot.phase ^ 1);
       idx = atomicAdd(p.task_counter, 1);
       if (idx >= num_items) idx = -1;
       sm.task_ring[tslot.slot] = idx;
@@ -196,7 +196,7 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
     } else {
       sm90::mbar_wait_cluster(&sm.task_full[tslot.slot], tslot.phase);
       idx = sm.task_ring[tslot.slot];
-      sm90::mbar_arrive_cluster(&sm.task_empty[tslot.slot], 0);  // the leader reuses the slot after this
+      sm90::mbar_arrive_remote(&sm.task_empty[tslot.slot], 0);  // the leader reuses the slot after this
     }
     tslot.advance();
     if (idx < 0) break;
@@ -210,7 +210,7 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
     if (!aborted) fence_proxy_async_global();
     for (int kb = 0; kb < job.k_tiles; ++kb) {
       const int st = stage.slot;
-      wait_shared_barrier(pr, &sm.empty[st], stage.phase ^ 1);
+      sm90::mbar_wait(&sm.empty[st], stage.phase ^ 1);
       if (aborted && !pr.on) {
         sm90::mbar_arrive(&sm.full[st]);  // keep the consumers moving; outputs are poisoned
       } else {
@@ -242,17 +242,17 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
   auto release_stage = [&](int slot) {
     if (!wg_leader) return;
     sm90::mbar_arrive(&sm.empty[slot]);
-    if (p.pairs) sm90::mbar_arrive_cluster(&sm.empty[slot], sm90::cluster_ctarank() ^ 1u);
+    if (p.pairs) sm90::mbar_arrive_remote(&sm.empty[slot], sm90::cluster_ctarank() ^ 1u);
   };
   RingPosition<kStages> stage;
   RingPosition<kTaskSlots> tslot;
   float acc[128];
   for (;;) {
-    wait_shared_barrier(pair_role(p), &sm.task_full[tslot.slot], tslot.phase);
+    wait_task_full(pair_role(p), &sm.task_full[tslot.slot], tslot.phase);
     const int idx = sm.task_ring[tslot.slot];
     // The slot is reused by the claiming producer: the leader's, in pair mode.
     if (p.pairs && sm90::cluster_ctarank() != 0)
-      sm90::mbar_arrive_cluster(&sm.task_empty[tslot.slot], 0);
+      sm90::mbar_arrive_remote(&sm.task_empty[tslot.slot], 0);
     else
       sm90::mbar_arrive(&sm.task_empty[tslot.slot]);
     tslot.advance();

@@ -207,6 +207,13 @@ __device__ __forceinline__ void mbar_arrive_cluster(std::uint64_t* local, std::u
                : "memory");
 }
 
+// The same arrive with the default (CTA-scope) release: enough to say "I am done reading
+// this stage or slot" (what CUTLASS's cluster barriers do), without the GPU-scope fence a
+// cluster-scope release compiles to, which would cost every K step.
+__device__ __forceinline__ void mbar_arrive_remote(std::uint64_t* local, std::uint32_t cta) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(peer_smem_addr(local, cta)) : "memory");
+}
+
 // Stores a 32-bit value at `local`'s offset in CTA `cta` of the cluster.
 __device__ __forceinline__ void st_cluster_u32(volatile int* local, std::uint32_t cta, int value) {
   asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(peer_smem_addr(const_cast<int*>(local), cta)), "r"(value)
