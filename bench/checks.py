@@ -66,3 +66,11 @@ def summarize_ms(samples):
         raise ValueError("summarize_ms: no samples")
     s = sorted(float(x) for x in samples)
     return {"median_ms": s[len(s) // 2], "min_ms": s[0], "max_ms": s[-1], "samples": len(s)}
+
+
+def add_timing_options(ap):
+    """The warm-up and timed-iteration options every peer script takes (MoK's defaults)."""
+    ap.add_argument("--warmup", type=int, default=500)
+    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--ceiling-warmup", type=int, default=20)
+    ap.add_argument("--ceiling-iters", type=int, default=50)

@@ -192,10 +192,7 @@ def nccl_all_to_all(nbytes, warmup, iters, world):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("work_dir", help="the directory `mok bench --ep-mode distributed --work-dir` wrote")
-    ap.add_argument("--warmup", type=int, default=500)
-    ap.add_argument("--iters", type=int, default=100)
-    ap.add_argument("--ceiling-warmup", type=int, default=20)
-    ap.add_argument("--ceiling-iters", type=int, default=50)
+    checks.add_timing_options(ap)
     ap.add_argument("--a2a-mib", type=float, default=256.0, help="bytes per rank of the NCCL all-to-all ceiling")
     ap.add_argument("--gemm-n", type=int, default=8192)
     args = ap.parse_args(argv)

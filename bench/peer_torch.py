@@ -332,10 +332,7 @@ def run(args):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("work_dir", help="the directory `mok bench --work-dir` wrote")
-    ap.add_argument("--warmup", type=int, default=500)
-    ap.add_argument("--iters", type=int, default=100)
-    ap.add_argument("--ceiling-warmup", type=int, default=20)
-    ap.add_argument("--ceiling-iters", type=int, default=50)
+    checks.add_timing_options(ap)
     ap.add_argument("--gemm-n", type=int, default=8192, help="M=N=K of the GEMM ceilings")
     ap.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy ceiling's buffer")
     ap.add_argument("--seed", type=int, default=1, help="seed of the routed rows' upstream gradient")
