@@ -144,20 +144,11 @@ class RankWork:
 
 
 def time_rank(fn, warmup, iters):
-    """Per-iteration CUDA-event times (ms) on this rank, iteration order."""
-    import torch
+    """Per-iteration CUDA-event times (ms) on this rank, iteration order; the ranks start the
+    timed iterations together."""
     import torch.distributed as dist
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    dist.barrier()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in events]
+    from peer_torch import event_times
+    return event_times(fn, warmup, iters, before_timing=dist.barrier)
 
 
 def slowest_per_iteration(per_rank):

@@ -33,19 +33,28 @@ SCHEMA = 1
 
 # ---- timing -----------------------------------------------------------------------------
 
-def time_cuda(fn, warmup, iters):
-    """Warm-up calls, then `iters` calls each between two CUDA events; times in ms."""
+def event_times(fn, warmup, iters, before_timing=None):
+    """Warm-up calls, then `iters` calls each between two CUDA events, enqueued back to back
+    and read after one synchronisation; per-iteration times in ms, in iteration order.
+    `before_timing` runs between the two (a group's barrier, say)."""
     import torch
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    if before_timing:
+        before_timing()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
     for start, end in events:
         start.record()
         fn()
         end.record()
     torch.cuda.synchronize()
-    return checks.summarize_ms([s.elapsed_time(e) for s, e in events])
+    return [s.elapsed_time(e) for s, e in events]
+
+
+def time_cuda(fn, warmup, iters):
+    """Median, min and max of event_times (ms)."""
+    return checks.summarize_ms(event_times(fn, warmup, iters))
 
 
 # ---- the pipeline (eager PyTorch, as users write it) ------------------------------------
