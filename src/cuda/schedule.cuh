@@ -63,12 +63,19 @@ __device__ __forceinline__ StreamChunk stream_chunk(const ScheduleParams& p, int
   return {begin, min(total, begin + kScheduleChunk)};
 }
 
-// Destination expert of stream position g (< end), or -1 when another rank computes it.
-__device__ __forceinline__ int destination_expert(const ScheduleParams& p, unsigned g, unsigned per, int* src,
-                                                  int* slot) {
-  *src = static_cast<int>(g / per);
-  *slot = static_cast<int>(g - static_cast<unsigned>(*src) * per);
-  const int q = p.top_experts[*src][*slot] - p.first_rank * p.local_experts;
+// Stream position g as (source rank, slot t*k + j); per = T*k ids per source rank.
+struct StreamPos {
+  int src, slot;
+};
+
+__device__ __forceinline__ StreamPos stream_pos(unsigned g, unsigned per) {
+  const unsigned src = g / per;
+  return {static_cast<int>(src), static_cast<int>(g - src * per)};
+}
+
+// Destination expert of a stream position, or -1 when another rank computes it.
+__device__ __forceinline__ int destination_expert(const ScheduleParams& p, StreamPos pos) {
+  const int q = p.top_experts[pos.src][pos.slot] - p.first_rank * p.local_experts;
   return q >= 0 && q < p.num_ranks * p.local_experts ? q : -1;
 }
 
@@ -83,8 +90,7 @@ __device__ __forceinline__ void load_chunk(const ScheduleParams& p, const Stream
 #pragma unroll
   for (int i = 0; i < kIdsPerLane; ++i) {
     const unsigned g = c.begin + 32u * i + lane;
-    int src, slot;
-    q[i] = g < c.end ? destination_expert(p, g, per, &src, &slot) : -1;
+    q[i] = g < c.end ? destination_expert(p, stream_pos(g, per)) : -1;
   }
 }
 
@@ -204,14 +210,14 @@ __global__ void __launch_bounds__(kScheduleThreads) schedule_scatter_kernel(cons
   for (int i = 0; i < kIdsPerLane; ++i) {
     const unsigned g = c.begin + 32u * i + lane;
     const int q = qs[i];
-    const int src = static_cast<int>(g / per), slot = static_cast<int>(g - static_cast<unsigned>(src) * per);
+    const StreamPos pos = stream_pos(g, per);
     const unsigned peers = __match_any_sync(0xffffffffu, q);
     const int before = __popc(peers & lanes_below);
     if (q >= 0) {
       RankPlan& plan = p.plans[q / E];
       if (*plan.num_row_tiles > 0) {  // 0: over capacity (or no rows at all)
         const int row = plan.expert_offsets[(q % E) * p.chunks + chunk] + written[q] + before;
-        plan.rows[row] = make_int2(src, slot);
+        plan.rows[row] = make_int2(pos.src, pos.slot);
       }
     }
     __syncwarp();
