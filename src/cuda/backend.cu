@@ -139,6 +139,22 @@ void check_launch(const char* what) {
   if (e != cudaSuccess) throw Error(std::string("CUDA launch of ") + what + " failed: " + cudaGetErrorString(e));
 }
 
+// The megakernel's launch in 2-CTA clusters (pair mode); `cluster` must outlive the config.
+cudaLaunchConfig_t pair_launch_config(unsigned grid, cudaStream_t stream, cudaLaunchAttribute& cluster) {
+  cluster = cudaLaunchAttribute{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 2;
+  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kComputeThreads);
+  cfg.dynamicSmemBytes = kSmemBytes;
+  cfg.stream = stream;
+  cfg.attrs = &cluster;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 // Distributed mode: every peer's staged x and combine slots, by load/store (LSA) pointer.
 __global__ void peer_pointers_kernel(ncclWindow_t x_window, ncclWindow_t combine_window, int ranks, void** out) {
   const int r = threadIdx.x;
@@ -231,24 +247,14 @@ class CudaBackend final : public BackendImpl {
     comm_ctas_ = c.forward_comm_sms > 0
                      ? c.forward_comm_sms
                      : std::clamp(static_cast<int>(ceil_div(55LL * sms_, p.intermediate)), 2, 16);
-    require(comm_ctas_ < sms_, "Config.forward_comm_sms = " + std::to_string(comm_ctas_) +
-                                   ": must leave compute SMs (the GPU has " + std::to_string(sms_) + ")");
+    MOK_CUDA_CHECK(cudaFuncSetAttribute(forward_megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     pairs_ = c.task_pairs;
     if (pairs_) {
       // Clusters of two over the whole grid: an even split, and only as many CTAs as can be
       // resident at once in clusters (the megakernel needs every CTA resident).
       comm_ctas_ += comm_ctas_ & 1;
-      cudaLaunchConfig_t probe{};
-      cudaLaunchAttribute cluster{};
-      cluster.id = cudaLaunchAttributeClusterDimension;
-      cluster.val.clusterDim.x = 2;
-      cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-      probe.gridDim = dim3(static_cast<unsigned>(sms_ & ~1));
-      probe.blockDim = dim3(kComputeThreads);
-      probe.dynamicSmemBytes = kSmemBytes;
-      probe.attrs = &cluster;
-      probe.numAttrs = 1;
-      MOK_CUDA_CHECK(cudaFuncSetAttribute(forward_megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+      cudaLaunchAttribute cluster;
+      const cudaLaunchConfig_t probe = pair_launch_config(static_cast<unsigned>(sms_ & ~1), nullptr, cluster);
       int clusters = 0;
       MOK_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, forward_megakernel, &probe));
       grid_ctas_ = std::min(sms_ & ~1, 2 * clusters);
@@ -277,7 +283,6 @@ class CudaBackend final : public BackendImpl {
     config_.task_band_tiles = band_;
 
     allocate();
-    MOK_CUDA_CHECK(cudaFuncSetAttribute(forward_megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     // The limit belongs to the kernel, not to this Layer: set it to what any Layer may need, so
     // a later, smaller Layer cannot lower it under an earlier one.
     MOK_CUDA_CHECK(cudaFuncSetAttribute(schedule_count_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -389,17 +394,8 @@ class CudaBackend final : public BackendImpl {
     fp.pull_ahead = pull_ahead_;
     fp.pairs = pairs_ ? 1 : 0;
     if (pairs_) {
-      cudaLaunchConfig_t cfg{};
-      cudaLaunchAttribute cluster{};
-      cluster.id = cudaLaunchAttributeClusterDimension;
-      cluster.val.clusterDim.x = 2;
-      cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-      cfg.gridDim = dim3(static_cast<unsigned>(grid_ctas_));
-      cfg.blockDim = dim3(kComputeThreads);
-      cfg.dynamicSmemBytes = kSmemBytes;
-      cfg.stream = stream_;
-      cfg.attrs = &cluster;
-      cfg.numAttrs = 1;
+      cudaLaunchAttribute cluster;
+      const cudaLaunchConfig_t cfg = pair_launch_config(static_cast<unsigned>(grid_ctas_), stream_, cluster);
       MOK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, forward_megakernel, fp));
     } else {
       forward_megakernel<<<grid_ctas_, kComputeThreads, kSmemBytes, stream_>>>(fp);
