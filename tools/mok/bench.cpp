@@ -177,7 +177,8 @@ int bench_command(const std::vector<std::string>& argv) {
   std::vector<const std::int32_t*> tops;
   for (const auto& r : host.ranks) tops.push_back(r.top_experts.data<std::int32_t>());
   const RankSchedule sched = build_schedule(p, config, tops, me);
-  std::vector<std::int64_t> row_source, row_slot;
+  std::vector<std::int64_t> row_source;
+  std::vector<ScheduleRow> row_at;  // (source rank, slot) of reference row r
   std::vector<std::int32_t> row_expert;
   std::vector<float> row_weight;
   std::int64_t remote = 0;
@@ -185,7 +186,7 @@ int bench_command(const std::vector<std::string>& argv) {
     for (std::int64_t i = 0; i < sched.expert_rows[e]; ++i) {
       const ScheduleRow row = sched.rows[sched.expert_begin[e] + i];
       row_source.push_back(std::int64_t(row.src_rank) * T + row.slot / k);
-      row_slot.push_back(std::int64_t(row.src_rank) * T * k + row.slot);
+      row_at.push_back(row);
       row_expert.push_back(e);
       row_weight.push_back(host.ranks[row.src_rank].router_weights.data<float>()[row.slot]);
       if (row.src_rank != me) ++remote;
@@ -200,8 +201,7 @@ int bench_command(const std::vector<std::string>& argv) {
   if (!distributed) {
     compute_reference();
     for (std::int64_t r = 0; r < N; ++r)
-      if (row_slot[r] / (std::int64_t(T) * k) == me)
-        std::copy_n(&rows_ref[r * H], H, &combine_local[std::size_t(row_slot[r] % (std::int64_t(T) * k)) * H]);
+      if (row_at[r].src_rank == me) std::copy_n(&rows_ref[r * H], H, &combine_local[std::size_t(row_at[r].slot) * H]);
   }
   BENCH_CUDA(cudaMemcpy(layer.combine_slots(me).data, combine_local.data(), slot_elems * 2, cudaMemcpyHostToDevice));
 
@@ -258,10 +258,9 @@ int bench_command(const std::vector<std::string>& argv) {
   if (!distributed) {
     std::vector<std::uint16_t> row(H);
     for (std::int64_t r = 0; r < N; ++r) {
-      const int src = static_cast<int>(row_slot[r] / (std::int64_t(T) * k));
-      const std::int64_t slot = row_slot[r] % (std::int64_t(T) * k);
-      BENCH_CUDA(cudaMemcpy(row.data(), layer.combine_slots(src).as<std::uint16_t>() + slot * H, H * 2,
-                            cudaMemcpyDeviceToHost));
+      const std::uint16_t* slot = layer.combine_slots(row_at[r].src_rank).as<std::uint16_t>() +
+                                  static_cast<std::int64_t>(row_at[r].slot) * H;
+      BENCH_CUDA(cudaMemcpy(row.data(), slot, H * 2, cudaMemcpyDeviceToHost));
       add_row(row.data(), &rows_ref[r * H]);
     }
     ref::combine_epilogue_rank(p, pool, shared_ref, combine_local, host.ranks[me].router_weights.data<float>(),
@@ -274,8 +273,8 @@ int bench_command(const std::vector<std::string>& argv) {
     std::vector<std::vector<std::int64_t>> slots_for(R);
     std::vector<std::vector<std::uint16_t>> rows_for(R);
     for (std::int64_t r = 0; r < N; ++r) {
-      const int src = static_cast<int>(row_slot[r] / (std::int64_t(T) * k));
-      const std::int64_t slot = row_slot[r] % (std::int64_t(T) * k);
+      const int src = row_at[r].src_rank;
+      const std::int64_t slot = row_at[r].slot;
       if (src == me) {
         std::copy_n(&rows_ref[r * H], H, &ref_slots[std::size_t(slot) * H]);
         covered[slot] = 1;
