@@ -105,23 +105,19 @@ class RankWork:
         self.R, self.T, self.H, self.I, self.k, self.E_loc, widths = workdir.problem_dims(p)
         self.limit = None if p.get("swiglu_limit") is None else float(p["swiglu_limit"])
 
+        from peer_torch import bf16_tensor, fused_weights
+
         def load(name):
             return np.load(os.path.join(rank_dir, name + ".npy"))
 
-        def bf16(bits):
-            return torch.from_numpy(np.ascontiguousarray(bits).view(np.int16)).view(torch.bfloat16).to(device)
-
-        self.x = bf16(load("x_local"))
+        self.x = bf16_tensor(load("x_local"), device)
         self.top = torch.from_numpy(load("top_experts").astype(np.int64)).to(device).reshape(-1)
         self.router_weights = torch.from_numpy(load("router_weights")).float().to(device)
-        self.y_ref = bf16(load("y_ref"))
-        self.w13 = torch.cat([bf16(load("w_gate")), bf16(load("w_up"))], dim=1).contiguous()
-        self.w2 = bf16(load("w_down")).contiguous()
-        self.shared = []
-        for s, width in enumerate(widths):
-            pre = f"shared{s}_"
-            w13s = torch.cat([bf16(load(pre + "w_gate")), bf16(load(pre + "w_up"))], dim=0).contiguous()
-            self.shared.append((w13s, bf16(load(pre + "w_down")).contiguous(), width))
+        self.y_ref = bf16_tensor(load("y_ref"), device)
+        weights = {name: load(name) for name in ("w_gate", "w_up", "w_down")}
+        weights["shared"] = [{name: load(f"shared{s}_{name}") for name in ("w_gate", "w_up", "w_down")}
+                             for s in range(len(widths))]
+        self.w13, self.w2, self.shared = fused_weights(weights, widths, device)
 
     def forward(self):
         import torch

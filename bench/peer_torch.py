@@ -102,6 +102,31 @@ def local_y(x_local, shared, router_weights, combine_local, limit):
     return acc.to(torch.bfloat16)
 
 
+def bf16_tensor(bits, device):
+    """'<u2' bf16 bit patterns (numpy) -> a bf16 tensor on `device`."""
+    import numpy as np
+    import torch
+    return torch.from_numpy(np.ascontiguousarray(bits).view(np.int16)).view(torch.bfloat16).to(device)
+
+
+def fused_weights(arrays, widths, device):
+    """The rank's weights as the pipeline uses them, made once (outside every timing):
+    w13 = [gate | up] per local expert, w2, and (w13s, w2s, width) per shared expert, from
+    bf16 bit arrays: arrays["w_gate"/"w_up"/"w_down"], arrays["shared"][s]["w_gate"/...]."""
+    import torch
+
+    def bf16(bits):
+        return bf16_tensor(bits, device)
+
+    w13 = torch.cat([bf16(arrays["w_gate"]), bf16(arrays["w_up"])], dim=1).contiguous()
+    w2 = bf16(arrays["w_down"]).contiguous()
+    shared = []
+    for s, width in zip(arrays["shared"], widths):
+        w13s = torch.cat([bf16(s["w_gate"]), bf16(s["w_up"])], dim=0).contiguous()
+        shared.append((w13s, bf16(s["w_down"]).contiguous(), width))
+    return w13, w2, shared
+
+
 class Work:
     """The peer inputs on the GPU, with the fused weights made once (outside every timing)."""
 
@@ -110,7 +135,7 @@ class Work:
         import torch
 
         def bf16(bits):
-            return torch.from_numpy(np.ascontiguousarray(bits).view(np.int16)).view(torch.bfloat16).to(device)
+            return bf16_tensor(bits, device)
 
         def plain(a):
             return torch.from_numpy(np.ascontiguousarray(a)).to(device)
@@ -123,12 +148,7 @@ class Work:
         self.row_expert = plain(arrays["row_expert"]).long()
         self.row_weight = plain(arrays["row_weight"]).float()
         self.N = int(self.row_source.numel())
-        self.w13 = torch.cat([bf16(arrays["w_gate"]), bf16(arrays["w_up"])], dim=1).contiguous()
-        self.w2 = bf16(arrays["w_down"]).contiguous()
-        self.shared = []
-        for s, width in zip(arrays["shared"], widths):
-            w13s = torch.cat([bf16(s["w_gate"]), bf16(s["w_up"])], dim=0).contiguous()
-            self.shared.append((w13s, bf16(s["w_down"]).contiguous(), width))
+        self.w13, self.w2, self.shared = fused_weights(arrays, widths, device)
         self.x_local = bf16(arrays["x_local"])
         self.router_weights = plain(arrays["router_weights"]).float()
         self.combine_local = bf16(arrays["combine_local"])
