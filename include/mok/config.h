@@ -19,12 +19,13 @@ struct Config {
   int tile_rows = 128;                   // each expert's row segment is padded to this
   // Compute-task order (CUDA): row tiles are taken in bands of this many, and within a band
   // column by column, so CTAs running at once share weight tiles in L2 instead of each
-  // streaming its own from HBM. 0: chosen by the library; 1: row tile by row tile.
+  // streaming its own from HBM. 0: chosen by the library (4, or 8 with task_pairs);
+  // 1: row tile by row tile.
   int task_band_tiles = 0;
   // Compute SMs in 2-CTA clusters running task pairs (CUDA): two row tiles of one expert and
   // column load the weight tile once, each CTA a half, multicast to both (half the weight
-  // traffic through L2). Implies bands (8 unless task_band_tiles says). Off by default
-  // until measured on the device.
+  // traffic through L2). Implies bands (8 unless task_band_tiles says). Off by default:
+  // on the H200 it was slower than bands alone (Qwen3.5 slice 1.23 vs 1.15 ms).
   bool task_pairs = false;
 
   void validate() const;                 // throws mok::Error naming the field

@@ -139,21 +139,53 @@ void check_launch(const char* what) {
   if (e != cudaSuccess) throw Error(std::string("CUDA launch of ") + what + " failed: " + cudaGetErrorString(e));
 }
 
-// The megakernel's launch in 2-CTA clusters (pair mode); `cluster` must outlive the config.
-cudaLaunchConfig_t pair_launch_config(unsigned grid, cudaStream_t stream, cudaLaunchAttribute& cluster) {
-  cluster = cudaLaunchAttribute{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 2;
-  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kComputeThreads);
-  cfg.dynamicSmemBytes = kSmemBytes;
-  cfg.stream = stream;
-  cfg.attrs = &cluster;
-  cfg.numAttrs = 1;
-  return cfg;
-}
+// One kernel launch through cudaLaunchKernelEx, with the attributes the forward uses:
+//  - after_kernel(): a programmatic dependent of the previous kernel in the stream (PDL), so
+//    its launch overlaps that kernel's tail; the kernel calls wait_previous_kernel() first.
+//    Only where the previous operation in the stream is one of our kernels.
+//  - in_pairs(): 2-CTA clusters (the megakernel's pair mode).
+class Launch {
+ public:
+  Launch(dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream) {
+    cfg_.gridDim = grid;
+    cfg_.blockDim = block;
+    cfg_.dynamicSmemBytes = smem;
+    cfg_.stream = stream;
+  }
+  Launch& after_kernel(bool on = true) {
+    if (on) {
+      cudaLaunchAttribute& a = attrs_[num_attrs_++];
+      a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      a.val.programmaticStreamSerializationAllowed = 1;
+    }
+    return *this;
+  }
+  Launch& in_pairs(bool on = true) {
+    if (on) {
+      cudaLaunchAttribute& a = attrs_[num_attrs_++];
+      a.id = cudaLaunchAttributeClusterDimension;
+      a.val.clusterDim.x = 2;
+      a.val.clusterDim.y = a.val.clusterDim.z = 1;
+    }
+    return *this;
+  }
+  // The config as cudaLaunchKernelEx and the occupancy queries take it (valid while *this is).
+  const cudaLaunchConfig_t& config() {
+    cfg_.attrs = attrs_;
+    cfg_.numAttrs = num_attrs_;
+    return cfg_;
+  }
+  template <typename... Params, typename... Args>
+  void operator()(const char* name, void (*kernel)(Params...), Args&&... args) {
+    const cudaError_t e = cudaLaunchKernelEx(&config(), kernel, std::forward<Args>(args)...);
+    if (e != cudaSuccess) throw Error(std::string("CUDA launch of ") + name + " failed: " + cudaGetErrorString(e));
+  }
+
+ private:
+  cudaLaunchConfig_t cfg_{};
+  cudaLaunchAttribute attrs_[2]{};
+  unsigned num_attrs_ = 0;
+};
 
 // Distributed mode: every peer's staged x and combine slots, by load/store (LSA) pointer.
 __global__ void peer_pointers_kernel(ncclWindow_t x_window, ncclWindow_t combine_window, int ranks, void** out) {
@@ -253,10 +285,9 @@ class CudaBackend final : public BackendImpl {
       // Clusters of two over the whole grid: an even split, and only as many CTAs as can be
       // resident at once in clusters (the megakernel needs every CTA resident).
       comm_ctas_ += comm_ctas_ & 1;
-      cudaLaunchAttribute cluster;
-      const cudaLaunchConfig_t probe = pair_launch_config(static_cast<unsigned>(sms_ & ~1), nullptr, cluster);
+      Launch probe(dim3(sms_ & ~1), dim3(kComputeThreads), kSmemBytes, nullptr);
       int clusters = 0;
-      MOK_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, forward_megakernel, &probe));
+      MOK_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, forward_megakernel, &probe.in_pairs().config()));
       grid_ctas_ = std::min(sms_ & ~1, 2 * clusters);
     } else {
       grid_ctas_ = sms_;
@@ -269,9 +300,11 @@ class CudaBackend final : public BackendImpl {
     compute_ctas_ = grid_ctas_ - comm_ctas_;
     // A gate/up tile costs about two average tasks, so while one runs ~2.5 * compute CTAs
     // tasks are claimed: put a row tile's down tiles that many tasks after its gate/up tiles.
-    // Bands: the library keeps row-tile order (1) until bands are measured on the device.
+    // Bands of 4 row tiles by default: measured on the H200 (forward ms, band 1/4/8):
+    // DeepSeek-V4-Pro slice 4.34/3.37/3.35 (weights no longer re-streamed from HBM per row
+    // tile), Qwen3-30B T=16384 2.94/2.71/2.88, Qwen3.5 slice 1.17/1.17/1.15.
     // Pairs share a weight tile only within a band of 2 or more row tiles: 8 unless asked.
-    const int asked_band = c.task_band_tiles > 0 ? c.task_band_tiles : pairs_ ? 8 : 1;
+    const int asked_band = c.task_band_tiles > 0 ? c.task_band_tiles : pairs_ ? 8 : 4;
     const BandAndLag order = choose_band_and_lag(asked_band, compute_ctas_, gateup_tiles_, down_tiles_, ring_tiles_,
                                                  ring_tiles_ < cap_tiles_);
     band_ = order.band;
@@ -341,15 +374,18 @@ class CudaBackend final : public BackendImpl {
                          static_cast<std::size_t>(T) * p.top_k * sizeof(int), stream_);
     }
     sp.validate_first_rank = group_ ? first_rank_ : 0;
-    schedule_validate_kernel<<<dim3(ceil_div(T, 256), group_ ? 1 : p.ep_size), 256, 0, stream_>>>(sp);
-    check_launch("schedule_validate_kernel");
+    // The first kernel follows a memset (or the all-gather): an ordinary launch. Every later
+    // one follows one of ours and launches as a programmatic dependent (PDL), hiding most of
+    // the launch gap; in a group the epilogue follows the group barrier instead.
+    Launch(dim3(ceil_div(T, 256), group_ ? 1 : p.ep_size), dim3(256), 0, stream_)("schedule_validate_kernel",
+                                                                                  schedule_validate_kernel, sp);
     const int sched_blocks = ceil_div(chunks_, kScheduleWarps);
-    schedule_count_kernel<<<sched_blocks, kScheduleThreads, schedule_warp_smem_, stream_>>>(sp);
-    check_launch("schedule_count_kernel");
-    schedule_offsets_kernel<<<1, 1024, schedule_offsets_smem_, stream_>>>(sp);
-    check_launch("schedule_offsets_kernel");
-    schedule_scatter_kernel<<<sched_blocks, kScheduleThreads, schedule_warp_smem_, stream_>>>(sp);
-    check_launch("schedule_scatter_kernel");
+    Launch(dim3(sched_blocks), dim3(kScheduleThreads), schedule_warp_smem_, stream_)
+        .after_kernel()("schedule_count_kernel", schedule_count_kernel, sp);
+    Launch(dim3(1), dim3(1024), schedule_offsets_smem_, stream_)
+        .after_kernel()("schedule_offsets_kernel", schedule_offsets_kernel, sp);
+    Launch(dim3(sched_blocks), dim3(kScheduleThreads), schedule_warp_smem_, stream_)
+        .after_kernel()("schedule_scatter_kernel", schedule_scatter_kernel, sp);
 
     PlanParams pp{};
     pp.plans = plans_dev_.as<RankPlan>();
@@ -358,9 +394,8 @@ class CudaBackend final : public BackendImpl {
     pp.num_tasks = task_counts_.as<int>();
     pp.pulls = pulls_.as<int2>();
     pp.num_pulls = task_counts_.as<int>() + 1;
-    schedule_plan_kernel<<<ceil_div(ceil_div(std::max(cap_tiles_, shared_row_tiles_), band_) + lag_, 256), 256, 0,
-                           stream_>>>(pp);
-    check_launch("schedule_plan_kernel");
+    Launch(dim3(ceil_div(ceil_div(std::max(cap_tiles_, shared_row_tiles_), band_) + lag_, 256)), dim3(256), 0, stream_)
+        .after_kernel()("schedule_plan_kernel", schedule_plan_kernel, pp);
 
     ForwardParams fp{};
     fp.ep_size = p.ep_size;
@@ -393,21 +428,15 @@ class CudaBackend final : public BackendImpl {
     fp.ring_wraps = ring_tiles_ < cap_tiles_ ? 1 : 0;
     fp.pull_ahead = pull_ahead_;
     fp.pairs = pairs_ ? 1 : 0;
-    if (pairs_) {
-      cudaLaunchAttribute cluster;
-      const cudaLaunchConfig_t cfg = pair_launch_config(static_cast<unsigned>(grid_ctas_), stream_, cluster);
-      MOK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, forward_megakernel, fp));
-    } else {
-      forward_megakernel<<<grid_ctas_, kComputeThreads, kSmemBytes, stream_>>>(fp);
-    }
-    check_launch("forward_megakernel");
+    Launch(dim3(grid_ctas_), dim3(kComputeThreads), kSmemBytes, stream_)
+        .after_kernel()
+        .in_pairs(pairs_)("forward_megakernel", forward_megakernel, fp);
     // Every rank's rows are in our combine slots, and every rank's error code is known here:
     // a rank that failed (capacity, say) did not push its rows for our tokens.
     if (group_) group_->barrier_max(reinterpret_cast<const int*>(error_.as<char>() + offsetof(DeviceError, code)),
                                     group_error_.as<int>(), stream_);
 
-    combine_epilogue_kernel<<<row_grid, 256, 0, stream_>>>(ep);
-    check_launch("combine_epilogue_kernel");
+    Launch(row_grid, dim3(256), 0, stream_).after_kernel(!group_)("combine_epilogue_kernel", combine_epilogue_kernel, ep);
   }
 
   void backward(std::span<const RankBackward>) override {

@@ -26,6 +26,7 @@ struct EpilogueParams {
 
 // grid (ceil(T*H/8 / 256), num_ranks), 256 threads; each thread one 8-column chunk.
 __global__ void stage_x_kernel(const EpilogueParams p) {
+  wait_previous_kernel();
   const int d = blockIdx.y;
   const long long chunks = static_cast<long long>(p.tokens) * p.hidden / 8;
   const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -34,6 +35,7 @@ __global__ void stage_x_kernel(const EpilogueParams p) {
 }
 
 __global__ void combine_epilogue_kernel(const EpilogueParams p) {
+  wait_previous_kernel();
   const int d = blockIdx.y;
   const int chunks_per_row = p.hidden / 8;
   const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;

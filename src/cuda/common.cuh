@@ -84,6 +84,17 @@ __device__ __forceinline__ void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
+// Programmatic dependent launch (PDL). A kernel launched as a programmatic dependent of the
+// previous kernel in its stream may start while that kernel drains; before it touches any
+// memory that kernel reads or writes it must call wait_previous_kernel(), which returns once
+// the previous grid has completed and its writes are visible (at once when the launch was an
+// ordinary one). Completion is transitive: the previous kernel waited for its own predecessor.
+__device__ __forceinline__ void wait_previous_kernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// Lets the next kernel's CTAs launch now instead of as this grid's CTAs exit. Only for small
+// grids that never wait on the next kernel (its CTAs then sit resident in their own wait).
+__device__ __forceinline__ void allow_next_kernel_launch() { asm volatile("griddepcontrol.launch_dependents;"); }
+
 __device__ __forceinline__ std::uint64_t globaltimer_ns() {
   std::uint64_t t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));

@@ -346,6 +346,7 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
 __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const __grid_constant__ ForwardParams p) {
   extern __shared__ std::uint8_t smem_raw[];
   if (static_cast<int>(blockIdx.x) < p.num_comm_ctas) {
+    wait_previous_kernel();
     dispatch_role(p, smem_raw);
     return;
   }
@@ -367,6 +368,7 @@ __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const _
   }
   __syncthreads();
   if (pr.on) sm90::cluster_sync();  // the peer's barriers exist before anyone arrives on them
+  wait_previous_kernel();  // the plan kernel's tasks (PDL: the set-up above overlapped it)
   const int num_tasks = *p.num_tasks;
   if (threadIdx.x < 128) {
     sm90::setmaxnreg_dec<40>();

@@ -35,6 +35,8 @@ struct ScheduleParams {
 };
 
 __global__ void schedule_validate_kernel(const ScheduleParams p) {
+  wait_previous_kernel();
+  allow_next_kernel_launch();
   const int rank = p.validate_first_rank + blockIdx.y;
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= p.tokens) return;
@@ -97,6 +99,8 @@ __device__ __forceinline__ void load_chunk(const ScheduleParams& p, const Stream
 // grid ceil(chunks / kScheduleWarps), kScheduleThreads; dynamic smem: a histogram of the
 // destination experts per warp. Writes rows per (expert, chunk).
 __global__ void __launch_bounds__(kScheduleThreads) schedule_count_kernel(const ScheduleParams p) {
+  wait_previous_kernel();
+  allow_next_kernel_launch();
   extern __shared__ int hist_all[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunk = blockIdx.x * kScheduleWarps + warp;
@@ -119,6 +123,8 @@ __global__ void __launch_bounds__(kScheduleThreads) schedule_count_kernel(const 
 // each expert's padded segment (experts in order, each padded to 128 rows), the capacity
 // check, the start row of every (expert, chunk), the padding rows and each row tile's expert.
 __global__ void __launch_bounds__(1024) schedule_offsets_kernel(const ScheduleParams p) {
+  wait_previous_kernel();
+  allow_next_kernel_launch();
   constexpr int kItems = kScheduleMaxExperts / 1024;
   using Scan = cub::BlockScan<int, 1024>;
   __shared__ typename Scan::TempStorage tmp;
@@ -193,6 +199,8 @@ __global__ void __launch_bounds__(1024) schedule_offsets_kernel(const SchedulePa
 // so far per destination expert. Each warp writes its chunk's rows in stream order: the
 // lanes holding the same expert are ranked by lane (match_any), 32 ids at a time.
 __global__ void __launch_bounds__(kScheduleThreads) schedule_scatter_kernel(const ScheduleParams p) {
+  wait_previous_kernel();
+  allow_next_kernel_launch();
   extern __shared__ int written_all[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunk = blockIdx.x * kScheduleWarps + warp;
@@ -238,6 +246,10 @@ struct PlanParams {
 // grid ceil(max_groups / 256), 256 threads: one thread per group of the order in
 // plan_order.h, which it writes at its closed-form offset.
 __global__ void __launch_bounds__(256) schedule_plan_kernel(const PlanParams p) {
+  wait_previous_kernel();
+  // The megakernel's CTAs may take the SMs this grid leaves free at once (one CTA per SM;
+  // they all become resident as this grid's few blocks exit).
+  allow_next_kernel_launch();
   const int g = blockIdx.x * blockDim.x + threadIdx.x;
   auto row_tiles = [&](int d) { return *p.plans[d].num_row_tiles; };
   const int groups = plan_groups(p.shape, row_tiles);
