@@ -1,7 +1,7 @@
 // mok: the CUDA backend behind mok::Layer (Backend::cuda), Hopper sm_90a.
 //
-// A forward is eight stream-ordered launches (nine in a real group) and no host synchronisation:
-//   memset(counters) -> [group: stage x] -> schedule validate -> count -> offsets -> scatter -> plan
+// A forward is seven stream-ordered launches (more in a real group) and no host synchronisation:
+//   memset(counters) -> [group: stage x, all-gather ids] -> schedule count (+ validation) -> offsets -> scatter -> plan
 //   -> megakernel (dispatch + every expert FFN + combine push) -> combine epilogue.
 // The grid and every buffer are sized from the schedule capacity on the host; the device
 // reads the real row counts. Device-side input errors (bad expert ids, capacity) are
@@ -373,15 +373,15 @@ class CudaBackend final : public BackendImpl {
       group_->all_gather(ranks[0].inputs.top_experts.data, gathered_tops_.as<void>(),
                          static_cast<std::size_t>(T) * p.top_k * sizeof(int), stream_);
     }
+    // Each rank validates its own ids (a slice or virtual ranks: every rank's).
     sp.validate_first_rank = group_ ? first_rank_ : 0;
+    sp.validate_ranks = group_ ? 1 : p.ep_size;
     // The first kernel follows a memset (or the all-gather): an ordinary launch. Every later
     // one follows one of ours and launches as a programmatic dependent (PDL), hiding most of
     // the launch gap; in a group the epilogue follows the group barrier instead.
-    Launch(dim3(ceil_div(T, 256), group_ ? 1 : p.ep_size), dim3(256), 0, stream_)("schedule_validate_kernel",
-                                                                                  schedule_validate_kernel, sp);
     const int sched_blocks = ceil_div(chunks_, kScheduleWarps);
-    Launch(dim3(sched_blocks), dim3(kScheduleThreads), schedule_warp_smem_, stream_)
-        .after_kernel()("schedule_count_kernel", schedule_count_kernel, sp);
+    Launch(dim3(sched_blocks), dim3(kScheduleThreads), schedule_warp_smem_, stream_)(
+        "schedule_count_kernel", schedule_count_kernel, sp);
     Launch(dim3(1), dim3(1024), schedule_offsets_smem_, stream_)
         .after_kernel()("schedule_offsets_kernel", schedule_offsets_kernel, sp);
     Launch(dim3(sched_blocks), dim3(kScheduleThreads), schedule_warp_smem_, stream_)
@@ -780,7 +780,6 @@ std::unique_ptr<BackendImpl> make_cuda_backend(const Problem& p, const Config& c
 std::vector<std::pair<const void*, std::string>> cuda_forward_kernels() {
   using namespace cuda;
   return {{reinterpret_cast<const void*>(stage_x_kernel), "stage_x_kernel"},
-          {reinterpret_cast<const void*>(schedule_validate_kernel), "schedule_validate_kernel"},
           {reinterpret_cast<const void*>(schedule_count_kernel), "schedule_count_kernel"},
           {reinterpret_cast<const void*>(schedule_offsets_kernel), "schedule_offsets_kernel"},
           {reinterpret_cast<const void*>(schedule_scatter_kernel), "schedule_scatter_kernel"},

@@ -1,8 +1,9 @@
 // mok: the schedule on the GPU, from the (all-gathered) top-k ids, with counts and prefix
 // sums only, bit for bit the rows of the CPU builder (src/core/schedule.cpp):
-//   validate: ids in range, distinct per token, finite router weights (errors recorded);
 //   count:    rows per (destination expert, chunk of the source id stream), one warp per
-//             chunk, one pass over the ids;
+//             chunk, one pass over the ids; the same warp validates the tokens that start
+//             in its chunk (ids in range, distinct per token, finite router weights; errors
+//             recorded; a bad id is never a destination, so counting needs no order);
 //   offsets:  each expert's segment padded to 128 rows, the capacity check, the first row
 //             of every (expert, chunk), padding rows and each row tile's expert;
 //   scatter:  each chunk's warp writes its rows in stream order from those offsets;
@@ -27,19 +28,16 @@ struct ScheduleParams {
   const float* const* router_weights; // [R] -> [T*k]
   int ep_size, tokens, top_k, num_experts, local_experts;
   int first_rank, num_ranks;          // destination ranks built here
-  int validate_first_rank;            // validate ranks [this, this + gridDim.y)
+  int validate_first_rank;            // validate source ranks [this, this + validate_ranks)
+  int validate_ranks;
   int chunks;                         // ceil(R*T*k / kScheduleChunk)
   int capacity_rows;
   RankPlan* plans;                    // [num_ranks]
   DeviceError* error;
 };
 
-__global__ void schedule_validate_kernel(const ScheduleParams p) {
-  wait_previous_kernel();
-  allow_next_kernel_launch();
-  const int rank = p.validate_first_rank + blockIdx.y;
-  const int t = blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= p.tokens) return;
+// Validation of one token of source rank `rank`: ids in range, distinct, finite weights.
+__device__ __forceinline__ void validate_token(const ScheduleParams& p, int rank, int t) {
   const int k = p.top_k;
   const int* ids = p.top_experts[rank] + static_cast<long long>(t) * k;
   const float* w = p.router_weights[rank] + static_cast<long long>(t) * k;
@@ -117,6 +115,14 @@ __global__ void __launch_bounds__(kScheduleThreads) schedule_count_kernel(const 
   __syncwarp();
   for (int q = lane; q < Q; q += 32)
     p.plans[q / p.local_experts].expert_counts[(q % p.local_experts) * p.chunks + chunk] = hist[q];
+  // The tokens whose first id is in this chunk (their ids are in L1/L2 now).
+  const StreamChunk c = stream_chunk(p, chunk);
+  const unsigned k = p.top_k;
+  for (unsigned u = (c.begin + k - 1) / k + lane; u * k < c.end; u += 32) {
+    const int rank = static_cast<int>(u / p.tokens);
+    if (rank >= p.validate_first_rank && rank < p.validate_first_rank + p.validate_ranks)
+      validate_token(p, rank, static_cast<int>(u - static_cast<unsigned>(rank) * p.tokens));
+  }
 }
 
 // One block of 1024 threads; dynamic smem: rows per destination expert. From the counts:
