@@ -20,7 +20,7 @@ namespace mok::cuda {
 
 constexpr int kScheduleThreads = 256;
 constexpr int kScheduleWarps = kScheduleThreads / 32;
-constexpr int kScheduleChunk = 1024;        // ids per warp in count and scatter
+constexpr int kScheduleChunk = 512;         // ids per warp in count and scatter (more, shorter warps: both passes are latency-bound)
 constexpr int kScheduleMaxExperts = 4096;   // destination experts one forward builds (smem histograms)
 
 struct ScheduleParams {
