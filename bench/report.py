@@ -143,16 +143,19 @@ def repeat_lines(loaded):
         return lines + ["No shape has been measured twice at one commit yet.", ""]
     lines += ["Medians of every run of one commit on one shape; spread = (max - min) / min "
               "(the suite's bar for agreement is 10%).", "",
-              "| shape | EP mode | tokens | commit | runs | mok ms | mok spread | PyTorch ms | PyTorch spread |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| shape | EP mode | tokens | commit | runs | mok ms | mok spread | PyTorch ms | PyTorch spread "
+              "| dense bf16 TFLOP/s | ceiling spread |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for key in sorted(groups, key=lambda k: (_shape_rank(k[0]),) + tuple(str(x) for x in k[1:])):
         recs = groups[key]
         mok = [values(r)["mok_ms"] for r in recs]
         pt = [values(r)["pt_ms"] for r in recs]
-        sm, sp = spread(mok), spread(pt)
+        dense = [values(r)["dense"] for r in recs]
+        sm, sp, sd = spread(mok), spread(pt), spread(dense)
         cells = [key[0], key[1], key[3], key[5], len(recs), " / ".join(_f(v, ".3f") for v in mok),
                  _f(None if sm is None else 100 * sm, ".1f", "%"), " / ".join(_f(v, ".3f") for v in pt),
-                 _f(None if sp is None else 100 * sp, ".1f", "%")]
+                 _f(None if sp is None else 100 * sp, ".1f", "%"), " / ".join(_f(v, ".0f") for v in dense),
+                 _f(None if sd is None else 100 * sd, ".1f", "%")]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return lines + [""]
 

@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import checks  # noqa: E402
 import records  # noqa: E402
 import workdir  # noqa: E402
 
@@ -213,8 +214,8 @@ def main(argv=None):
                     help="gaussian | zipf[:s] | hot[:f[:e]] | worst[:r] | file:DIR (passed to mok bench)")
     ap.add_argument("--warmup", type=int, default=500)
     ap.add_argument("--iters", type=int, default=100)
-    ap.add_argument("--ceiling-warmup", type=int, default=20)
-    ap.add_argument("--ceiling-iters", type=int, default=50)
+    ap.add_argument("--ceiling-warmup", type=int, default=checks.CEILING_WARMUP)
+    ap.add_argument("--ceiling-iters", type=int, default=checks.CEILING_ITERS)
     ap.add_argument("--mok-bin", default=os.path.join(REPO_ROOT, "build", "bin", "mok"),
                     help="the mok binary (a command line: split like a shell would)")
     ap.add_argument("--mok-arg", action="append", default=[], help="extra argument(s) for mok bench; repeatable")

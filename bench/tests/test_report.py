@@ -123,6 +123,10 @@ class Report(unittest.TestCase):
             text = "\n".join(report.repeat_lines(loaded))
             self.assertIn("10.000 / 1.000", text)
             self.assertIn("900.0%", text)
+            # The ceiling measured with each record is compared across the runs too.
+            self.assertIn("| ceiling spread |", text)
+            dense = [r["ceilings"]["dense_bf16_tflops"] for r in recs]
+            self.assertIn(" / ".join(f"{v:.0f}" for v in dense), text)
             self.assertIn("No shape has been measured twice", "\n".join(report.repeat_lines(loaded[2:3])))
 
     def test_real_groups_table(self):
