@@ -264,13 +264,17 @@ def markdown(recs, plots, out_dir, repeats=None):
     lines += group_lines(recs)
     lines += repeats or []
     lines += ["## Ceilings measured with each record", "",
-              "| shape | tokens | dense bf16 TFLOP/s | fp8 e4m3 TFLOP/s (fast accum / exact) | copy GB/s "
+              "| shape | tokens | ceiling warm-up / timed iterations | dense bf16 TFLOP/s "
+              "| fp8 e4m3 TFLOP/s (fast accum / exact) | copy GB/s "
               "| mok HBM GB/s (min bytes) | PyTorch HBM GB/s (min bytes) |",
-              "|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|"]
     for rec in recs:
         c = rec.get("ceilings") or {}
+        peer_timing = _get(rec, "timing", "peer") or {}
         lines.append("| " + " | ".join(_cell(x) for x in (
-            rec["shape"], rec["tokens_per_rank"], _f(c.get("dense_bf16_tflops"), ".0f"),
+            rec["shape"], rec["tokens_per_rank"],
+            _f(peer_timing.get("ceiling_warmup"), "d") + " / " + _f(peer_timing.get("ceiling_iters"), "d"),
+            _f(c.get("dense_bf16_tflops"), ".0f"),
             _f(c.get("fp8_e4m3_tflops"), ".0f") + " / " + _f(c.get("fp8_e4m3_exact_accum_tflops"), ".0f"),
             _f(c.get("copy_gbps"), ".0f"), _f(_get(rec, "bytes", "mok_hbm_gbps"), ".0f"),
             _f(_get(rec, "bytes", "pytorch_hbm_gbps"), ".0f"))) + " |")
