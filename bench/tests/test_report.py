@@ -90,7 +90,7 @@ class Report(unittest.TestCase):
             self.assertIn("## Backward", text)
             self.assertIn("| qwen3.5-397b-a17b | slice (EP=64) | gaussian | 2048 | 4.000 | 283.5 | 8.000 | 141.7 | 2.00x |",
                           text)
-            self.assertIn("| qwen3.5-397b-a17b | 2048 | 1000 | 2000 / 1250 | 4000 |", text)
+            self.assertIn("| qwen3.5-397b-a17b | 2048 | 1 / 2 | 1000 | 2000 / 1250 | 4000 |", text)
 
     def test_newest_wins(self):
         with tempfile.TemporaryDirectory() as d:
