@@ -31,6 +31,7 @@ done
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 [ -x "$BIN/mok" ] || { echo "device_perf: $BIN/mok is missing (build first, or --bin DIR)" >&2; exit 1; }
 table=()
+KERNELS_PER_FORWARD=6  # count, offsets, scatter, plan, megakernel, epilogue (one GPU)
 
 # The shape's own EP mode: MoK's shapes as one rank's EP-64 slice, the others at EP 1.
 shape_args() {
@@ -47,8 +48,12 @@ forward_ms() { "$BIN/mok" run --backend cuda $1 --iters 30 --warmup 10 2>&1 | te
 for shape in ${SHAPES//,/ }; do
   args=$(shape_args "$shape")
   if command -v ncu > /dev/null; then
-    timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum -c 10 \
-      "$BIN/mok" run --backend cuda $args --iters 1 --warmup 0 > "$OUT/perf_${shape}_kernels.txt" 2>&1
+    # Steady state: the 11th forward's kernels (10 warm-ups skipped), caches as the previous
+    # kernel left them (ncu's default flushes them before each kernel, which makes the small
+    # kernels look 1.5x slower than they run).
+    timeout 120 ncu --clock-control none --cache-control none -k 'regex:schedule|stage|forward|combine' \
+      --launch-skip $((10 * KERNELS_PER_FORWARD)) --launch-count $KERNELS_PER_FORWARD --metrics gpu__time_duration.sum \
+      "$BIN/mok" run --backend cuda $args --iters 3 --warmup 10 > "$OUT/perf_${shape}_kernels.txt" 2>&1
     kernels=$(grep -E "^  [a-z_]+.*\(|gpu__time_duration" "$OUT/perf_${shape}_kernels.txt" |
       awk '/\(/ {split($1, n, "("); name = n[1]; next} {printf "%s=%s%s ", name, $NF, $(NF-1)}')
     table+=("$shape kernels: $kernels")

@@ -17,6 +17,7 @@
 
 #include "core/compare.h"
 #include "core/device_mirror.h"
+#include "core/device_timer.h"
 #include "core/rng.h"
 #include "comm/group_env.h"
 #include "io/layer_io.h"
@@ -206,36 +207,13 @@ int bench_command(const std::vector<std::string>& argv) {
   BENCH_CUDA(cudaMemcpy(layer.combine_slots(me).data, combine_local.data(), slot_elems * 2, cudaMemcpyHostToDevice));
 
   // ---- timing ----
-  // Timed like the peers (bench/peer_torch.py): warm-up calls, then every timed call between
-  // its own pair of events, enqueued back to back and read after a synchronisation, so the
-  // host's launch latency is not counted as device time. In a group, synchronising every 50
-  // calls keeps its bounded wait (MOK_WAIT_TIMEOUT_MS) about progress, not the whole queue.
-  const int kSyncEvery = distributed ? 50 : 1 << 30;
-  for (int i = 0; i < warmup; ++i) {
-    layer.forward(args_dev);
-    if ((i + 1) % kSyncEvery == 0) layer.synchronize();
-  }
-  layer.synchronize();
-  std::vector<cudaEvent_t> start(iters), stop(iters);
-  for (int i = 0; i < iters; ++i) {
-    BENCH_CUDA(cudaEventCreate(&start[i]));
-    BENCH_CUDA(cudaEventCreate(&stop[i]));
-  }
-  for (int i = 0; i < iters; ++i) {
-    BENCH_CUDA(cudaEventRecord(start[i], stream));
-    layer.forward(args_dev);
-    BENCH_CUDA(cudaEventRecord(stop[i], stream));
-    if ((i + 1) % kSyncEvery == 0) layer.synchronize();
-  }
-  layer.synchronize();
-  std::vector<double> ms;  // in iteration order (a group's record takes the slowest rank per iteration)
-  for (int i = 0; i < iters; ++i) {
-    float t = 0;
-    BENCH_CUDA(cudaEventElapsedTime(&t, start[i], stop[i]));
-    ms.push_back(t);
-    cudaEventDestroy(start[i]);
-    cudaEventDestroy(stop[i]);
-  }
+  // Timed like the peers (bench/peer_torch.py), see core/device_timer.h. In a group,
+  // synchronising every 50 calls keeps its bounded wait (MOK_WAIT_TIMEOUT_MS) about
+  // progress, not the whole queue. `ms` is in iteration order (a group's record takes the
+  // slowest rank per iteration).
+  const std::vector<double> ms =
+      device_times_ms(stream, warmup, iters,
+                      {[&] { layer.forward(args_dev); }, [&] { layer.synchronize(); }, distributed ? 50 : 0});
   const Timing fwd_time = summarize(ms);
   const auto stats = layer.last_schedule_stats();
   LayerData out = host;
