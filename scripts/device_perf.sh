@@ -6,8 +6,10 @@
 #
 #   scripts/device_perf.sh [--bin DIR] [--shapes a,b,...] [--bands 1,4,8] [--comm 4,8] [--ahead 2,6,11]
 #                          [--pairs]   (also time --pairs, Config::task_pairs, at band 8)
+#                          [--deep]    (ncu sections of the megakernel: tensor pipe, L2/HBM, stalls)
 #
-# Output: $OUT/perf_<shape>_kernels.txt (ncu), $OUT/perf.log; a short table last.
+# Output: $OUT/perf_<shape>_kernels.txt (ncu), $OUT/perf_<shape>_deep.txt (--deep),
+# $OUT/perf.log; a short table last.
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
@@ -17,6 +19,7 @@ BANDS="1,2,4,8"
 COMM=""
 AHEAD=""
 PAIRS=0
+DEEP=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) BIN=$2; shift 2 ;;
@@ -25,6 +28,7 @@ while [ $# -gt 0 ]; do
     --comm) COMM=$2; shift 2 ;;
     --ahead) AHEAD=$2; shift 2 ;;
     --pairs) PAIRS=1; shift ;;
+    --deep) DEEP=1; shift ;;
     *) echo "device_perf: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -42,7 +46,7 @@ shape_args() {
   esac
 }
 
-forward_ms() { "$BIN/mok" run --backend cuda $1 --iters 30 --warmup 10 2>&1 | tee -a "$OUT/perf.log" |
+forward_ms() { "$BIN/mok" run --backend cuda $1 --iters 50 --warmup 20 2>&1 | tee -a "$OUT/perf.log" |
   awk '$1 == "forward" {print $2}'; }
 
 for shape in ${SHAPES//,/ }; do
@@ -57,6 +61,18 @@ for shape in ${SHAPES//,/ }; do
     kernels=$(grep -E "^  [a-z_]+.*\(|gpu__time_duration" "$OUT/perf_${shape}_kernels.txt" |
       awk '/\(/ {split($1, n, "("); name = n[1]; next} {printf "%s=%s%s ", name, $NF, $(NF-1)}')
     table+=("$shape kernels: $kernels")
+    if [ $DEEP = 1 ]; then
+      # Why the megakernel takes what it takes: how busy the tensor pipe is, the L2 and HBM
+      # throughput, and where warps stall (one steady-state launch, replayed per section).
+      timeout 240 ncu --clock-control none --cache-control none -k regex:forward_megakernel --launch-skip 10 \
+        --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+        --section WarpStateStats --section SchedulerStats \
+        --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum.per_second,dram__bytes.sum.per_second \
+        "$BIN/mok" run --backend cuda $args --iters 3 --warmup 10 > "$OUT/perf_${shape}_deep.txt" 2>&1
+      deep=$(grep -E "sm__pipe_tensor_op_hmma_cycles_active|lts__t_bytes.sum.per_second|dram__bytes.sum.per_second" \
+        "$OUT/perf_${shape}_deep.txt" | awk '{printf "%s=%s%s ", $1, $NF, $(NF-1)}')
+      table+=("$shape megakernel: $deep")
+    fi
   fi
   line="$shape forward ms:"
   for b in ${BANDS//,/ }; do line+=" band$b=$(forward_ms "$args --band $b")"; done
