@@ -55,6 +55,9 @@ if command -v cuobjdump > /dev/null; then
   cuobjdump --dump-sass "$BIN/mok" > "$OUT/mok.sass" 2>&1
   cuobjdump --dump-resource-usage "$BIN/mok" > "$OUT/resource_usage.txt" 2>&1
   note "sass: HGMMA instructions: $(grep -c HGMMA "$OUT/mok.sass"), megakernel: $(grep -A1 forward_megakernel "$OUT/resource_usage.txt" | grep -o 'REG:[0-9]*\|STACK:[0-9]*\|LOCAL:[0-9]*' | tr '\n' ' ')"
+  # The producer and store warp run after setmaxnreg.dec: their code must fit the budget.
+  cuobjdump --dump-sass -fun '_ZN3mok4cuda18forward_megakernelENS0_13ForwardParamsE' "$BIN/mok" > "$OUT/megakernel.sass" 2>&1
+  note "sass: $(python3 scripts/check_setmaxnreg.py "$OUT/megakernel.sass" | tr '\n' ' ')"
 fi
 
 if [ $RUN_TESTS = 1 ]; then

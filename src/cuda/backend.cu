@@ -127,6 +127,13 @@ std::uint64_t wait_timeout_ns() {
 }
 
 // Dispatch loads each pull pipeline keeps ahead of its stores (tuning; 0 = the default).
+// MOK_STORE_WARP=0 turns the megakernel's store warp off (the consumers then send their
+// tiles' rows themselves, as before it existed): an A/B switch for the device, not a Config.
+bool store_warp_from_env() {
+  const char* env = std::getenv("MOK_STORE_WARP");
+  return env == nullptr || std::atoi(env) != 0;
+}
+
 int pull_ahead_from_env() {
   const char* env = std::getenv("MOK_PULL_AHEAD");
   return env ? std::max(0, std::atoi(env)) : 0;
@@ -427,6 +434,7 @@ class CudaBackend final : public BackendImpl {
     fp.task_counter = counters_.as<int>() + counters_.bytes() / sizeof(int) - 1;
     fp.ring_wraps = ring_tiles_ < cap_tiles_ ? 1 : 0;
     fp.pull_ahead = pull_ahead_;
+    fp.store_warp = store_warp_ ? 1 : 0;
     fp.pairs = pairs_ ? 1 : 0;
     Launch(dim3(grid_ctas_), dim3(kComputeThreads), kSmemBytes, stream_)
         .after_kernel()
@@ -746,6 +754,7 @@ class CudaBackend final : public BackendImpl {
   bool pairs_ = false;  // Config::task_pairs: 2-CTA clusters
   PlanShape plan_shape_{};  // the task order's parameters (plan_order.h)
   int pull_ahead_ = pull_ahead_from_env();
+  bool store_warp_ = store_warp_from_env();
   std::uint64_t timeout_ns_ = wait_timeout_ns();
   std::size_t workspace_bytes_ = 0;
 

@@ -115,6 +115,7 @@ struct ForwardParams {
   int ring_wraps;                          // ring_tiles < capacity tiles: pulls wait for free slots
   int pull_ahead;                          // dispatch: loads ahead per pipeline (0: half its slots)
   int pairs;                               // compute CTAs run task pairs as 2-CTA clusters (plan_order.h)
+  int store_warp;                          // a warp of warpgroup 0 sends the staged tiles (megakernel.cuh)
   DeviceError* error;
 };
 

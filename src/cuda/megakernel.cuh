@@ -86,6 +86,8 @@ __device__ __forceinline__ TileJob describe_task(const ForwardParams& p, Task ta
 }
 
 constexpr int kTaskSlots = 4;
+// The barriers, the task ring and the store job fit the 256 bytes kSmemBytes keeps for them.
+static_assert((2 * kStages + 2 * kTaskSlots + 2) * 8 + kTaskSlots * 4 + 8 <= 256, "megakernel smem: barrier area");
 
 // A position in a ring of N mbarrier-guarded slots: the slot index and the parity of the
 // barrier phase to wait for. Producer and consumers walk the same sequence.
@@ -102,29 +104,43 @@ struct RingPosition {
 };
 
 struct ComputeSmem {
-  __nv_bfloat16* a[kStages];  // [128][64] swizzled
-  __nv_bfloat16* b[kStages];  // [256][64] swizzled (gate rows 0..127, up rows 128..255)
+  // Stage s: A [128][64] at stages + s*kStageBytes, then B [256][64] (gate rows 0..127, up
+  // rows 128..255), both swizzled. Addressed arithmetically: an array of per-stage pointers
+  // indexed by the running slot would live in local memory (a load per k step).
+  std::uint8_t* stages;
+  __device__ __forceinline__ __nv_bfloat16* a(int s) const {
+    return reinterpret_cast<__nv_bfloat16*>(stages + s * kStageBytes);
+  }
+  __device__ __forceinline__ __nv_bfloat16* b(int s) const {
+    return reinterpret_cast<__nv_bfloat16*>(stages + s * kStageBytes + kStageABytes);
+  }
   __nv_bfloat16* staging;     // [128][kStagingPitch]
   std::uint64_t* full;        // [kStages] TMA landed
   std::uint64_t* empty;       // [kStages] both consumer warpgroups done with the stage
   std::uint64_t* task_full;   // [kTaskSlots] the producer claimed a task into the slot
   std::uint64_t* task_empty;  // [kTaskSlots] every consumer thread has read the slot
+  // Store warp (ForwardParams::store_warp): the consumers hand a staged tile over...
+  std::uint64_t* staging_full;   // [1] ...the staging tile holds store_job's rows
+  std::uint64_t* staging_empty;  // [1] ...the store warp has read them (staging reusable)
   volatile int* task_ring;    // [kTaskSlots] claimed task index, -1 = no more tasks
+  volatile std::uint64_t* store_job;  // [1] Task::bits of the staged tile, kNoStoreJob = stop
 };
+
+constexpr std::uint64_t kNoStoreJob = ~std::uint64_t(0);
 
 __device__ __forceinline__ ComputeSmem carve_smem(std::uint8_t* raw) {
   std::uint8_t* base = reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(raw) + 1023) & ~std::uintptr_t(1023));
   ComputeSmem s;
-  for (int i = 0; i < kStages; ++i) {
-    s.a[i] = reinterpret_cast<__nv_bfloat16*>(base + i * kStageBytes);
-    s.b[i] = reinterpret_cast<__nv_bfloat16*>(base + i * kStageBytes + kStageABytes);
-  }
+  s.stages = base;
   s.staging = reinterpret_cast<__nv_bfloat16*>(base + kStages * kStageBytes);
   s.full = reinterpret_cast<std::uint64_t*>(base + kStages * kStageBytes + kStagingBytes);
   s.empty = s.full + kStages;
   s.task_full = s.empty + kStages;
   s.task_empty = s.task_full + kTaskSlots;
-  s.task_ring = reinterpret_cast<volatile int*>(s.task_empty + kTaskSlots);
+  s.staging_full = s.task_empty + kTaskSlots;
+  s.staging_empty = s.staging_full + 1;
+  s.task_ring = reinterpret_cast<volatile int*>(s.staging_empty + 1);
+  s.store_job = reinterpret_cast<volatile std::uint64_t*>(s.task_ring + kTaskSlots);
   return s;
 }
 
@@ -172,6 +188,84 @@ __device__ __forceinline__ Task item_task(const ForwardParams& p, const PairRole
   return p.tasks[pr.on ? 2 * idx + static_cast<int>(pr.me) : idx];
 }
 
+// Where a finished tile's rows go: row r of task `task` (nullptr: a padding row, or a token
+// past T), `cols` columns each; `signal` is raised by one once they are visible (nullptr:
+// nobody waits for them inside this launch).
+struct TileStore {
+  int cols;
+  int* signal;
+};
+
+__device__ __forceinline__ TileStore tile_store(const ForwardParams& p, Task task) {
+  const RankPlan& plan = p.plans[task.rank()];
+  const int tile = task.row_tile(), n = task.col_tile();
+  switch (task.kind()) {
+    case kRoutedGateUp:
+      return {min(kGateUpCols, p.inter - n * kGateUpCols), plan.act_ready + tile};
+    case kRoutedDown:  // only a wrapping ring needs to know when a row tile is done
+      return {min(kDownCols, p.hidden - n * kDownCols), p.ring_wraps ? plan.down_done + tile : nullptr};
+    case kSharedGateUp: {
+      const SharedPlan& sp = plan.shared[task.shared()];
+      return {min(kGateUpCols, sp.width - n * kGateUpCols), sp.act_ready + tile};
+    }
+    default:  // kSharedDown: read by the epilogue kernel after this launch
+      return {min(kDownCols, p.hidden - n * kDownCols), nullptr};
+  }
+}
+
+__device__ __forceinline__ __nv_bfloat16* tile_row_destination(const ForwardParams& p, Task task, int r) {
+  const RankPlan& plan = p.plans[task.rank()];
+  const int tile = task.row_tile(), n = task.col_tile();
+  switch (task.kind()) {
+    case kRoutedGateUp:  // SwiGLU rows into the ring slot of the row tile
+      return plan.act + (static_cast<long long>(tile % p.ring_tiles) * kTileM + r) * p.inter + n * kGateUpCols;
+    case kRoutedDown: {  // result rows into their owners' combine slots
+      const int2 row = plan.rows[static_cast<long long>(tile) * kTileM + r];
+      if (row.x < 0) return nullptr;  // padding row
+      return p.combine_of[row.x] + static_cast<long long>(row.y) * p.hidden + n * kDownCols;
+    }
+    case kSharedGateUp: {
+      const SharedPlan& sp = plan.shared[task.shared()];
+      const int t = tile * kTileM + r;
+      return t < p.tokens ? sp.act + static_cast<long long>(t) * sp.width + n * kGateUpCols : nullptr;
+    }
+    default: {  // kSharedDown
+      const SharedPlan& sp = plan.shared[task.shared()];
+      const int t = tile * kTileM + r;
+      return t < p.tokens ? sp.out + static_cast<long long>(t) * p.hidden + n * kDownCols : nullptr;
+    }
+  }
+}
+
+// The store warp (warp 1 of warpgroup 0, ForwardParams::store_warp): sends each staged tile's
+// rows with bulk copies (lane l: rows l, l + 32, ...), frees the staging tile as soon as they
+// are read, and raises the tile's counter once they are visible, while the consumers already
+// run the next tile's wgmmas. It waits only for the consumers' hand-over and for its own
+// copies, so it can hold no other role back (and the counters it raises only wait for
+// stores already issued: no deferral a later task could depend on).
+__device__ __forceinline__ void store_loop(const ForwardParams& p, const ComputeSmem& sm) {
+  const int lane = threadIdx.x % 32;
+  std::uint32_t phase = 0;
+  for (;;) {
+    sm90::mbar_wait(sm.staging_full, phase);
+    phase ^= 1;
+    const std::uint64_t bits = *sm.store_job;
+    if (bits == kNoStoreJob) break;
+    const Task task{bits};
+    const TileStore st = tile_store(p, task);
+    store_rows_async(sm.staging, st.cols, lane, 32, [&](int r) { return tile_row_destination(p, task, r); });
+    sm90::bulk_wait_read_all();
+    __syncwarp();
+    if (lane == 0) sm90::mbar_arrive(sm.staging_empty);
+    if (st.signal != nullptr) {
+      own_stores_visible();
+      __syncwarp();
+      if (lane == 0) red_release_gpu_add(st.signal, 1);
+    }
+  }
+  sm90::bulk_wait_all();  // no bulk store may outlive the CTA's shared memory
+}
+
 // The producer claims tasks in order from one counter (a CTA that finishes early takes the
 // next task: gate/up tiles cost 4x a down tile), hands each index to the consumers through
 // a small ring, waits for the task's inputs and streams its operand tiles with TMA.
@@ -217,14 +311,14 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
         // (A pair keeps loading after an abort, whatever the memory holds, so that its peer's
         // barriers still complete; the outputs are poisoned all the same.)
         sm90::mbar_arrive_expect_tx(&sm.full[st], kStageBytes);
-        sm90::tma_load_2d(sm.a[st], job.a, &sm.full[st], kb * kTileK, job.a_row);
+        sm90::tma_load_2d(sm.a(st), job.a, &sm.full[st], kb * kTileK, job.a_row);
         if (share_b) {
           const bool second = pr.me == 1;
-          sm90::tma_load_2d_multicast(sm.b[st] + (second ? kBHalfRows * kTileK : 0), second ? job.b1 : job.b0,
+          sm90::tma_load_2d_multicast(sm.b(st) + (second ? kBHalfRows * kTileK : 0), second ? job.b1 : job.b0,
                                       &sm.full[st], kb * kTileK, second ? job.b1_row : job.b0_row, 0x3);
         } else {
-          sm90::tma_load_2d(sm.b[st], job.b0, &sm.full[st], kb * kTileK, job.b0_row);
-          sm90::tma_load_2d(sm.b[st] + kBHalfRows * kTileK, job.b1, &sm.full[st], kb * kTileK, job.b1_row);
+          sm90::tma_load_2d(sm.b(st), job.b0, &sm.full[st], kb * kTileK, job.b0_row);
+          sm90::tma_load_2d(sm.b(st) + kBHalfRows * kTileK, job.b1, &sm.full[st], kb * kTileK, job.b1_row);
         }
       }
       stage.advance();
@@ -246,6 +340,8 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
   };
   RingPosition<kStages> stage;
   RingPosition<kTaskSlots> tslot;
+  bool staging_handed_over = false;  // store warp mode: a tile is with the store warp
+  std::uint32_t staging_empty_phase = 0;
   float acc[128];
   for (;;) {
     wait_task_full(pair_role(p), &sm.task_full[tslot.slot], tslot.phase);
@@ -267,8 +363,8 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kTileK / 16; ++kk) {
-        const std::uint64_t da = sm90::make_smem_desc(sm.a[stage.slot] + wg_idx * 64 * kTileK + kk * 16);
-        const std::uint64_t db = sm90::make_smem_desc(sm.b[stage.slot] + kk * 16);
+        const std::uint64_t da = sm90::make_smem_desc(sm.a(stage.slot) + wg_idx * 64 * kTileK + kk * 16);
+        const std::uint64_t db = sm90::make_smem_desc(sm.b(stage.slot) + kk * 16);
         sm90::wgmma_m64n256k16(acc, da, db, 1);
       }
       sm90::wgmma_commit();
@@ -284,9 +380,30 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
     sm90::fence_accumulators(acc);
 
     // ---- epilogue: registers -> staging (bf16) -> bulk row stores ----
-    const RankPlan& plan = p.plans[task.rank()];
-    const int tile = task.row_tile(), n = task.col_tile();
     const bool gate_up = task.kind() == kRoutedGateUp || task.kind() == kSharedGateUp;
+    if (p.store_warp) {
+      // Stage the tile and hand it to the store warp; the next mainloop starts at once.
+      // A phantom (pair mode, odd run) only kept its peer in lockstep: nothing is stored.
+      if (!task.phantom()) {
+        if (staging_handed_over) {  // the store warp has read the previous tile
+          sm90::mbar_wait(sm.staging_empty, staging_empty_phase);
+          staging_empty_phase ^= 1;
+        }
+        if (gate_up)
+          stage_swiglu(acc, sm.staging, wg_idx * 64, limit);
+        else
+          stage_output(acc, sm.staging, wg_idx * 64);
+        sm90::fence_proxy_async_shared();  // the bulk copies (async proxy) read what we wrote
+        consumers_sync();
+        if (ct == 0) {
+          *sm.store_job = task.bits;
+          sm90::mbar_arrive(sm.staging_full);
+        }
+        staging_handed_over = true;
+      }
+      continue;
+    }
+    // Consumer-issued stores (store_warp off): consumer threads 0..127 send a row each.
     staging_reusable();  // the previous task's row stores have read the staging tile
     consumers_sync();
     if (gate_up)
@@ -296,49 +413,26 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
     sm90::fence_proxy_async_shared();
     consumers_sync();
     int* signal = nullptr;
-    // A phantom (pair mode, odd run) only kept its peer in lockstep: nothing is stored.
-    if (!task.phantom()) switch (task.kind()) {
-      case kRoutedGateUp: {
-        __nv_bfloat16* act = plan.act + static_cast<long long>(tile % p.ring_tiles) * kTileM * p.inter + n * kGateUpCols;
-        store_rows_async(sm.staging, min(kGateUpCols, p.inter - n * kGateUpCols),
-                         [&](int r) { return act + static_cast<long long>(r) * p.inter; });
-        signal = plan.act_ready + tile;
-        break;
-      }
-      case kRoutedDown: {
-        const int2* rows = plan.rows + static_cast<long long>(tile) * kTileM;
-        store_rows_async(sm.staging, min(kDownCols, p.hidden - n * kDownCols), [&](int r) -> __nv_bfloat16* {
-          const int2 row = rows[r];
-          if (row.x < 0) return nullptr;  // padding row
-          return p.combine_of[row.x] + static_cast<long long>(row.y) * p.hidden + n * kDownCols;
-        });
-        // Only a wrapping ring needs to know when a row tile is done.
-        if (p.ring_wraps) signal = plan.down_done + tile;
-        break;
-      }
-      case kSharedGateUp: {
-        const SharedPlan& sp = plan.shared[task.shared()];
-        store_rows_async(sm.staging, min(kGateUpCols, sp.width - n * kGateUpCols), [&](int r) -> __nv_bfloat16* {
-          const int t = tile * kTileM + r;
-          return t < p.tokens ? sp.act + static_cast<long long>(t) * sp.width + n * kGateUpCols : nullptr;
-        });
-        signal = sp.act_ready + tile;
-        break;
-      }
-      default: {  // kSharedDown: read by the epilogue kernel after this launch
-        const SharedPlan& sp = plan.shared[task.shared()];
-        store_rows_async(sm.staging, min(kDownCols, p.hidden - n * kDownCols), [&](int r) -> __nv_bfloat16* {
-          const int t = tile * kTileM + r;
-          return t < p.tokens ? sp.out + static_cast<long long>(t) * p.hidden + n * kDownCols : nullptr;
-        });
-        break;
-      }
+    if (!task.phantom()) {
+      const TileStore st = tile_store(p, task);
+      if (ct < kTileM)
+        store_rows_async(sm.staging, st.cols, ct, kTileM, [&](int r) { return tile_row_destination(p, task, r); });
+      signal = st.signal;
     }
     if (signal != nullptr) {
       stores_complete();
       consumers_sync();
       if (ct == 0) red_release_gpu_add(signal, 1);
     }
+  }
+  if (p.store_warp) {
+    // Stop the store warp once it has taken the last tile.
+    if (staging_handed_over) sm90::mbar_wait(sm.staging_empty, staging_empty_phase);
+    if (ct == 0) {
+      *sm.store_job = kNoStoreJob;
+      sm90::mbar_arrive(sm.staging_full);
+    }
+    return;
   }
   staging_reusable();  // no bulk store may outlive the CTA's shared memory
 }
@@ -364,6 +458,8 @@ __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const _
       // peer's consumers and producer (the peer's own task_empty is not used).
       sm90::mbar_init(&sm.task_empty[s], pr.on ? 2 * kConsumerThreads + 1 : kConsumerThreads);
     }
+    sm90::mbar_init(sm.staging_full, 1);   // consumer thread 0, after both warpgroups staged
+    sm90::mbar_init(sm.staging_empty, 1);  // store warp lane 0, after every lane's reads
     sm90::fence_barrier_init();
   }
   __syncthreads();
@@ -372,7 +468,10 @@ __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const _
   const int num_tasks = *p.num_tasks;
   if (threadIdx.x < 128) {
     sm90::setmaxnreg_dec<40>();
-    if (threadIdx.x == 0) producer_loop(p, sm, num_tasks);
+    if (threadIdx.x == 0)
+      producer_loop(p, sm, num_tasks);
+    else if (threadIdx.x / 32 == 1 && p.store_warp)
+      store_loop(p, sm);
   } else {
     sm90::setmaxnreg_inc<232>();
     consumer_loop(p, sm, p.swiglu_limit);

@@ -52,30 +52,36 @@ __device__ __forceinline__ void stage_output(const float (&acc)[128], __nv_bfloa
   }
 }
 
-// Stores the staging tile's rows with bulk copies: consumer thread r < 128 sends row r to
-// dst_row(r) (nullptr: skip), `cols` columns (a multiple of 8). Asynchronous: call
-// staging_reusable() before the staging tile is written again, and stores_complete()
+// Stores staging rows first, first + step, ... < 128 with bulk copies, row r to dst_row(r)
+// (nullptr: skip), `cols` columns (a multiple of 8). Asynchronous: the calling thread waits
+// for its copies' reads before the staging tile is written again, and for their writes
 // before anyone is told the rows are there.
 template <typename DstRow>
-__device__ __forceinline__ void store_rows_async(const __nv_bfloat16* staging, int cols, DstRow dst_row) {
-  const int r = threadIdx.x - 128;
-  if (r >= kTileM) return;
-  __nv_bfloat16* dst = dst_row(r);
-  if (dst != nullptr) sm90::bulk_store_s2g(dst, staging + r * kStagingPitch, static_cast<std::uint32_t>(cols) * 2);
+__device__ __forceinline__ void store_rows_async(const __nv_bfloat16* staging, int cols, int first, int step,
+                                                 DstRow dst_row) {
+  for (int r = first; r < kTileM; r += step) {
+    __nv_bfloat16* dst = dst_row(r);
+    if (dst != nullptr) sm90::bulk_store_s2g(dst, staging + r * kStagingPitch, static_cast<std::uint32_t>(cols) * 2);
+  }
   sm90::bulk_commit();
 }
 
+// (Consumer-issued stores: consumer threads 0..127 each sent one row.)
 __device__ __forceinline__ void staging_reusable() {
   if (threadIdx.x - 128 < kTileM) sm90::bulk_wait_read_all();
 }
 
-// The rows are in global memory and visible to other SMs, including their TMA loads.
+// The calling thread's rows are in global memory and visible to other SMs, including their
+// TMA loads.
+__device__ __forceinline__ void own_stores_visible() {
+  sm90::bulk_wait_all();
+  fence_proxy_async_global();
+  __threadfence();
+}
+
+// (Consumer-issued stores.)
 __device__ __forceinline__ void stores_complete() {
-  if (threadIdx.x - 128 < kTileM) {
-    sm90::bulk_wait_all();
-    fence_proxy_async_global();
-    __threadfence();
-  }
+  if (threadIdx.x - 128 < kTileM) own_stores_visible();
 }
 
 }  // namespace mok::cuda
