@@ -96,7 +96,9 @@ __device__ __forceinline__ void load_chunk(const ScheduleParams& p, const Stream
 
 // grid ceil(chunks / kScheduleWarps), kScheduleThreads; dynamic smem: a histogram of the
 // destination experts per warp. Writes rows per (expert, chunk).
-__global__ void __launch_bounds__(kScheduleThreads) schedule_count_kernel(const ScheduleParams p) {
+// (Four blocks per SM in the bounds: with the thread count alone ptxas 13 capped count and
+// scatter at 32 registers and spilled; with it they need 40 and spill nothing.)
+__global__ void __launch_bounds__(kScheduleThreads, 4) schedule_count_kernel(const ScheduleParams p) {
   wait_previous_kernel();
   allow_next_kernel_launch();
   extern __shared__ int hist_all[];
@@ -204,7 +206,7 @@ __global__ void __launch_bounds__(1024) schedule_offsets_kernel(const SchedulePa
 // grid ceil(chunks / kScheduleWarps), kScheduleThreads; dynamic smem: per warp, rows written
 // so far per destination expert. Each warp writes its chunk's rows in stream order: the
 // lanes holding the same expert are ranked by lane (match_any), 32 ids at a time.
-__global__ void __launch_bounds__(kScheduleThreads) schedule_scatter_kernel(const ScheduleParams p) {
+__global__ void __launch_bounds__(kScheduleThreads, 4) schedule_scatter_kernel(const ScheduleParams p) {
   wait_previous_kernel();
   allow_next_kernel_launch();
   extern __shared__ int written_all[];
