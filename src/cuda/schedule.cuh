@@ -143,6 +143,7 @@ __global__ void __launch_bounds__(1024) schedule_offsets_kernel(const SchedulePa
   for (int q = warp; q < Q; q += 32) {
     const int* counts = p.plans[q / E].expert_counts + (q % E) * p.chunks;
     int n = 0;
+#pragma unroll 4
     for (int c = lane; c < p.chunks; c += 32) n += counts[c];
     for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
     if (lane == 0) expert_rows[q] = n;
@@ -185,16 +186,27 @@ __global__ void __launch_bounds__(1024) schedule_offsets_kernel(const SchedulePa
     const int* counts = plan.expert_counts + e * p.chunks;
     int* offsets = plan.expert_offsets + e * p.chunks;
     int running = seg;
-    for (int c0 = 0; c0 < p.chunks; c0 += 32) {
-      const int c = c0 + lane;
-      const int n = c < p.chunks ? counts[c] : 0;
-      int incl = n;
-      for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += v;
+    // 32 chunks per scan step, kScanBatch steps' counts loaded before any is scanned (the
+    // loop is latency-bound: one expert's chunks are scanned by one warp in order).
+    constexpr int kScanBatch = 4;
+    for (int c0 = 0; c0 < p.chunks; c0 += 32 * kScanBatch) {
+      int n[kScanBatch];
+#pragma unroll
+      for (int b = 0; b < kScanBatch; ++b) {
+        const int c = c0 + 32 * b + lane;
+        n[b] = c < p.chunks ? counts[c] : 0;
       }
-      if (c < p.chunks) offsets[c] = running + incl - n;
-      running += __shfl_sync(0xffffffffu, incl, 31);
+#pragma unroll
+      for (int b = 0; b < kScanBatch; ++b) {
+        const int c = c0 + 32 * b + lane;
+        int incl = n[b];
+        for (int o = 1; o < 32; o <<= 1) {
+          const int v = __shfl_up_sync(0xffffffffu, incl, o);
+          if (lane >= o) incl += v;
+        }
+        if (c < p.chunks) offsets[c] = running + incl - n[b];
+        running += __shfl_sync(0xffffffffu, incl, 31);
+      }
     }
     const int real_end = seg + expert_rows[q];
     const int padded_end = seg + (expert_rows[q] + kTileM - 1) / kTileM * kTileM;
