@@ -7,6 +7,7 @@
 #   scripts/device_perf.sh [--bin DIR] [--shapes a,b,...] [--bands 1,4,8] [--comm 4,8] [--ahead 2,6,11]
 #                          [--pairs]   (also time --pairs, Config::task_pairs, at band 8)
 #                          [--deep]    (ncu sections of the megakernel: tensor pipe, L2/HBM, stalls)
+#                          [--store-warp-off]  (also time MOK_STORE_WARP=0: consumers send the rows)
 #
 # Output: $OUT/perf_<shape>_kernels.txt (ncu), $OUT/perf_<shape>_deep.txt (--deep),
 # $OUT/perf.log; a short table last.
@@ -20,6 +21,7 @@ COMM=""
 AHEAD=""
 PAIRS=0
 DEEP=0
+STORE_WARP_OFF=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) BIN=$2; shift 2 ;;
@@ -29,6 +31,7 @@ while [ $# -gt 0 ]; do
     --ahead) AHEAD=$2; shift 2 ;;
     --pairs) PAIRS=1; shift ;;
     --deep) DEEP=1; shift ;;
+    --store-warp-off) STORE_WARP_OFF=1; shift ;;
     *) echo "device_perf: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -74,11 +77,12 @@ for shape in ${SHAPES//,/ }; do
       table+=("$shape megakernel: $deep")
     fi
   fi
-  line="$shape forward ms:"
+  line="$shape forward ms: default=$(forward_ms "$args")"
   for b in ${BANDS//,/ }; do line+=" band$b=$(forward_ms "$args --band $b")"; done
   for c in ${COMM//,/ }; do line+=" comm$c=$(forward_ms "$args --comm-sms $c")"; done
   for a in ${AHEAD//,/ }; do line+=" ahead$a=$(MOK_PULL_AHEAD=$a forward_ms "$args")"; done
   [ $PAIRS = 1 ] && line+=" pairs_band8=$(forward_ms "$args --pairs --band 8")"
+  [ $STORE_WARP_OFF = 1 ] && line+=" store_warp_off=$(MOK_STORE_WARP=0 forward_ms "$args")"
   table+=("$line")
 done
 
