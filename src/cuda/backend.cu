@@ -161,7 +161,7 @@ class Launch {
   }
   Launch& after_kernel(bool on = true) {
     if (on) {
-      cudaLaunchAttribute& a = attrs_[num_attrs_++];
+      cudaLaunchAttribute& a = next_attr();
       a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
       a.val.programmaticStreamSerializationAllowed = 1;
     }
@@ -169,7 +169,7 @@ class Launch {
   }
   Launch& in_pairs(bool on = true) {
     if (on) {
-      cudaLaunchAttribute& a = attrs_[num_attrs_++];
+      cudaLaunchAttribute& a = next_attr();
       a.id = cudaLaunchAttributeClusterDimension;
       a.val.clusterDim.x = 2;
       a.val.clusterDim.y = a.val.clusterDim.z = 1;
@@ -185,10 +185,17 @@ class Launch {
   template <typename... Params, typename... Args>
   void operator()(const char* name, void (*kernel)(Params...), Args&&... args) {
     const cudaError_t e = cudaLaunchKernelEx(&config(), kernel, std::forward<Args>(args)...);
-    if (e != cudaSuccess) throw Error(std::string("CUDA launch of ") + name + " failed: " + cudaGetErrorString(e));
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // clear it: a later launch check must not report this one
+      throw Error(std::string("CUDA launch of ") + name + " failed: " + cudaGetErrorString(e));
+    }
   }
 
  private:
+  cudaLaunchAttribute& next_attr() {
+    if (num_attrs_ == std::size(attrs_)) throw Error("Launch: more launch attributes than it has room for");
+    return attrs_[num_attrs_++];
+  }
   cudaLaunchConfig_t cfg_{};
   cudaLaunchAttribute attrs_[2]{};
   unsigned num_attrs_ = 0;

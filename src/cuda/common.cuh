@@ -89,6 +89,8 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 // memory that kernel reads or writes it must call wait_previous_kernel(), which returns once
 // the previous grid has completed and its writes are visible (at once when the launch was an
 // ordinary one). Completion is transitive: the previous kernel waited for its own predecessor.
+// That holds only while every thread of every such kernel calls it before it can exit: no
+// early return above the call.
 __device__ __forceinline__ void wait_previous_kernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 // Lets the next kernel's CTAs launch now instead of as this grid's CTAs exit. Only for small

@@ -17,16 +17,26 @@ void check(cudaError_t e, const char* what) {
 struct EventPairs {
   std::vector<cudaEvent_t> start, stop;
   explicit EventPairs(int n) {
-    for (int i = 0; i < n; ++i) {
-      start.push_back(nullptr);
-      stop.push_back(nullptr);
-      check(cudaEventCreate(&start.back()), "cudaEventCreate");
-      check(cudaEventCreate(&stop.back()), "cudaEventCreate");
+    try {
+      for (int i = 0; i < n; ++i) {
+        start.push_back(nullptr);
+        stop.push_back(nullptr);
+        check(cudaEventCreate(&start.back()), "cudaEventCreate");
+        check(cudaEventCreate(&stop.back()), "cudaEventCreate");
+      }
+    } catch (...) {  // the destructor does not run for a constructor that throws
+      release();
+      throw;
     }
   }
-  ~EventPairs() {
-    for (auto e : start) if (e) cudaEventDestroy(e);
-    for (auto e : stop) if (e) cudaEventDestroy(e);
+  ~EventPairs() { release(); }
+  void release() {
+    for (auto e : start)
+      if (e) cudaEventDestroy(e);
+    for (auto e : stop)
+      if (e) cudaEventDestroy(e);
+    start.clear();
+    stop.clear();
   }
 };
 
