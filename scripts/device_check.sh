@@ -35,6 +35,8 @@ done
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
+FAILED=0  # any failing step makes the script exit 1 (after every step has run)
+SASS_FAILED=0
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
 note "gpu: $(tail -1 "$OUT/gpu.txt")"
@@ -57,13 +59,18 @@ if command -v cuobjdump > /dev/null; then
   note "sass: HGMMA instructions: $(grep -c HGMMA "$OUT/mok.sass"), megakernel: $(grep -A1 forward_megakernel "$OUT/resource_usage.txt" | grep -o 'REG:[0-9]*\|STACK:[0-9]*\|LOCAL:[0-9]*' | tr '\n' ' ')"
   # The producer and store warp run after setmaxnreg.dec: their code must fit the budget.
   cuobjdump --dump-sass -fun '_ZN3mok4cuda18forward_megakernelENS0_13ForwardParamsE' "$BIN/mok" > "$OUT/megakernel.sass" 2>&1
-  note "sass: $(python3 scripts/check_setmaxnreg.py "$OUT/megakernel.sass" | tr '\n' ' ')"
+  if regs=$(python3 scripts/check_setmaxnreg.py "$OUT/megakernel.sass"); then
+    note "sass: $(echo "$regs" | tr '\n' ' ')"
+  else
+    note "sass: FAILED: $(echo "$regs" | tr '\n' ' ')"; SASS_FAILED=1
+  fi
 fi
 
 if [ $RUN_TESTS = 1 ]; then
   start=$(date +%s)
   timeout 170 "$BIN/mok_gpu_tests" --gtest_filter="$GTEST_FILTER" --gtest_output=xml:"$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1
   rc=$?
+  [ $rc = 0 ] || FAILED=1
   grep -E "^\[check\]|^\[graph\]" "$OUT/gpu_tests.log" > "$OUT/gpu_checks.txt" || true
   note "gpu tests: rc=$rc, $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/gpu_tests.log" | tr '\n' ' ') in $(( $(date +%s) - start )) s"
   grep -E "^\[  FAILED  \]" "$OUT/gpu_tests.log" | head -20
@@ -71,14 +78,18 @@ fi
 
 if [ ${#BENCH_ARGS[@]} -gt 0 ]; then
   PYTHONUNBUFFERED=1 timeout ${BENCH_TIMEOUT:-400} python3 bench/run.py --mok-bin "$BIN/mok" "${BENCH_ARGS[@]}" 2>&1 | tee "$OUT/bench.log"
-  note "bench: rc=${PIPESTATUS[0]}"
+  brc=${PIPESTATUS[0]}
+  [ $brc = 0 ] || FAILED=1
+  note "bench: rc=$brc"
 fi
 
 if [ $RUN_SAN = 1 ] && command -v compute-sanitizer > /dev/null; then
   for tool in ${SANITIZERS:-memcheck racecheck}; do
     timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/mok" run --backend cuda --shape tiny \
       --pass forward --iters 1 --warmup 0 --check > "$OUT/sanitizer_$tool.log" 2>&1
-    note "compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | head -1)"
+    src=$?
+    [ $src = 0 ] || FAILED=1
+    note "compute-sanitizer $tool: rc=$src $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | head -1)"
   done
 fi
 
@@ -94,3 +105,5 @@ fi
 echo
 echo "==== summary ===="
 printf '%s\n' "${summary[@]}"
+[ $SASS_FAILED = 0 ] || FAILED=1
+exit $FAILED

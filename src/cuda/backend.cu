@@ -126,14 +126,17 @@ std::uint64_t wait_timeout_ns() {
   return static_cast<std::uint64_t>((ms > 0 ? ms : 20000.0) * 1e6);
 }
 
-// Dispatch loads each pull pipeline keeps ahead of its stores (tuning; 0 = the default).
-// MOK_STORE_WARP=0 turns the megakernel's store warp off (the consumers then send their
-// tiles' rows themselves, as before it existed): an A/B switch for the device, not a Config.
+// MOK_STORE_WARP=0 (or off, false) turns the megakernel's store warp off (the consumers then
+// send their tiles' rows themselves, as before it existed): an A/B switch for the device,
+// not a Config. Unset, empty or anything else: on.
 bool store_warp_from_env() {
   const char* env = std::getenv("MOK_STORE_WARP");
-  return env == nullptr || std::atoi(env) != 0;
+  if (env == nullptr) return true;
+  const std::string v = env;
+  return !(v == "0" || v == "off" || v == "false");
 }
 
+// Dispatch loads each pull pipeline keeps ahead of its stores (tuning; 0 = the default).
 int pull_ahead_from_env() {
   const char* env = std::getenv("MOK_PULL_AHEAD");
   return env ? std::max(0, std::atoi(env)) : 0;

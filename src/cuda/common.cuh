@@ -84,6 +84,14 @@ __device__ __forceinline__ void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
+// `raw` (dynamic shared memory) advanced to the next multiple of `align` bytes of the shared
+// window. Derived from `raw` by pointer arithmetic, not through an integer, so the compiler
+// still knows the result is shared memory (STS/LDS, not generic stores).
+__device__ __forceinline__ std::uint8_t* align_shared(std::uint8_t* raw, unsigned align) {
+  const unsigned offset = static_cast<unsigned>(__cvta_generic_to_shared(raw));
+  return raw + ((align - offset % align) % align);
+}
+
 // Programmatic dependent launch (PDL). A kernel launched as a programmatic dependent of the
 // previous kernel in its stream may start while that kernel drains; before it touches any
 // memory that kernel reads or writes it must call wait_previous_kernel(), which returns once

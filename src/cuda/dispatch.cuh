@@ -108,7 +108,7 @@ __device__ void dispatch_role(const ForwardParams& p, std::uint8_t* smem_raw) {
   const int num_pulls = *p.num_pulls;
   const std::uint32_t row_bytes = static_cast<std::uint32_t>(p.hidden) * 2;
   // Shared memory: kPullWarps * kMaxPullSlots mbarriers, then each pipeline's row slots.
-  std::uint8_t* base = reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 127) & ~std::uintptr_t(127));
+  std::uint8_t* base = align_shared(smem_raw, 128);
   auto* bars = reinterpret_cast<std::uint64_t*>(base);
   std::uint8_t* buffers = base + kPullWarps * kMaxPullSlots * sizeof(std::uint64_t);
   const std::size_t per_pipeline = pull_pipeline_bytes();

@@ -122,14 +122,14 @@ struct ComputeSmem {
   // Store warp (ForwardParams::store_warp): the consumers hand a staged tile over...
   std::uint64_t* staging_full;   // [1] ...the staging tile holds store_job's rows
   std::uint64_t* staging_empty;  // [1] ...the store warp has read them (staging reusable)
-  volatile int* task_ring;    // [kTaskSlots] claimed task index, -1 = no more tasks
   volatile std::uint64_t* store_job;  // [1] Task::bits of the staged tile, kNoStoreJob = stop
+  volatile int* task_ring;    // [kTaskSlots] claimed task index, -1 = no more tasks
 };
 
 constexpr std::uint64_t kNoStoreJob = ~std::uint64_t(0);
 
 __device__ __forceinline__ ComputeSmem carve_smem(std::uint8_t* raw) {
-  std::uint8_t* base = reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(raw) + 1023) & ~std::uintptr_t(1023));
+  std::uint8_t* base = align_shared(raw, 1024);  // the 128B-swizzle atoms are 1024 bytes
   ComputeSmem s;
   s.stages = base;
   s.staging = reinterpret_cast<__nv_bfloat16*>(base + kStages * kStageBytes);
@@ -139,8 +139,8 @@ __device__ __forceinline__ ComputeSmem carve_smem(std::uint8_t* raw) {
   s.task_empty = s.task_full + kTaskSlots;
   s.staging_full = s.task_empty + kTaskSlots;
   s.staging_empty = s.staging_full + 1;
-  s.task_ring = reinterpret_cast<volatile int*>(s.staging_empty + 1);
-  s.store_job = reinterpret_cast<volatile std::uint64_t*>(s.task_ring + kTaskSlots);
+  s.store_job = s.staging_empty + 1;  // 8-byte aligned: it follows the 8-byte barriers
+  s.task_ring = reinterpret_cast<volatile int*>(s.store_job + 1);
   return s;
 }
 
@@ -380,38 +380,34 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
     sm90::fence_accumulators(acc);
 
     // ---- epilogue: registers -> staging (bf16) -> bulk row stores ----
+    // Store warp mode: stage the tile, hand it to the store warp and start the next mainloop
+    // at once; a phantom (pair mode, odd run) only kept its peer in lockstep and is dropped.
+    // Otherwise consumer threads 0..127 send a row each (MOK_STORE_WARP=0).
     const bool gate_up = task.kind() == kRoutedGateUp || task.kind() == kSharedGateUp;
     if (p.store_warp) {
-      // Stage the tile and hand it to the store warp; the next mainloop starts at once.
-      // A phantom (pair mode, odd run) only kept its peer in lockstep: nothing is stored.
-      if (!task.phantom()) {
-        if (staging_handed_over) {  // the store warp has read the previous tile
-          sm90::mbar_wait(sm.staging_empty, staging_empty_phase);
-          staging_empty_phase ^= 1;
-        }
-        if (gate_up)
-          stage_swiglu(acc, sm.staging, wg_idx * 64, limit);
-        else
-          stage_output(acc, sm.staging, wg_idx * 64);
-        sm90::fence_proxy_async_shared();  // the bulk copies (async proxy) read what we wrote
-        consumers_sync();
-        if (ct == 0) {
-          *sm.store_job = task.bits;
-          sm90::mbar_arrive(sm.staging_full);
-        }
-        staging_handed_over = true;
+      if (task.phantom()) continue;
+      if (staging_handed_over) {  // the store warp has read the previous tile
+        sm90::mbar_wait(sm.staging_empty, staging_empty_phase);
+        staging_empty_phase ^= 1;
       }
-      continue;
+    } else {
+      staging_reusable();  // the previous task's row stores have read the staging tile
+      consumers_sync();
     }
-    // Consumer-issued stores (store_warp off): consumer threads 0..127 send a row each.
-    staging_reusable();  // the previous task's row stores have read the staging tile
-    consumers_sync();
     if (gate_up)
       stage_swiglu(acc, sm.staging, wg_idx * 64, limit);
     else
       stage_output(acc, sm.staging, wg_idx * 64);
-    sm90::fence_proxy_async_shared();
+    sm90::fence_proxy_async_shared();  // the bulk copies (async proxy) read what we wrote
     consumers_sync();
+    if (p.store_warp) {
+      if (ct == 0) {
+        *sm.store_job = task.bits;
+        sm90::mbar_arrive(sm.staging_full);
+      }
+      staging_handed_over = true;
+      continue;
+    }
     int* signal = nullptr;
     if (!task.phantom()) {
       const TileStore st = tile_store(p, task);
