@@ -7,7 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <string>
 
 #include "core/backend.h"
 #include "core/rng.h"
@@ -371,6 +374,77 @@ TEST(GpuTaskPairs, RankSliceIsBitwiseEqualToUnpaired) {
   ASSERT_EQ(a.size(), b.size());
   EXPECT_TRUE(a == b) << "rank 5's pushed rows or y differ with task pairs";
 }
+
+// The store warp (default) against consumer-issued stores (MOK_STORE_WARP=0, read when a
+// Layer is built): the same bits, with gate/up counters raised by either, a wrapping ring
+// (down_done), shared experts, pairs with phantoms, and a large single-GPU shape.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      setenv(name_, old_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+struct StoreCase {
+  std::string name;
+  Problem problem;
+  std::string routing;
+  Config config;
+};
+
+void PrintTo(const StoreCase& c, std::ostream* os) { *os << c.name; }
+
+class GpuStoreWarp : public ::testing::TestWithParam<StoreCase> {};
+
+TEST_P(GpuStoreWarp, BitwiseEqualToConsumerStoresAndMatchReference) {
+  MOK_REQUIRE_GPU();
+  const auto& c = GetParam();
+  const LayerData host = make_data(c.problem, c.routing);
+  const GpuRun with_warp = run_gpu_all_ranks(host, c.config);
+  std::vector<std::uint16_t> consumers;
+  {
+    ScopedEnv off("MOK_STORE_WARP", "0");
+    consumers = global_y(run_gpu_all_ranks(host, c.config).data);
+  }
+  expect_close(with_warp.data, run_reference(host, c.config), Precision::bf16, c.name);
+  const auto y = global_y(with_warp.data);
+  ASSERT_EQ(y.size(), consumers.size());
+  EXPECT_EQ(std::memcmp(y.data(), consumers.data(), y.size() * 2), 0) << c.name;
+}
+
+Config ring_wrap_config() {
+  Config c;
+  c.minibatch_rows = 128;
+  c.macrobatch_rows = 512;  // 4 ring tiles: down_done frees them
+  return c;
+}
+
+Config pairs_config() {
+  Config c;
+  c.task_pairs = true;
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuStoreWarp,
+    ::testing::Values(StoreCase{"ep2_two_shared_zipf", make_problem(16, 512, 256, 4, {256, 128}, 2, 700), "zipf:1.2", {}},
+                      StoreCase{"ring_wraps", make_problem(16, 1024, 1024, 4, {1024}, 2, 2048), "zipf:1.2",
+                                ring_wrap_config()},
+                      StoreCase{"pairs_phantoms", make_problem(16, 512, 256, 4, {256}, 2, 700), "zipf:1.2",
+                                pairs_config()},
+                      StoreCase{"qwen3_30b_a3b_ep1", make_problem(128, 2048, 768, 8, {}, 1, 2048), "gaussian", {}}),
+    [](const auto& info) { return info.param.name; });
 
 struct CapturedForward {
   std::vector<std::string> kernels;
