@@ -143,6 +143,23 @@ def _timed(entry, flops=None):
     return out
 
 
+PHASE_ORDER = ("setup", "schedule", "megakernel", "group_barrier", "epilogue")
+
+
+def forward_phases(mok):
+    """mok.json's forward_phases as {"iters", "method", "median_ms": {phase: ms}}, or None
+    when the run did not measure them (older binaries) or the entry is malformed."""
+    ph = mok.get("forward_phases")
+    if not isinstance(ph, dict) or not isinstance(ph.get("median_ms"), dict):
+        return None
+    med = {}
+    for name, v in ph["median_ms"].items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+            return None
+        med[str(name)] = float(v)
+    return {"iters": ph.get("iters"), "method": ph.get("method"), "median_ms": med}
+
+
 def merge_group(moks):
     """The mok part of one record for a real EP group, from every rank's mok.json (rank
     order): per timed iteration the slowest rank (MoK's method), rows and bytes of the rank
@@ -165,6 +182,13 @@ def merge_group(moks):
     out["check"] = {"forward": {"passes": all(bool(c.get("passes")) for c in rank_checks),
                                 "max_abs": max(float(c.get("max_abs", float("inf"))) for c in rank_checks),
                                 "rel": max(float(c.get("rel", float("inf"))) for c in rank_checks)}}
+    phases = [forward_phases(m) for m in moks]
+    if all(phases) and len({tuple(sorted(p["median_ms"])) for p in phases}) == 1:
+        # Per phase the slowest rank's median (each rank measured its own split).
+        out["forward_phases"] = dict(phases[0], median_ms={
+            name: max(p["median_ms"][name] for p in phases) for name in phases[0]["median_ms"]})
+    else:
+        out.pop("forward_phases", None)
     out["ranks"] = [{"rank": r, "forward": m.get("forward"), "rows": m.get("rows"),
                      "check": ((m.get("check") or {}).get("forward"))} for r, m in enumerate(moks)]
     return out
@@ -230,7 +254,8 @@ def make_record(mok, peer, env):
         "timing": {"mok": mok.get("timing"), "peer": peer.get("timing")},
         "flops": {"mok_forward": f_fwd, "mok_backward": f_bwd, "performed_forward": perf_fwd,
                   "grouped_gemms": grouped_gemm_flops(problem, n_rows)},
-        "mok": {"forward": mok_fwd, "backward": mok_bwd, "check": mok_check, "ranks": mok.get("ranks")},
+        "mok": {"forward": mok_fwd, "backward": mok_bwd, "check": mok_check, "ranks": mok.get("ranks"),
+                "forward_phases": forward_phases(mok)},
         "peers": {
             "pytorch_pipeline": {"forward": pipe_fwd, "backward": pipe_bwd, "check": peer_check,
                                  "precision": peer.get("peer_precision"), "what": peer.get("peer"),

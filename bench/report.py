@@ -25,7 +25,7 @@ DEFAULT_PLOTS = os.path.join(BENCH_DIR, "plots")
 # The order of shapes in tables and plots: run.py's default runs first, then by name.
 SHAPE_ORDER = [shape for shape, _, _, _ in run.DEFAULT_RUNS]
 DEFAULT_TOKENS = {shape: tokens for shape, _, _, tokens in run.DEFAULT_RUNS}
-PLOT_FILES = ("tflops_per_shape.png", "dense_ceiling_fraction.png")
+PLOT_FILES = ("tflops_per_shape.png", "dense_ceiling_fraction.png", "forward_phases.png")
 
 
 # ---- selecting records ------------------------------------------------------------------
@@ -216,6 +216,67 @@ def ep_text(rec):
     return f"{rec['ep_mode']} (EP={ep})" if ep is not None else rec["ep_mode"]
 
 
+def phase_names(recs):
+    """The phases any record measured, in the forward's order (records.PHASE_ORDER first)."""
+    seen = []
+    for rec in recs:
+        for name in (_get(rec, "mok", "forward_phases", "median_ms") or {}):
+            if name not in seen:
+                seen.append(name)
+    known = [n for n in records.PHASE_ORDER if n in seen]
+    return known + [n for n in seen if n not in known]
+
+
+def phase_lines(recs):
+    """Where mok's forward time goes, for the records that measured it."""
+    with_phases = [r for r in recs if _get(r, "mok", "forward_phases", "median_ms")]
+    if not with_phases:
+        return []
+    names = phase_names(with_phases)
+    lines = ["## Where mok's forward time goes", "",
+             "Medians of a separate pass with CUDA events between the phases (one forward at a time, "
+             "the events serialising what runs overlapped in the timed run, so the phases add up to a "
+             "little more than the timed median). setup = counter reset (and in a real group: staging "
+             "x, gathering the ids), schedule = the schedule and plan kernels, megakernel = dispatch, "
+             "every expert FFN and the combine push, epilogue = the fixed-order sum into y.", "",
+             "| shape | EP mode | tokens | " + " | ".join(f"{n} ms" for n in names)
+             + " | sum ms | timed median ms | megakernel share |",
+             "|" + "---|" * (len(names) + 6)]
+    for rec in with_phases:
+        med = _get(rec, "mok", "forward_phases", "median_ms")
+        total = sum(med.values())
+        mega = med.get("megakernel")
+        cells = [rec["shape"], ep_text(rec), rec["tokens_per_rank"]] + \
+                [_f(med.get(n), ".3f") for n in names] + \
+                [_f(total, ".3f"), _f(values(rec)["mok_ms"], ".3f"),
+                 _f(None if mega is None or total <= 0 else 100 * mega / total, ".1f", "%")]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return lines + [""]
+
+
+def _phase_plot(path, recs):
+    plt = _plt()
+    names = phase_names(recs)
+    multi = len({routing_spec(r) for r in recs}) > 1
+    labels = [_label(r, multi).replace("\n", " ") for r in recs]
+    fig, ax = plt.subplots(figsize=(8.0, 0.55 * len(recs) + 1.6))
+    left = [0.0] * len(recs)
+    for name in names:
+        widths = [float((_get(r, "mok", "forward_phases", "median_ms") or {}).get(name, 0.0)) for r in recs]
+        ax.barh(range(len(recs)), widths, left=left, label=name)
+        left = [a + b for a, b in zip(left, widths)]
+    ax.set_yticks(range(len(recs)))
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms (median of the phase pass)")
+    ax.set_title("mok forward: time by phase")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, ncol=len(names), loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _cell(text):
     return str(text).replace("|", "\\|")
 
@@ -261,6 +322,7 @@ def markdown(recs, plots, out_dir, repeats=None):
                      _f(v["pt_bwd_tflops"], ".1f"), _f(sp, ".2f", "x")]
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         lines.append("")
+    lines += phase_lines(recs)
     lines += group_lines(recs)
     lines += repeats or []
     lines += ["## Ceilings measured with each record", "",
@@ -386,6 +448,11 @@ def make_plots(recs, plots_dir):
                             ("PyTorch grouped GEMMs only", "gg_frac")],
                   "% of dense bf16 GEMM", "Fraction of the dense bf16 GEMM ceiling (same run)", percent=True)
     out.append(("Fraction of the dense GEMM ceiling", p))
+    phased = [r for r in bars if _get(r, "mok", "forward_phases", "median_ms")]
+    if phased:
+        p = os.path.join(plots_dir, PLOT_FILES[2])
+        _phase_plot(p, phased)
+        out.append(("Where mok's forward time goes", p))
     for key, group in sorted(sweep_groups(recs).items(), key=lambda kv: sort_key(kv[1][0])):
         p = os.path.join(plots_dir, "sweep_" + _safe("_".join(key)) + ".png")
         _sweep_plot(p, key, group)

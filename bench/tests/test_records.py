@@ -228,6 +228,40 @@ class Group(unittest.TestCase):
         self.assertEqual(rec["ceilings"]["nccl_all_to_all_busbw_gbps"], 100.0)
 
 
+def with_phases(mok, **ms):
+    m = copy.deepcopy(mok)
+    m["forward_phases"] = {"iters": 20, "method": "events", "median_ms": ms}
+    return m
+
+
+class Phases(unittest.TestCase):
+    def test_phases_carried_into_the_record(self):
+        mok = with_phases(fixture("fixture_mok_qwen35_slice.json"), setup=0.01, schedule=0.06, megakernel=1.0,
+                          epilogue=0.05)
+        rec = records.make_record(mok, None, env())
+        self.assertEqual(rec["mok"]["forward_phases"]["median_ms"],
+                         {"setup": 0.01, "schedule": 0.06, "megakernel": 1.0, "epilogue": 0.05})
+        self.assertEqual(rec["mok"]["forward_phases"]["iters"], 20)
+
+    def test_missing_or_malformed_phases_are_none(self):
+        mok = fixture("fixture_mok_qwen35_slice.json")
+        self.assertIsNone(records.make_record(mok, None, env())["mok"]["forward_phases"])
+        for bad in ({"median_ms": {"setup": "fast"}}, {"median_ms": {"setup": -1.0}}, {"median_ms": [1.0]},
+                    {"median_ms": {"setup": True}}, "x"):
+            m = copy.deepcopy(mok)
+            m["forward_phases"] = bad
+            self.assertIsNone(records.forward_phases(m), bad)
+
+    def test_group_takes_each_phase_of_the_slowest_rank(self):
+        g = Group()
+        a = with_phases(g.rank([1.0], 1), schedule=0.05, megakernel=1.2, epilogue=0.04)
+        b = with_phases(g.rank([1.0], 1), schedule=0.07, megakernel=1.1, epilogue=0.06)
+        merged = records.merge_group([a, b])
+        self.assertEqual(merged["forward_phases"]["median_ms"], {"schedule": 0.07, "megakernel": 1.2, "epilogue": 0.06})
+        # A rank without the split (or with other phases): no group split at all.
+        self.assertNotIn("forward_phases", records.merge_group([a, g.rank([1.0], 1)]))
+
+
 class Environment(unittest.TestCase):
     def test_git_commit(self):
         e = records.collect_env()

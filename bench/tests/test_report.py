@@ -7,7 +7,7 @@ import tempfile
 import unittest
 
 import helpers
-from helpers import env, fixture
+from helpers import read_text, env, fixture
 
 import records
 import report
@@ -91,6 +91,28 @@ class Report(unittest.TestCase):
             self.assertIn("| qwen3.5-397b-a17b | slice (EP=64) | gaussian | 2048 | 4.000 | 283.5 | 8.000 | 141.7 | 2.00x |",
                           text)
             self.assertIn("| qwen3.5-397b-a17b | 2048 | 1 / 2 | 1000 | 2000 / 1250 | 4000 |", text)
+
+    def test_phase_table_and_plot(self):
+        with tempfile.TemporaryDirectory() as d:
+            qwen = (fixture("fixture_mok_qwen35_slice.json"), fixture("fixture_peer_qwen35_slice.json"))
+            mok = copy.deepcopy(qwen[0])
+            mok["forward_phases"] = {"iters": 20, "method": "events",
+                                     "median_ms": {"setup": 0.01, "schedule": 0.06, "megakernel": 0.85,
+                                                   "epilogue": 0.08}}
+            paths = [records.write_record(records.make_record(mok, qwen[1], env()), d)]
+            out, plots = os.path.join(d, "REPORT.md"), os.path.join(d, "plots")
+            report.generate(paths, out, plots)
+            text = read_text(out)
+            self.assertIn("## Where mok's forward time goes", text)
+            self.assertIn("| setup ms | schedule ms | megakernel ms | epilogue ms | sum ms |", text)
+            self.assertIn("| 0.010 | 0.060 | 0.850 | 0.080 | 1.000 | 1.000 | 85.0% |", text)
+            assert_png(self, os.path.join(plots, "forward_phases.png"))
+            self.assertIn("(plots/forward_phases.png)", text)
+        with tempfile.TemporaryDirectory() as d:  # records without the split: no section, no plot
+            out, plots = os.path.join(d, "REPORT.md"), os.path.join(d, "plots")
+            report.generate(fixture_records(d), out, plots)
+            self.assertNotIn("forward time goes", read_text(out))
+            self.assertNotIn("forward_phases.png", os.listdir(plots))
 
     def test_newest_wins(self):
         with tempfile.TemporaryDirectory() as d:

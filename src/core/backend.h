@@ -12,6 +12,11 @@
 
 namespace mok {
 
+struct PhaseTime {
+  std::string name;  // setup, schedule, megakernel, group_barrier, epilogue
+  double ms;
+};
+
 class BackendImpl {
  public:
   virtual ~BackendImpl() = default;
@@ -25,6 +30,12 @@ class BackendImpl {
   virtual Config resolved_config() const = 0;
   // The schedules of the last call, one per rank computed here (for tests).
   virtual std::vector<std::vector<ScheduleRow>> last_schedules() const = 0;
+  // Phase timing (benchmarks): while on, each forward records device events between its
+  // phases, and last_phase_times() (which waits for the device) returns the last forward's
+  // split. The events serialise what would overlap, so the phases sum to a little more than
+  // an untimed forward. Empty where a backend does not record phases.
+  virtual void record_phases(bool /*on*/) {}
+  virtual std::vector<PhaseTime> last_phase_times() const { return {}; }
 };
 
 // The CUDA forward's kernels (host stub address, name), to recognise them in captured

@@ -129,6 +129,8 @@ std::uint64_t wait_timeout_ns() {
 // MOK_STORE_WARP=0 (or off, false) turns the megakernel's store warp off (the consumers then
 // send their tiles' rows themselves, as before it existed): an A/B switch for the device,
 // not a Config. Unset, empty or anything else: on.
+constexpr int kMaxPhaseMarks = 6;  // setup, schedule, megakernel, group barrier, epilogue, end
+
 bool store_warp_from_env() {
   const char* env = std::getenv("MOK_STORE_WARP");
   if (env == nullptr) return true;
@@ -360,6 +362,17 @@ class CudaBackend final : public BackendImpl {
     const Problem& p = problem_;
     const int T = p.tokens_per_rank, H = p.hidden;
 
+    // Phase timing (record_phases): an event starts each phase; PDL is off then, since the
+    // events sit between the kernels.
+    const bool timing = !phase_events_.empty();
+    phase_names_.clear();
+    auto phase = [&](const char* name) {
+      if (!timing) return;
+      MOK_CUDA_CHECK(cudaEventRecord(phase_events_[phase_names_.size()], stream_));
+      if (name != nullptr) phase_names_.push_back(name);
+    };
+    const bool pdl = !timing;
+    phase("setup");
     MOK_CUDA_CHECK(cudaMemsetAsync(counters_.as<int>(), 0, counters_.bytes(), stream_));
 
     EpilogueParams ep{T, H, p.top_k, p.num_shared(), plans_dev_.as<RankPlan>(), a.calls, error_.as<DeviceError>(),
@@ -397,12 +410,13 @@ class CudaBackend final : public BackendImpl {
     // one follows one of ours and launches as a programmatic dependent (PDL), hiding most of
     // the launch gap; in a group the epilogue follows the group barrier instead.
     const int sched_blocks = ceil_div(chunks_, kScheduleWarps);
+    phase("schedule");
     Launch(dim3(sched_blocks), dim3(kScheduleThreads), schedule_warp_smem_, stream_)(
         "schedule_count_kernel", schedule_count_kernel, sp);
     Launch(dim3(1), dim3(1024), schedule_offsets_smem_, stream_)
-        .after_kernel()("schedule_offsets_kernel", schedule_offsets_kernel, sp);
+        .after_kernel(pdl)("schedule_offsets_kernel", schedule_offsets_kernel, sp);
     Launch(dim3(sched_blocks), dim3(kScheduleThreads), schedule_warp_smem_, stream_)
-        .after_kernel()("schedule_scatter_kernel", schedule_scatter_kernel, sp);
+        .after_kernel(pdl)("schedule_scatter_kernel", schedule_scatter_kernel, sp);
 
     PlanParams pp{};
     pp.plans = plans_dev_.as<RankPlan>();
@@ -412,7 +426,7 @@ class CudaBackend final : public BackendImpl {
     pp.pulls = pulls_.as<int2>();
     pp.num_pulls = task_counts_.as<int>() + 1;
     Launch(dim3(ceil_div(ceil_div(std::max(cap_tiles_, shared_row_tiles_), band_) + lag_, 256)), dim3(256), 0, stream_)
-        .after_kernel()("schedule_plan_kernel", schedule_plan_kernel, pp);
+        .after_kernel(pdl)("schedule_plan_kernel", schedule_plan_kernel, pp);
 
     ForwardParams fp{};
     fp.ep_size = p.ep_size;
@@ -446,15 +460,20 @@ class CudaBackend final : public BackendImpl {
     fp.pull_ahead = pull_ahead_;
     fp.store_warp = store_warp_ ? 1 : 0;
     fp.pairs = pairs_ ? 1 : 0;
+    phase("megakernel");
     Launch(dim3(grid_ctas_), dim3(kComputeThreads), kSmemBytes, stream_)
-        .after_kernel()
+        .after_kernel(pdl)
         .in_pairs(pairs_)("forward_megakernel", forward_megakernel, fp);
     // Every rank's rows are in our combine slots, and every rank's error code is known here:
     // a rank that failed (capacity, say) did not push its rows for our tokens.
+    if (group_) phase("group_barrier");
     if (group_) group_->barrier_max(reinterpret_cast<const int*>(error_.as<char>() + offsetof(DeviceError, code)),
                                     group_error_.as<int>(), stream_);
 
-    Launch(row_grid, dim3(256), 0, stream_).after_kernel(!group_)("combine_epilogue_kernel", combine_epilogue_kernel, ep);
+    phase("epilogue");
+    Launch(row_grid, dim3(256), 0, stream_)
+        .after_kernel(pdl && !group_)("combine_epilogue_kernel", combine_epilogue_kernel, ep);
+    phase(nullptr);  // the end of the last phase
   }
 
   void backward(std::span<const RankBackward>) override {
@@ -478,6 +497,29 @@ class CudaBackend final : public BackendImpl {
       s.padded_rows = static_cast<std::int64_t>(tiles) * kTileM;
       s.capacity_rows = capacity_;
       out.push_back(std::move(s));
+    }
+    return out;
+  }
+
+  void record_phases(bool on) override {
+    if (on == !phase_events_.empty()) return;
+    for (auto e : phase_events_) cudaEventDestroy(e);
+    phase_events_.clear();
+    if (!on) return;
+    for (int i = 0; i < kMaxPhaseMarks; ++i) {
+      phase_events_.push_back(nullptr);
+      MOK_CUDA_CHECK(cudaEventCreate(&phase_events_.back()));
+    }
+  }
+
+  std::vector<PhaseTime> last_phase_times() const override {
+    std::vector<PhaseTime> out;
+    if (phase_events_.empty() || phase_names_.empty()) return out;
+    MOK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (std::size_t i = 0; i < phase_names_.size(); ++i) {
+      float ms = 0;
+      MOK_CUDA_CHECK(cudaEventElapsedTime(&ms, phase_events_[i], phase_events_[i + 1]));
+      out.push_back({phase_names_[i], ms});
     }
     return out;
   }
@@ -767,6 +809,9 @@ class CudaBackend final : public BackendImpl {
   bool store_warp_ = store_warp_from_env();
   std::uint64_t timeout_ns_ = wait_timeout_ns();
   std::size_t workspace_bytes_ = 0;
+  // record_phases(): one event before each phase and one after the last (see PhaseMark).
+  std::vector<cudaEvent_t> phase_events_;
+  std::vector<std::string> phase_names_;
 
   DeviceBuffer counters_, error_, group_error_, tasks_, pulls_, task_counts_, combine_of_dev_, plans_dev_, zero_row_;
   std::vector<DeviceBuffer> combine_, rank_buffers_;
@@ -782,6 +827,7 @@ class CudaBackend final : public BackendImpl {
 
  public:
   ~CudaBackend() override {
+    for (auto e : phase_events_) cudaEventDestroy(e);
     if (group_) {
       group_->free_symmetric(x_sym_);
       group_->free_symmetric(combine_sym_);

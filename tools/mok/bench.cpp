@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -15,6 +16,7 @@
 #if defined(MOK_HAS_CUDA)
 #include <cuda_runtime.h>
 
+#include "core/backend.h"
 #include "core/compare.h"
 #include "core/device_mirror.h"
 #include "core/device_timer.h"
@@ -215,6 +217,36 @@ int bench_command(const std::vector<std::string>& argv) {
       device_times_ms(stream, warmup, iters,
                       {[&] { layer.forward(args_dev); }, [&] { layer.synchronize(); }, distributed ? 50 : 0});
   const Timing fwd_time = summarize(ms);
+
+  // ---- where a forward's time goes: a separate pass with events between the phases (they
+  // serialise what PDL overlaps, so the phases add up to a little more than the median) ----
+  constexpr int kPhaseIters = 20;
+  std::vector<std::string> phase_order;
+  std::map<std::string, std::vector<double>> phase_ms;
+  {
+    BackendImpl& backend = LayerInternals::backend(layer);
+    backend.record_phases(true);
+    for (int i = 0; i < kPhaseIters; ++i) {
+      layer.forward(args_dev);
+      layer.synchronize();
+      for (const auto& ph : backend.last_phase_times()) {
+        if (!phase_ms.count(ph.name)) phase_order.push_back(ph.name);
+        phase_ms[ph.name].push_back(ph.ms);
+      }
+    }
+    backend.record_phases(false);
+  }
+  std::string phases_json = "{\"iters\": " + std::to_string(kPhaseIters) +
+                            ", \"method\": \"cuda events between the forward's phases, one forward at a time, "
+                            "outside the timed run\", \"median_ms\": {";
+  for (std::size_t i = 0; i < phase_order.size(); ++i) {
+    std::ostringstream v;
+    v.precision(8);
+    v << summarize(phase_ms[phase_order[i]]).median;
+    phases_json += (i ? ", \"" : "\"") + phase_order[i] + "\": " + v.str();
+  }
+  phases_json += "}}";
+
   const auto stats = layer.last_schedule_stats();
   LayerData out = host;
   mirror.copy_outputs_to(out);
@@ -363,7 +395,8 @@ int bench_command(const std::vector<std::string>& argv) {
        << ", \"iters\": " << iters
        << ", \"method\": \"cuda events around each forward call on one stream, enqueued back to back, read after "
           "a synchronisation (in a group every 50 calls)\"},\n"
-       << "  \"forward\": " << json_timing(fwd_time) << ",\n  \"forward_iters_ms\": " << json_list(ms)
+       << "  \"forward\": " << json_timing(fwd_time) << ",\n  \"forward_phases\": " << phases_json
+       << ",\n  \"forward_iters_ms\": " << json_list(ms)
        << ",\n  \"backward\": null,\n"
        << "  \"check\": {\"forward\": {\"max_abs\": " << std::max(rows_cmp.max_abs, y_cmp.max_abs)
        << ", \"rel\": " << std::max(rows_cmp.rel, y_cmp.rel) << ", \"rows\": \"" << rows_cmp.describe()
