@@ -56,8 +56,8 @@ def check(ins):
                         stack.append(index[int(t.group(1), 16)])
                     if word.startswith("BRA") and not conditional and "DIV" not in word:
                         break
-                if word.startswith(("EXIT", "RET")) and not conditional:
-                    break
+                if word.startswith(("EXIT", "RET", "BPT.TRAP")) and not conditional:
+                    break  # (a trap ends the thread: no fall-through)
                 j += 1
         worst.append((addr, budget, top, where))
     return worst

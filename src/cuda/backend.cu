@@ -15,6 +15,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <list>
+#include <map>
+#include <mutex>
 #include <sstream>
 
 #include <nccl.h>
@@ -32,6 +34,46 @@
 
 namespace mok {
 namespace cuda {
+
+std::string describe_phase_wait_trap(const PhaseWaitTrap& t) {
+  const char* what = "an unknown phase wait";
+  switch (t.site) {
+    case kPhaseTaskSlotFree: what = "the producer waiting for the consumers to take a task"; break;
+    case kPhaseTaskClaimed: what = "a compute role waiting for its next task"; break;
+    case kPhaseStageFree: what = "the producer waiting for the consumers to release a stage"; break;
+    case kPhaseStageLoaded: what = "the consumers waiting for a stage's TMA loads"; break;
+    case kPhaseStagingHandedOver: what = "the store warp waiting for a staged tile"; break;
+    case kPhaseStagingRead: what = "the consumers waiting for the store warp to read the staging tile"; break;
+    case kPhasePullLoaded: what = "a dispatch pipeline waiting for a pulled row to land"; break;
+  }
+  std::ostringstream s;
+  s << "forward: a wait inside the megakernel timed out after " << t.waited_ns / 1000000 << " ms (" << what
+    << "; CTA " << t.block << ", thread " << t.thread
+    << "): an arrival inside that CTA never came, and the kernel trapped; the CUDA context is unusable now "
+       "(restart the process; MOK_WAIT_TIMEOUT_MS sets the limit)";
+  return s.str();
+}
+
+// The device's phase-wait trap record: host-mapped memory allocated once per device for the
+// process (a trap ends the context, so no Layer could free it usefully), its address and the
+// wait timeout copied into the megakernel's globals (sm90.cuh). Every Layer on the device
+// shares it; the timeout is the latest Layer's (MOK_WAIT_TIMEOUT_MS, the same for all).
+const PhaseWaitTrap* use_phase_wait_trap(int device, std::uint64_t timeout_ns) {
+  static std::mutex mutex;
+  static std::map<int, PhaseWaitTrap*> records;
+  std::lock_guard<std::mutex> lock(mutex);
+  PhaseWaitTrap*& host = records[device];
+  if (host == nullptr) {
+    MOK_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host), sizeof(PhaseWaitTrap), cudaHostAllocMapped));
+    *host = PhaseWaitTrap{};
+    PhaseWaitTrap* dev = nullptr;
+    MOK_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev), host, 0));
+    MOK_CUDA_CHECK(cudaMemcpyToSymbol(sm90::g_phase_wait_trap, &dev, sizeof(dev)));
+  }
+  const unsigned units = static_cast<unsigned>(std::min<std::uint64_t>(timeout_ns >> 20, 0x7fffffffu));
+  MOK_CUDA_CHECK(cudaMemcpyToSymbol(sm90::g_phase_wait_timeout_units, &units, sizeof(units)));
+  return host;
+}
 
 std::string describe_device_error(const DeviceError& e, int T, int k) {
   std::ostringstream s;
@@ -526,7 +568,12 @@ class CudaBackend final : public BackendImpl {
 
   void synchronize() const override {
     if (group_) group_->wait(stream_, "waiting for the forward");
-    MOK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const cudaError_t sync = cudaStreamSynchronize(stream_);
+    if (sync != cudaSuccess) {
+      if (phase_trap_ != nullptr && static_cast<const volatile PhaseWaitTrap*>(phase_trap_)->site != 0)
+        throw Error(describe_phase_wait_trap(*phase_trap_));
+      MOK_CUDA_CHECK(sync);
+    }
     DeviceError e;
     MOK_CUDA_CHECK(cudaMemcpy(&e, error_.as<DeviceError>(), sizeof(e), cudaMemcpyDeviceToHost));
     if (e.code != kOk) {
@@ -603,6 +650,7 @@ class CudaBackend final : public BackendImpl {
     group_error_ = track(DeviceBuffer(sizeof(int)));
     MOK_CUDA_CHECK(cudaMemset(error_.as<void>(), 0, sizeof(DeviceError)));
     MOK_CUDA_CHECK(cudaMemset(group_error_.as<void>(), 0, sizeof(int)));
+    phase_trap_ = use_phase_wait_trap(options_.cuda_device, timeout_ns_);
     long long shared_tasks = 0;
     for (int w : p.shared_intermediate) shared_tasks += static_cast<long long>(shared_row_tiles_) * (ceil_div(w, kGateUpCols) + down_tiles_);
     long long max_tasks = num_ranks_ * (shared_tasks + static_cast<long long>(cap_tiles_) * (gateup_tiles_ + down_tiles_));
@@ -809,7 +857,9 @@ class CudaBackend final : public BackendImpl {
   bool store_warp_ = store_warp_from_env();
   std::uint64_t timeout_ns_ = wait_timeout_ns();
   std::size_t workspace_bytes_ = 0;
-  // record_phases(): one event before each phase and one after the last (see PhaseMark).
+  // Host-mapped record of a phase wait that timed out on this device (use_phase_wait_trap).
+  const PhaseWaitTrap* phase_trap_ = nullptr;
+  // record_phases(): one event before each phase and one after the last.
   std::vector<cudaEvent_t> phase_events_;
   std::vector<std::string> phase_names_;
 

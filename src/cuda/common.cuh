@@ -48,6 +48,31 @@ struct DeviceError {
 
 std::string describe_device_error(const DeviceError& e, int tokens_per_rank, int top_k);
 
+// A phase wait inside a CTA (an mbarrier: a stage, a task slot, the staging tile) that ran
+// past the wait timeout. Such a wait only stalls while another role of its CTA is late, and
+// those roles' own cross-CTA waits time out and drain; so this fires only when an arrival is
+// lost for good (a bug, or a copy that never lands). The kernel cannot drain then: the
+// waiting thread records where it was in host-mapped memory, which survives the trap it
+// then executes, and Layer::synchronize names it.
+enum PhaseWaitSite : int {
+  kPhaseTaskSlotFree = 1,     // producer: the consumers to read a task slot
+  kPhaseTaskClaimed = 2,      // consumers (and a pair's second producer): the next task
+  kPhaseStageFree = 3,        // producer: the consumers to release a stage
+  kPhaseStageLoaded = 4,      // consumers: a stage's TMA loads to land
+  kPhaseStagingHandedOver = 5,  // store warp: the consumers' next staged tile
+  kPhaseStagingRead = 6,      // consumers: the store warp to read the staging tile
+  kPhasePullLoaded = 7,       // dispatch: a row pull's bulk loads to land
+};
+
+struct PhaseWaitTrap {
+  int site;  // PhaseWaitSite; 0 = none
+  int block, thread;
+  int pad;
+  long long waited_ns;
+};
+
+std::string describe_phase_wait_trap(const PhaseWaitTrap& t);
+
 #if defined(__CUDACC__)
 
 __device__ __forceinline__ void report_error(DeviceError* err, int code, int rank, int where, long long index,

@@ -86,7 +86,7 @@ __device__ __forceinline__ void pull_rows(const ForwardParams& p, PullPipeline& 
   for (int i = 0; i < n; ++i) {
     const unsigned u = pl.used + i;
     const int slot = static_cast<int>(u % S);
-    sm90::mbar_wait(&pl.full[slot], (u / S) & 1);
+    sm90::mbar_wait(&pl.full[slot], (u / S) & 1, kPhasePullLoaded);
     sm90::bulk_store_s2g(ring_tile + static_cast<std::size_t>(first + i * step) * pl.row_bytes,
                          pl.slots + static_cast<std::size_t>(slot) * pl.row_bytes, pl.row_bytes);
     sm90::bulk_commit();

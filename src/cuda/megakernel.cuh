@@ -86,6 +86,8 @@ __device__ __forceinline__ TileJob describe_task(const ForwardParams& p, Task ta
 }
 
 constexpr int kTaskSlots = 4;
+
+
 // The barriers, the task ring and the store job fit the 256 bytes kSmemBytes keeps for them.
 static_assert((2 * kStages + 2 * kTaskSlots + 2) * 8 + kTaskSlots * 4 + 8 <= 256, "megakernel smem: barrier area");
 
@@ -165,11 +167,12 @@ __device__ __forceinline__ PairRole pair_role(const ForwardParams& p) {
   return r;
 }
 
-__device__ __forceinline__ void wait_task_full(const PairRole& pr, std::uint64_t* bar, std::uint32_t phase) {
+__device__ __forceinline__ void wait_task_full(const ForwardParams& p, const PairRole& pr, std::uint64_t* bar,
+                                               std::uint32_t phase) {
   if (pr.on)
-    sm90::mbar_wait_cluster(bar, phase);
+    sm90::mbar_wait_cluster(bar, phase, kPhaseTaskClaimed);
   else
-    sm90::mbar_wait(bar, phase);
+    sm90::mbar_wait(bar, phase, kPhaseTaskClaimed);
 }
 
 // Whether two tasks read the same B tile (weights): same kind, rank, shared expert and
@@ -247,7 +250,7 @@ __device__ __forceinline__ void store_loop(const ForwardParams& p, const Compute
   const int lane = threadIdx.x % 32;
   std::uint32_t phase = 0;
   for (;;) {
-    sm90::mbar_wait(sm.staging_full, phase);
+    sm90::mbar_wait(sm.staging_full, phase, kPhaseStagingHandedOver);
     phase ^= 1;
     const std::uint64_t bits = *sm.store_job;
     if (bits == kNoStoreJob) break;
@@ -278,7 +281,7 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
   for (;;) {
     int idx;
     if (!pr.on || pr.me == 0) {
-      sm90::mbar_wait(&sm.task_empty[tslot.slot], tslot.phase ^ 1);
+      sm90::mbar_wait(&sm.task_empty[tslot.slot], tslot.phase ^ 1, kPhaseTaskSlotFree);
       idx = atomicAdd(p.task_counter, 1);
       if (idx >= num_items) idx = -1;
       sm.task_ring[tslot.slot] = idx;
@@ -288,7 +291,7 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
       }
       sm90::mbar_arrive(&sm.task_full[tslot.slot]);
     } else {
-      sm90::mbar_wait_cluster(&sm.task_full[tslot.slot], tslot.phase);
+      sm90::mbar_wait_cluster(&sm.task_full[tslot.slot], tslot.phase, kPhaseTaskClaimed);
       idx = sm.task_ring[tslot.slot];
       sm90::mbar_arrive_remote(&sm.task_empty[tslot.slot], 0);  // the leader reuses the slot after this
     }
@@ -304,7 +307,7 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
     if (!aborted) fence_proxy_async_global();
     for (int kb = 0; kb < job.k_tiles; ++kb) {
       const int st = stage.slot;
-      sm90::mbar_wait(&sm.empty[st], stage.phase ^ 1);
+      sm90::mbar_wait(&sm.empty[st], stage.phase ^ 1, kPhaseStageFree);
       if (aborted && !pr.on) {
         sm90::mbar_arrive(&sm.full[st]);  // keep the consumers moving; outputs are poisoned
       } else {
@@ -344,7 +347,7 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
   std::uint32_t staging_empty_phase = 0;
   float acc[128];
   for (;;) {
-    wait_task_full(pair_role(p), &sm.task_full[tslot.slot], tslot.phase);
+    wait_task_full(p, pair_role(p), &sm.task_full[tslot.slot], tslot.phase);
     const int idx = sm.task_ring[tslot.slot];
     // The slot is reused by the claiming producer: the leader's, in pair mode.
     if (p.pairs && sm90::cluster_ctarank() != 0)
@@ -359,7 +362,7 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
     for (int r = 0; r < 128; ++r) acc[r] = 0.0f;
     int prev = 0;
     for (int kb = 0; kb < job.k_tiles; ++kb) {
-      sm90::mbar_wait(&sm.full[stage.slot], stage.phase);
+      sm90::mbar_wait(&sm.full[stage.slot], stage.phase, kPhaseStageLoaded);
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kTileK / 16; ++kk) {
@@ -387,7 +390,7 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
     if (p.store_warp) {
       if (task.phantom()) continue;
       if (staging_handed_over) {  // the store warp has read the previous tile
-        sm90::mbar_wait(sm.staging_empty, staging_empty_phase);
+        sm90::mbar_wait(sm.staging_empty, staging_empty_phase, kPhaseStagingRead);
         staging_empty_phase ^= 1;
       }
     } else {
@@ -423,7 +426,8 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
   }
   if (p.store_warp) {
     // Stop the store warp once it has taken the last tile.
-    if (staging_handed_over) sm90::mbar_wait(sm.staging_empty, staging_empty_phase);
+    if (staging_handed_over)
+      sm90::mbar_wait(sm.staging_empty, staging_empty_phase, kPhaseStagingRead);
     if (ct == 0) {
       *sm.store_job = kNoStoreJob;
       sm90::mbar_arrive(sm.staging_full);

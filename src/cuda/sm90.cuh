@@ -8,6 +8,8 @@
 #include <cuda.h>
 #include <cstdint>
 
+#include "cuda/common.cuh"
+
 namespace mok::cuda::sm90 {
 
 __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
@@ -42,23 +44,52 @@ __device__ __forceinline__ bool mbar_try_wait(std::uint64_t* bar, std::uint32_t 
   return ok != 0;
 }
 
-// The same wait with acquire at cluster scope: for barriers the peer CTA of a pair arrives on.
-__device__ __forceinline__ void mbar_wait_cluster(std::uint64_t* bar, std::uint32_t phase) {
-  std::uint32_t ok = 0;
-  while (!ok)
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(ok)
-        : "r"(smem_addr(bar)), "r"(phase)
-        : "memory");
+// One try with acquire at cluster scope: for barriers the peer CTA of a pair arrives on.
+__device__ __forceinline__ bool mbar_try_wait_cluster(std::uint64_t* bar, std::uint32_t phase) {
+  std::uint32_t ok;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(ok)
+      : "r"(smem_addr(bar)), "r"(phase)
+      : "memory");
+  return ok != 0;
 }
 
-// Phase waits inside a CTA complete unless a peer role died; they are bounded by the
-// cross-CTA waits (which time out) feeding them, so a plain loop is safe here.
-__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t phase) {
-  while (!mbar_try_wait(bar, phase)) {
+// Where a phase wait that timed out reports (host-mapped memory, readable after the trap)
+// and after how long: set by the host once per device (backend.cu: use_phase_wait_trap).
+// Read only on the slow path; a wait keeps one 32-bit start time in registers (warpgroup 0
+// runs in 40: scripts/check_setmaxnreg.py).
+__device__ PhaseWaitTrap* g_phase_wait_trap;
+__device__ unsigned g_phase_wait_timeout_units;  // in units of 2^20 ns (~1.05 ms)
+
+// A failed try: the first starts the clock (units of 2^20 ns, never 0: 0 means not started;
+// unsigned differences survive the wrap after ~52 days), a later one past the timeout
+// records the site and traps.
+__device__ __forceinline__ void phase_wait_tick(int site, unsigned& start) {
+  const unsigned now = static_cast<unsigned>(globaltimer_ns() >> 20) | 1u;
+  if (start == 0) {
+    start = now;
+  } else if (now - start > g_phase_wait_timeout_units && g_phase_wait_trap != nullptr) {
+    volatile PhaseWaitTrap* t = g_phase_wait_trap;
+    t->block = static_cast<int>(blockIdx.x);
+    t->thread = static_cast<int>(threadIdx.x);
+    t->waited_ns = static_cast<long long>(now - start) << 20;
+    t->site = site;
+    __threadfence_system();
+    asm volatile("trap;");
   }
+}
+
+// Phase waits (PhaseWaitSite says which, for the report if one times out).
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t phase, int site) {
+  unsigned start = 0;
+  while (!mbar_try_wait(bar, phase)) phase_wait_tick(site, start);
+}
+
+__device__ __forceinline__ void mbar_wait_cluster(std::uint64_t* bar, std::uint32_t phase, int site) {
+  unsigned start = 0;
+  while (!mbar_try_wait_cluster(bar, phase)) phase_wait_tick(site, start);
 }
 
 // ---- TMA -------------------------------------------------------------------------------
