@@ -50,14 +50,15 @@ std::string describe_phase_wait_trap(const PhaseWaitTrap& t) {
   s << "forward: a wait inside the megakernel timed out after " << t.waited_ns / 1000000 << " ms (" << what
     << "; CTA " << t.block << ", thread " << t.thread
     << "): an arrival inside that CTA never came, and the kernel trapped; the CUDA context is unusable now "
-       "(restart the process; MOK_WAIT_TIMEOUT_MS sets the limit)";
+       "(restart the process; the limit is 2 * MOK_WAIT_TIMEOUT_MS + 1 s)";
   return s.str();
 }
 
 // The device's phase-wait trap record: host-mapped memory allocated once per device for the
 // process (a trap ends the context, so no Layer could free it usefully), its address and the
-// wait timeout copied into the megakernel's globals (sm90.cuh). Every Layer on the device
-// shares it; the timeout is the latest Layer's (MOK_WAIT_TIMEOUT_MS, the same for all).
+// phase-wait timeout copied into the megakernel's globals (sm90.cuh). Every Layer on the
+// device shares it; the timeout follows the latest Layer's (MOK_WAIT_TIMEOUT_MS, the same
+// for all).
 const PhaseWaitTrap* use_phase_wait_trap(int device, std::uint64_t timeout_ns) {
   static std::mutex mutex;
   static std::map<int, PhaseWaitTrap*> records;
@@ -70,7 +71,11 @@ const PhaseWaitTrap* use_phase_wait_trap(int device, std::uint64_t timeout_ns) {
     MOK_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev), host, 0));
     MOK_CUDA_CHECK(cudaMemcpyToSymbol(sm90::g_phase_wait_trap, &dev, sizeof(dev)));
   }
-  const unsigned units = static_cast<unsigned>(std::min<std::uint64_t>(timeout_ns >> 20, 0x7fffffffu));
+  // Twice the cross-CTA limit and a second more: when a cross-CTA wait times out (the
+  // producer waiting for rows, say), the roles it feeds must drain (the error is reported and
+  // the context stays usable) before their own phase waits could trap.
+  const std::uint64_t phase_ns = 2 * timeout_ns + 1000000000ull;
+  const unsigned units = static_cast<unsigned>(std::min<std::uint64_t>(phase_ns >> 20, 0x7fffffffu));
   MOK_CUDA_CHECK(cudaMemcpyToSymbol(sm90::g_phase_wait_timeout_units, &units, sizeof(units)));
   return host;
 }
@@ -178,6 +183,15 @@ bool store_warp_from_env() {
   if (env == nullptr) return true;
   const std::string v = env;
   return !(v == "0" || v == "off" || v == "false");
+}
+
+// MOK_TEST_FAULT=lose_staging_read: a deliberate lost arrival, for the test that proves a
+// stuck phase wait is reported rather than hung. Anything else set is an error.
+int test_fault_from_env() {
+  const char* env = std::getenv("MOK_TEST_FAULT");
+  if (env == nullptr || *env == '\0') return kNoFault;
+  if (std::string(env) == "lose_staging_read") return kFaultLoseStagingRead;
+  throw Error(std::string("MOK_TEST_FAULT = '") + env + "': must be lose_staging_read (or unset)");
 }
 
 // Dispatch loads each pull pipeline keeps ahead of its stores (tuning; 0 = the default).
@@ -501,6 +515,7 @@ class CudaBackend final : public BackendImpl {
     fp.ring_wraps = ring_tiles_ < cap_tiles_ ? 1 : 0;
     fp.pull_ahead = pull_ahead_;
     fp.store_warp = store_warp_ ? 1 : 0;
+    fp.test_fault = test_fault_;
     fp.pairs = pairs_ ? 1 : 0;
     phase("megakernel");
     Launch(dim3(grid_ctas_), dim3(kComputeThreads), kSmemBytes, stream_)
@@ -855,6 +870,7 @@ class CudaBackend final : public BackendImpl {
   PlanShape plan_shape_{};  // the task order's parameters (plan_order.h)
   int pull_ahead_ = pull_ahead_from_env();
   bool store_warp_ = store_warp_from_env();
+  int test_fault_ = test_fault_from_env();
   std::uint64_t timeout_ns_ = wait_timeout_ns();
   std::size_t workspace_bytes_ = 0;
   // Host-mapped record of a phase wait that timed out on this device (use_phase_wait_trap).

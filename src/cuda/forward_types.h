@@ -93,6 +93,12 @@ struct RankPlan {
   SharedPlan shared[kMaxShared];
 };
 
+// Deliberate faults for the tests that prove a stuck wait is reported (MOK_TEST_FAULT).
+enum TestFault : int {
+  kNoFault = 0,
+  kFaultLoseStagingRead = 1,  // the store warp never says it has read the staging tile
+};
+
 // Everything the megakernel reads, by value (__grid_constant__).
 struct ForwardParams {
   int ep_size, tokens, hidden, inter, top_k, local_experts, num_shared;
@@ -116,6 +122,7 @@ struct ForwardParams {
   int pull_ahead;                          // dispatch: loads ahead per pipeline (0: half its slots)
   int pairs;                               // compute CTAs run task pairs as 2-CTA clusters (plan_order.h)
   int store_warp;                          // a warp of warpgroup 0 sends the staged tiles (megakernel.cuh)
+  int test_fault;                          // TestFault: a deliberate bug for the timeout tests (0: none)
   DeviceError* error;
 };
 

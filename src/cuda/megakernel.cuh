@@ -259,7 +259,7 @@ __device__ __forceinline__ void store_loop(const ForwardParams& p, const Compute
     store_rows_async(sm.staging, st.cols, lane, 32, [&](int r) { return tile_row_destination(p, task, r); });
     sm90::bulk_wait_read_all();
     __syncwarp();
-    if (lane == 0) sm90::mbar_arrive(sm.staging_empty);
+    if (lane == 0 && p.test_fault != kFaultLoseStagingRead) sm90::mbar_arrive(sm.staging_empty);
     if (st.signal != nullptr) {
       own_stores_visible();
       __syncwarp();

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -596,6 +597,39 @@ TEST(GpuErrors, DuplicateExpertIsReported) {
         }
       },
       Error);
+}
+
+// A phase wait inside a CTA whose arrival never comes (MOK_TEST_FAULT: the store warp drops
+// one) must end in a clear error naming the wait, not a hang. The trap that ends the kernel
+// also ends the CUDA context, so this runs in a child process (a death test re-executes this
+// binary for just this test).
+TEST(GpuErrorsDeathTest, LostArrivalInsideACtaTimesOutAndNamesTheWait) {
+  MOK_REQUIRE_GPU();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("MOK_TEST_FAULT", "lose_staging_read", 1);
+        setenv("MOK_WAIT_TIMEOUT_MS", "1500", 1);
+        unsetenv("MOK_STORE_WARP");
+        const Problem p = make_problem(16, 256, 128, 4, {}, 2, 256);
+        const LayerData host = make_data(p, "gaussian");
+        LayerOptions o;
+        o.backend = Backend::cuda;
+        int code = 0;
+        try {
+          Layer layer(p, Config{}, o);
+          DeviceMirror mirror(host, 0);
+          layer.forward(mirror.forward_args());
+          layer.synchronize();
+          std::fprintf(stderr, "no error\n");
+        } catch (const Error& e) {
+          std::fprintf(stderr, "%s\n", e.what());
+          code = 3;
+        }
+        std::fflush(stderr);
+        std::_Exit(code);
+      },
+      ::testing::ExitedWithCode(3), "a wait inside the megakernel timed out after [0-9]+ ms");
 }
 
 TEST(GpuErrors, CapacityTooSmallIsAnErrorNotADrop) {
