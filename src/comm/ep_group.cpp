@@ -205,12 +205,15 @@ void EpGroup::barrier_max(const int* send, int* recv, void* stream) {
              "ncclAllReduce (barrier)");
 }
 
-void EpGroup::wait(void* stream, const std::string& what) {
+void EpGroup::wait(void* stream, const std::string& what, std::uint64_t deadline_ms,
+                   const std::function<void()>& check) {
   const NcclApi& nccl = NcclApi::get();
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(impl_->timeout_ms);
+  const std::uint64_t limit_ms = deadline_ms > 0 ? deadline_ms : impl_->timeout_ms;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(limit_ms);
   for (;;) {
     const cudaError_t q = cudaStreamQuery(static_cast<cudaStream_t>(stream));
     if (q == cudaSuccess) return;
+    if (check) check();
     if (q != cudaErrorNotReady) throw Error("CUDA error while " + what + ": " + cudaGetErrorString(q));
     ncclResult_t async = ncclSuccess;
     nccl.CommGetAsyncError(impl_->comm, &async);
@@ -220,7 +223,7 @@ void EpGroup::wait(void* stream, const std::string& what) {
       impl_->comm = nullptr;
       impl_->aborted = true;
       throw Error("EP group: rank " + std::to_string(rank()) + " stopped while " + what + ": " +
-                  (late ? "no progress for " + std::to_string(impl_->timeout_ms / 1000) +
+                  (late ? "no progress for " + std::to_string(limit_ms / 1000) +
                               " s (a peer rank died or hangs; `mok launch` names it)"
                         : std::string("NCCL error ") + nccl.GetErrorString(async)));
     }

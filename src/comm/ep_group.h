@@ -10,6 +10,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -49,9 +50,12 @@ class EpGroup {
   // int); no rank passes it before every rank reached it (stream-ordered).
   void barrier_max(const int* send, int* recv, void* stream);
 
-  // Waits for `stream` with a deadline, watching NCCL's asynchronous errors; on a timeout
-  // or error aborts the communicator and throws mok::Error saying so.
-  void wait(void* stream, const std::string& what);
+  // Waits for `stream` with a deadline (the group's timeout, or `deadline_ms` when > 0),
+  // watching NCCL's asynchronous errors; on a timeout or error aborts the communicator and
+  // throws mok::Error saying so. `check`, when given, runs while waiting and may throw a
+  // better diagnosis (a trapped kernel, say) before the group blames a peer.
+  void wait(void* stream, const std::string& what, std::uint64_t deadline_ms = 0,
+            const std::function<void()>& check = {});
 
  private:
   struct Impl;

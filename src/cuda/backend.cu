@@ -54,32 +54,6 @@ std::string describe_phase_wait_trap(const PhaseWaitTrap& t) {
   return s.str();
 }
 
-// The device's phase-wait trap record: host-mapped memory allocated once per device for the
-// process (a trap ends the context, so no Layer could free it usefully), its address and the
-// phase-wait timeout copied into the megakernel's globals (sm90.cuh). Every Layer on the
-// device shares it; the timeout follows the latest Layer's (MOK_WAIT_TIMEOUT_MS, the same
-// for all).
-const PhaseWaitTrap* use_phase_wait_trap(int device, std::uint64_t timeout_ns) {
-  static std::mutex mutex;
-  static std::map<int, PhaseWaitTrap*> records;
-  std::lock_guard<std::mutex> lock(mutex);
-  PhaseWaitTrap*& host = records[device];
-  if (host == nullptr) {
-    MOK_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host), sizeof(PhaseWaitTrap), cudaHostAllocMapped));
-    *host = PhaseWaitTrap{};
-    PhaseWaitTrap* dev = nullptr;
-    MOK_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev), host, 0));
-    MOK_CUDA_CHECK(cudaMemcpyToSymbol(sm90::g_phase_wait_trap, &dev, sizeof(dev)));
-  }
-  // Twice the cross-CTA limit and a second more: when a cross-CTA wait times out (the
-  // producer waiting for rows, say), the roles it feeds must drain (the error is reported and
-  // the context stays usable) before their own phase waits could trap.
-  const std::uint64_t phase_ns = 2 * timeout_ns + 1000000000ull;
-  const unsigned units = static_cast<unsigned>(std::min<std::uint64_t>(phase_ns >> 20, 0x7fffffffu));
-  MOK_CUDA_CHECK(cudaMemcpyToSymbol(sm90::g_phase_wait_timeout_units, &units, sizeof(units)));
-  return host;
-}
-
 std::string describe_device_error(const DeviceError& e, int T, int k) {
   std::ostringstream s;
   const long long slot = e.index % (static_cast<long long>(T) * k);
@@ -173,16 +147,26 @@ std::uint64_t wait_timeout_ns() {
   return static_cast<std::uint64_t>((ms > 0 ? ms : 20000.0) * 1e6);
 }
 
+constexpr int kMaxPhaseMarks = 6;  // record_phases: setup, schedule, megakernel, group barrier, epilogue, end
+
 // MOK_STORE_WARP=0 (or off, false) turns the megakernel's store warp off (the consumers then
 // send their tiles' rows themselves, as before it existed): an A/B switch for the device,
 // not a Config. Unset, empty or anything else: on.
-constexpr int kMaxPhaseMarks = 6;  // setup, schedule, megakernel, group barrier, epilogue, end
-
 bool store_warp_from_env() {
   const char* env = std::getenv("MOK_STORE_WARP");
   if (env == nullptr) return true;
   const std::string v = env;
   return !(v == "0" || v == "off" || v == "false");
+}
+
+// The limit of the phase waits inside a CTA, in units of 2^20 ns: twice the cross-CTA limit
+// and a second more, so that when a cross-CTA wait times out (the producer waiting for rows,
+// say) the roles it feeds drain (the error is reported, the context stays usable) before
+// their own phase waits could trap. Saturating.
+unsigned phase_wait_units(std::uint64_t timeout_ns) {
+  const std::uint64_t cap = std::uint64_t(0x7fffffff) << 20;
+  const std::uint64_t ns = timeout_ns >= cap / 2 ? cap : 2 * timeout_ns + 1000000000ull;
+  return static_cast<unsigned>(std::min(ns, cap) >> 20);
 }
 
 // MOK_TEST_FAULT=lose_staging_read: a deliberate lost arrival, for the test that proves a
@@ -404,7 +388,30 @@ class CudaBackend final : public BackendImpl {
   // cudaFree waits for the device, so buffers in use by queued work are released safely;
   // the caller's stream may already be destroyed here and is not touched (destructor below).
 
+  // A kernel that trapped on a phase wait left its site in host memory: every later CUDA
+  // call fails with a sticky error that says nothing, so the entry points look here first.
+  void throw_if_trapped() const {
+    if (phase_trap_ != nullptr && static_cast<const volatile PhaseWaitTrap*>(phase_trap_)->site != 0)
+      throw Error(describe_phase_wait_trap(*phase_trap_));
+  }
+
+  // Runs `body`; a mok::Error from it becomes the trap's diagnosis when a kernel trapped.
+  template <typename Body>
+  auto diagnosed(Body&& body) const {
+    try {
+      return body();
+    } catch (const Error&) {
+      throw_if_trapped();
+      throw;
+    }
+  }
+
   void forward(std::span<const RankForward> ranks) override {
+    throw_if_trapped();
+    diagnosed([&] { enqueue_forward(ranks); });
+  }
+
+  void enqueue_forward(std::span<const RankForward> ranks) {
     check_forward_args(problem_, options_, ranks, Device::cuda);
     // In a slice or a group, ranks[] of a computed rank d is ranks[arg_index(d)].
     for (const auto& r : ranks) {
@@ -421,11 +428,15 @@ class CudaBackend final : public BackendImpl {
     // Phase timing (record_phases): an event starts each phase; PDL is off then, since the
     // events sit between the kernels.
     const bool timing = !phase_events_.empty();
-    phase_names_.clear();
+    phase_names_.clear();  // kept only when this forward records every mark
+    std::vector<std::string> names;
     auto phase = [&](const char* name) {
       if (!timing) return;
-      MOK_CUDA_CHECK(cudaEventRecord(phase_events_[phase_names_.size()], stream_));
-      if (name != nullptr) phase_names_.push_back(name);
+      MOK_CUDA_CHECK(cudaEventRecord(phase_events_.at(names.size()), stream_));
+      if (name != nullptr)
+        names.push_back(name);
+      else
+        phase_names_ = std::move(names);
     };
     const bool pdl = !timing;
     phase("setup");
@@ -516,6 +527,11 @@ class CudaBackend final : public BackendImpl {
     fp.pull_ahead = pull_ahead_;
     fp.store_warp = store_warp_ ? 1 : 0;
     fp.test_fault = test_fault_;
+    fp.phase_trap = nullptr;
+    if (phase_trap_ != nullptr)
+      MOK_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&fp.phase_trap), phase_trap_, 0));
+    fp.phase_trap_claim = phase_trap_claim_.as<int>();
+    fp.phase_wait_units = phase_wait_units(timeout_ns_);
     fp.pairs = pairs_ ? 1 : 0;
     phase("megakernel");
     Launch(dim3(grid_ctas_), dim3(kComputeThreads), kSmemBytes, stream_)
@@ -538,6 +554,7 @@ class CudaBackend final : public BackendImpl {
   }
 
   std::vector<ScheduleStats> last_schedule_stats() const override {
+    throw_if_trapped();
     MOK_CUDA_CHECK(cudaStreamSynchronize(stream_));
     std::vector<ScheduleStats> out;
     const int E_loc = problem_.local_experts();
@@ -560,19 +577,26 @@ class CudaBackend final : public BackendImpl {
 
   void record_phases(bool on) override {
     if (on == !phase_events_.empty()) return;
+    phase_names_.clear();
     for (auto e : phase_events_) cudaEventDestroy(e);
     phase_events_.clear();
     if (!on) return;
-    for (int i = 0; i < kMaxPhaseMarks; ++i) {
-      phase_events_.push_back(nullptr);
-      MOK_CUDA_CHECK(cudaEventCreate(&phase_events_.back()));
+    std::vector<cudaEvent_t> events(kMaxPhaseMarks, nullptr);
+    for (auto& e : events) {
+      const cudaError_t err = cudaEventCreate(&e);
+      if (err != cudaSuccess) {
+        for (auto made : events)
+          if (made) cudaEventDestroy(made);
+        MOK_CUDA_CHECK(err);
+      }
     }
+    phase_events_ = std::move(events);
   }
 
   std::vector<PhaseTime> last_phase_times() const override {
     std::vector<PhaseTime> out;
     if (phase_events_.empty() || phase_names_.empty()) return out;
-    MOK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    synchronize();  // (in a group: with the group's deadline)
     for (std::size_t i = 0; i < phase_names_.size(); ++i) {
       float ms = 0;
       MOK_CUDA_CHECK(cudaEventElapsedTime(&ms, phase_events_[i], phase_events_[i + 1]));
@@ -582,11 +606,15 @@ class CudaBackend final : public BackendImpl {
   }
 
   void synchronize() const override {
-    if (group_) group_->wait(stream_, "waiting for the forward");
+    throw_if_trapped();
+    if (group_) {
+      // Past the phase-wait limit, so a trapped kernel is named rather than a peer blamed.
+      const std::uint64_t ms = (std::uint64_t(phase_wait_units(timeout_ns_)) << 20) / 1000000 + 2000;
+      group_->wait(stream_, "waiting for the forward", ms, [this] { throw_if_trapped(); });
+    }
     const cudaError_t sync = cudaStreamSynchronize(stream_);
     if (sync != cudaSuccess) {
-      if (phase_trap_ != nullptr && static_cast<const volatile PhaseWaitTrap*>(phase_trap_)->site != 0)
-        throw Error(describe_phase_wait_trap(*phase_trap_));
+      throw_if_trapped();
       MOK_CUDA_CHECK(sync);
     }
     DeviceError e;
@@ -665,7 +693,15 @@ class CudaBackend final : public BackendImpl {
     group_error_ = track(DeviceBuffer(sizeof(int)));
     MOK_CUDA_CHECK(cudaMemset(error_.as<void>(), 0, sizeof(DeviceError)));
     MOK_CUDA_CHECK(cudaMemset(group_error_.as<void>(), 0, sizeof(int)));
-    phase_trap_ = use_phase_wait_trap(options_.cuda_device, timeout_ns_);
+    if (cudaHostAlloc(reinterpret_cast<void**>(&phase_trap_), sizeof(PhaseWaitTrap), cudaHostAllocMapped) ==
+        cudaSuccess) {
+      *phase_trap_ = PhaseWaitTrap{};
+    } else {
+      cudaGetLastError();  // a diagnostic aid, not a requirement
+      phase_trap_ = nullptr;
+    }
+    phase_trap_claim_ = DeviceBuffer(sizeof(int));
+    MOK_CUDA_CHECK(cudaMemset(phase_trap_claim_.as<void>(), 0, sizeof(int)));
     long long shared_tasks = 0;
     for (int w : p.shared_intermediate) shared_tasks += static_cast<long long>(shared_row_tiles_) * (ceil_div(w, kGateUpCols) + down_tiles_);
     long long max_tasks = num_ranks_ * (shared_tasks + static_cast<long long>(cap_tiles_) * (gateup_tiles_ + down_tiles_));
@@ -873,8 +909,11 @@ class CudaBackend final : public BackendImpl {
   int test_fault_ = test_fault_from_env();
   std::uint64_t timeout_ns_ = wait_timeout_ns();
   std::size_t workspace_bytes_ = 0;
-  // Host-mapped record of a phase wait that timed out on this device (use_phase_wait_trap).
-  const PhaseWaitTrap* phase_trap_ = nullptr;
+  // Host-mapped record of a phase wait that timed out (the kernel writes it, then traps; it
+  // survives the lost context). nullptr when mapped memory is not available: the kernel
+  // then traps without saying where. The claim flag picks the one thread that writes it.
+  PhaseWaitTrap* phase_trap_ = nullptr;
+  DeviceBuffer phase_trap_claim_;
   // record_phases(): one event before each phase and one after the last.
   std::vector<cudaEvent_t> phase_events_;
   std::vector<std::string> phase_names_;
@@ -894,6 +933,7 @@ class CudaBackend final : public BackendImpl {
  public:
   ~CudaBackend() override {
     for (auto e : phase_events_) cudaEventDestroy(e);
+    if (phase_trap_) cudaFreeHost(phase_trap_);
     if (group_) {
       group_->free_symmetric(x_sym_);
       group_->free_symmetric(combine_sym_);

@@ -8,6 +8,15 @@
 
 namespace mok::cuda {
 
+// The phase-wait limit of this forward, read from the parameters only when a wait is long.
+struct ParamsPhaseLimit {
+  const ForwardParams& p;
+  __device__ __forceinline__ sm90::PhaseWaitLimit operator()() const {
+    return {p.phase_trap, p.phase_trap_claim, p.phase_wait_units};
+  }
+};
+__device__ __forceinline__ ParamsPhaseLimit phase_limit(const ForwardParams& p) { return {p}; }
+
 // Rows move with bulk copies (global -> shared -> global, the TMA engine's work): one thread
 // per pull warp issues a whole row per instruction, so the bytes in flight (shared memory),
 // not the instruction rate, set the dispatch bandwidth. (Plain 16-byte loads and stores were
@@ -86,7 +95,7 @@ __device__ __forceinline__ void pull_rows(const ForwardParams& p, PullPipeline& 
   for (int i = 0; i < n; ++i) {
     const unsigned u = pl.used + i;
     const int slot = static_cast<int>(u % S);
-    sm90::mbar_wait(&pl.full[slot], (u / S) & 1, kPhasePullLoaded);
+    sm90::mbar_wait(&pl.full[slot], (u / S) & 1, kPhasePullLoaded, phase_limit(p));
     sm90::bulk_store_s2g(ring_tile + static_cast<std::size_t>(first + i * step) * pl.row_bytes,
                          pl.slots + static_cast<std::size_t>(slot) * pl.row_bytes, pl.row_bytes);
     sm90::bulk_commit();

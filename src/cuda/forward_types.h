@@ -123,6 +123,9 @@ struct ForwardParams {
   int pairs;                               // compute CTAs run task pairs as 2-CTA clusters (plan_order.h)
   int store_warp;                          // a warp of warpgroup 0 sends the staged tiles (megakernel.cuh)
   int test_fault;                          // TestFault: a deliberate bug for the timeout tests (0: none)
+  PhaseWaitTrap* phase_trap;               // host-mapped record of a timed-out phase wait (nullptr: none)
+  int* phase_trap_claim;                   // device flag: who writes that record
+  unsigned phase_wait_units;               // phase-wait limit, units of 2^20 ns (0: none)
   DeviceError* error;
 };
 

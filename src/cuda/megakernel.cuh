@@ -87,7 +87,6 @@ __device__ __forceinline__ TileJob describe_task(const ForwardParams& p, Task ta
 
 constexpr int kTaskSlots = 4;
 
-
 // The barriers, the task ring and the store job fit the 256 bytes kSmemBytes keeps for them.
 static_assert((2 * kStages + 2 * kTaskSlots + 2) * 8 + kTaskSlots * 4 + 8 <= 256, "megakernel smem: barrier area");
 
@@ -170,9 +169,9 @@ __device__ __forceinline__ PairRole pair_role(const ForwardParams& p) {
 __device__ __forceinline__ void wait_task_full(const ForwardParams& p, const PairRole& pr, std::uint64_t* bar,
                                                std::uint32_t phase) {
   if (pr.on)
-    sm90::mbar_wait_cluster(bar, phase, kPhaseTaskClaimed);
+    sm90::mbar_wait_cluster(bar, phase, kPhaseTaskClaimed, phase_limit(p));
   else
-    sm90::mbar_wait(bar, phase, kPhaseTaskClaimed);
+    sm90::mbar_wait(bar, phase, kPhaseTaskClaimed, phase_limit(p));
 }
 
 // Whether two tasks read the same B tile (weights): same kind, rank, shared expert and
@@ -250,7 +249,7 @@ __device__ __forceinline__ void store_loop(const ForwardParams& p, const Compute
   const int lane = threadIdx.x % 32;
   std::uint32_t phase = 0;
   for (;;) {
-    sm90::mbar_wait(sm.staging_full, phase, kPhaseStagingHandedOver);
+    sm90::mbar_wait(sm.staging_full, phase, kPhaseStagingHandedOver, phase_limit(p));
     phase ^= 1;
     const std::uint64_t bits = *sm.store_job;
     if (bits == kNoStoreJob) break;
@@ -281,7 +280,7 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
   for (;;) {
     int idx;
     if (!pr.on || pr.me == 0) {
-      sm90::mbar_wait(&sm.task_empty[tslot.slot], tslot.phase ^ 1, kPhaseTaskSlotFree);
+      sm90::mbar_wait(&sm.task_empty[tslot.slot], tslot.phase ^ 1, kPhaseTaskSlotFree, phase_limit(p));
       idx = atomicAdd(p.task_counter, 1);
       if (idx >= num_items) idx = -1;
       sm.task_ring[tslot.slot] = idx;
@@ -291,7 +290,7 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
       }
       sm90::mbar_arrive(&sm.task_full[tslot.slot]);
     } else {
-      sm90::mbar_wait_cluster(&sm.task_full[tslot.slot], tslot.phase, kPhaseTaskClaimed);
+      sm90::mbar_wait_cluster(&sm.task_full[tslot.slot], tslot.phase, kPhaseTaskClaimed, phase_limit(p));
       idx = sm.task_ring[tslot.slot];
       sm90::mbar_arrive_remote(&sm.task_empty[tslot.slot], 0);  // the leader reuses the slot after this
     }
@@ -307,7 +306,7 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
     if (!aborted) fence_proxy_async_global();
     for (int kb = 0; kb < job.k_tiles; ++kb) {
       const int st = stage.slot;
-      sm90::mbar_wait(&sm.empty[st], stage.phase ^ 1, kPhaseStageFree);
+      sm90::mbar_wait(&sm.empty[st], stage.phase ^ 1, kPhaseStageFree, phase_limit(p));
       if (aborted && !pr.on) {
         sm90::mbar_arrive(&sm.full[st]);  // keep the consumers moving; outputs are poisoned
       } else {
@@ -362,7 +361,7 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
     for (int r = 0; r < 128; ++r) acc[r] = 0.0f;
     int prev = 0;
     for (int kb = 0; kb < job.k_tiles; ++kb) {
-      sm90::mbar_wait(&sm.full[stage.slot], stage.phase, kPhaseStageLoaded);
+      sm90::mbar_wait(&sm.full[stage.slot], stage.phase, kPhaseStageLoaded, phase_limit(p));
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kTileK / 16; ++kk) {
@@ -390,7 +389,7 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
     if (p.store_warp) {
       if (task.phantom()) continue;
       if (staging_handed_over) {  // the store warp has read the previous tile
-        sm90::mbar_wait(sm.staging_empty, staging_empty_phase, kPhaseStagingRead);
+        sm90::mbar_wait(sm.staging_empty, staging_empty_phase, kPhaseStagingRead, phase_limit(p));
         staging_empty_phase ^= 1;
       }
     } else {
@@ -427,7 +426,7 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
   if (p.store_warp) {
     // Stop the store warp once it has taken the last tile.
     if (staging_handed_over)
-      sm90::mbar_wait(sm.staging_empty, staging_empty_phase, kPhaseStagingRead);
+      sm90::mbar_wait(sm.staging_empty, staging_empty_phase, kPhaseStagingRead, phase_limit(p));
     if (ct == 0) {
       *sm.store_job = kNoStoreJob;
       sm90::mbar_arrive(sm.staging_full);

@@ -56,40 +56,53 @@ __device__ __forceinline__ bool mbar_try_wait_cluster(std::uint64_t* bar, std::u
   return ok != 0;
 }
 
-// Where a phase wait that timed out reports (host-mapped memory, readable after the trap)
-// and after how long: set by the host once per device (backend.cu: use_phase_wait_trap).
-// Read only on the slow path; a wait keeps one 32-bit start time in registers (warpgroup 0
-// runs in 40: scripts/check_setmaxnreg.py).
-__device__ PhaseWaitTrap* g_phase_wait_trap;
-__device__ unsigned g_phase_wait_timeout_units;  // in units of 2^20 ns (~1.05 ms)
+// Phase waits with a deadline (common.cuh: PhaseWaitSite). `Limit` gives, only when a try
+// has failed, the record to write and the limit in units of 2^20 ns (~1.05 ms): read from
+// the kernel's parameters at that point, so a wait keeps just one 32-bit start time in
+// registers (warpgroup 0 runs in 40: scripts/check_setmaxnreg.py).
+struct PhaseWaitLimit {
+  PhaseWaitTrap* record;   // host-mapped (nullptr: trap without a record)
+  int* claim;              // device flag: the first thread to time out writes the record
+  unsigned units;          // 0: no deadline
+};
 
-// A failed try: the first starts the clock (units of 2^20 ns, never 0: 0 means not started;
-// unsigned differences survive the wrap after ~52 days), a later one past the timeout
-// records the site and traps.
-__device__ __forceinline__ void phase_wait_tick(int site, unsigned& start) {
+// A failed try: the first starts the clock (never 0: 0 means not started; unsigned
+// differences survive the wrap after ~52 days); a later one past the limit claims the
+// record, writes where it was and traps. The threads that lose the claim wait for the
+// winner's trap, which ends the whole grid.
+template <typename Limit>
+__device__ __forceinline__ void phase_wait_tick(int site, unsigned& start, Limit limit) {
   const unsigned now = static_cast<unsigned>(globaltimer_ns() >> 20) | 1u;
   if (start == 0) {
     start = now;
-  } else if (now - start > g_phase_wait_timeout_units && g_phase_wait_trap != nullptr) {
-    volatile PhaseWaitTrap* t = g_phase_wait_trap;
-    t->block = static_cast<int>(blockIdx.x);
-    t->thread = static_cast<int>(threadIdx.x);
-    t->waited_ns = static_cast<long long>(now - start) << 20;
-    t->site = site;
-    __threadfence_system();
+    return;
+  }
+  const PhaseWaitLimit l = limit();
+  if (l.units == 0 || now - start <= l.units) return;
+  if (atomicCAS(l.claim, 0, 1) == 0) {
+    if (l.record != nullptr) {
+      volatile PhaseWaitTrap* t = l.record;
+      t->block = static_cast<int>(blockIdx.x);
+      t->thread = static_cast<int>(threadIdx.x);
+      t->waited_ns = static_cast<long long>(now - start) << 20;
+      t->site = site;
+      __threadfence_system();
+    }
     asm volatile("trap;");
   }
+  for (;;) __nanosleep(1 << 20);
 }
 
-// Phase waits (PhaseWaitSite says which, for the report if one times out).
-__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t phase, int site) {
+template <typename Limit>
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t phase, int site, Limit limit) {
   unsigned start = 0;
-  while (!mbar_try_wait(bar, phase)) phase_wait_tick(site, start);
+  while (!mbar_try_wait(bar, phase)) phase_wait_tick(site, start, limit);
 }
 
-__device__ __forceinline__ void mbar_wait_cluster(std::uint64_t* bar, std::uint32_t phase, int site) {
+template <typename Limit>
+__device__ __forceinline__ void mbar_wait_cluster(std::uint64_t* bar, std::uint32_t phase, int site, Limit limit) {
   unsigned start = 0;
-  while (!mbar_try_wait_cluster(bar, phase)) phase_wait_tick(site, start);
+  while (!mbar_try_wait_cluster(bar, phase)) phase_wait_tick(site, start, limit);
 }
 
 // ---- TMA -------------------------------------------------------------------------------

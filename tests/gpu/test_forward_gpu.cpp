@@ -3,6 +3,7 @@
 // builder, bitwise determinism (run to run, graph replay, any EP size), its launch
 // structure, and its errors. Each test skips with a message when no GPU is present.
 #include <cuda_runtime.h>
+#include <unistd.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -608,6 +609,7 @@ TEST(GpuErrorsDeathTest, LostArrivalInsideACtaTimesOutAndNamesTheWait) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {
+        alarm(120);  // a hang (the trap never fires) fails this test instead of the binary
         setenv("MOK_TEST_FAULT", "lose_staging_read", 1);
         setenv("MOK_WAIT_TIMEOUT_MS", "1500", 1);
         unsetenv("MOK_STORE_WARP");
