@@ -448,6 +448,43 @@ INSTANTIATE_TEST_SUITE_P(
                       StoreCase{"qwen3_30b_a3b_ep1", make_problem(128, 2048, 768, 8, {}, 1, 2048), "gaussian", {}}),
     [](const auto& info) { return info.param.name; });
 
+// The phase split mok bench records (record_phases): every phase of a one-GPU forward in
+// order, each timed, the megakernel the longest, and the same bits as an untimed forward
+// (timing turns PDL off; nothing else may change).
+TEST(GpuPhases, SplitNamesEveryPhaseAndChangesNoBits) {
+  MOK_REQUIRE_GPU();
+  const Problem p = make_problem(64, 1024, 512, 6, {512}, 4, 2048);  // ~50k rows: the megakernel dominates
+  const LayerData host = make_data(p, "gaussian");
+  const auto untimed = global_y(run_gpu_all_ranks(host).data);
+  LayerOptions o;
+  o.backend = Backend::cuda;
+  Layer layer(p, Config{}, o);
+  DeviceMirror mirror(host, 0);
+  BackendImpl& backend = LayerInternals::backend(layer);
+  EXPECT_TRUE(backend.last_phase_times().empty()) << "nothing recorded yet";
+  backend.record_phases(true);
+  layer.forward(mirror.forward_args());
+  layer.synchronize();
+  const auto phases = backend.last_phase_times();
+  std::vector<std::string> names;
+  double longest = 0;
+  std::string longest_name;
+  for (const auto& ph : phases) {
+    names.push_back(ph.name);
+    EXPECT_GT(ph.ms, 0.0) << ph.name;
+    if (ph.ms > longest) longest = ph.ms, longest_name = ph.name;
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"setup", "schedule", "megakernel", "epilogue"}));
+  EXPECT_EQ(longest_name, "megakernel");
+  backend.record_phases(false);
+  EXPECT_TRUE(backend.last_phase_times().empty()) << "switching timing off forgets the split";
+  LayerData out = host;
+  mirror.copy_outputs_to(out);
+  const auto timed = global_y(out);
+  ASSERT_EQ(timed.size(), untimed.size());
+  EXPECT_EQ(std::memcmp(timed.data(), untimed.data(), timed.size() * 2), 0);
+}
+
 struct CapturedForward {
   std::vector<std::string> kernels;
   int memsets = 0, memcpys = 0;
