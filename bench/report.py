@@ -216,6 +216,22 @@ def ep_text(rec):
     return f"{rec['ep_mode']} (EP={ep})" if ep is not None else rec["ep_mode"]
 
 
+def routing_lines(recs):
+    """Which routing each record used and how unbalanced it was (from mok bench's count of
+    the rows every expert and every rank receives)."""
+    lines = ["## Routing", "",
+             "Max rows per expert (and per rank) over the mean, over the whole EP group's batch: "
+             "1.00 is perfectly balanced; the slowest expert or rank sets the pace.", "",
+             "| shape | EP mode | tokens | routing | max/mean rows per expert | max/mean rows per rank |",
+             "|---|---|---|---|---|---|"]
+    for rec in recs:
+        r = rec.get("routing") or {}
+        cells = [rec["shape"], ep_text(rec), rec["tokens_per_rank"], routing_spec(rec),
+                 _f(r.get("max_over_mean_expert"), ".2f"), _f(r.get("max_over_mean_rank"), ".2f")]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return lines + [""]
+
+
 def phase_names(recs):
     """The phases any record measured, in the forward's order (records.PHASE_ORDER first)."""
     seen = []
@@ -322,6 +338,7 @@ def markdown(recs, plots, out_dir, repeats=None):
                      _f(v["pt_bwd_tflops"], ".1f"), _f(sp, ".2f", "x")]
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         lines.append("")
+    lines += routing_lines(recs)
     lines += phase_lines(recs)
     lines += group_lines(recs)
     lines += repeats or []

@@ -91,6 +91,10 @@ class Report(unittest.TestCase):
             self.assertIn("| qwen3.5-397b-a17b | slice (EP=64) | gaussian | 2048 | 4.000 | 283.5 | 8.000 | 141.7 | 2.00x |",
                           text)
             self.assertIn("| qwen3.5-397b-a17b | 2048 | 1 / 2 | 1000 | 2000 / 1250 | 4000 |", text)
+            # The routing and how unbalanced it was, per record.
+            self.assertIn("## Routing", text)
+            self.assertIn("| qwen3.5-397b-a17b | slice (EP=64) | 2048 | gaussian | 1.50 | 1.25 |", text)
+            self.assertIn("| mixtral-8x7b | all (EP=1) | 4096 | gaussian | 1.25 | 1.00 |", text)
 
     def test_phase_table_and_plot(self):
         with tempfile.TemporaryDirectory() as d:
