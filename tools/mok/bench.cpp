@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -58,6 +59,21 @@ std::string json_timing(const Timing& t) {
   s.precision(6);
   s << "{\"median_ms\": " << t.median << ", \"min_ms\": " << t.min << ", \"max_ms\": " << t.max << "}";
   return s.str();
+}
+
+// The megakernel's environment knobs that were set for this run (A/B switches and tuning,
+// backend.cu), so a record says how it was made.
+std::string tuning_env_json() {
+  std::string out;
+  for (const char* name : {"MOK_STORE_WARP", "MOK_PULL_AHEAD", "MOK_WAIT_TIMEOUT_MS", "MOK_TEST_FAULT"}) {
+    const char* v = std::getenv(name);
+    if (v == nullptr) continue;
+    std::string value;
+    for (const char* c = v; *c; ++c)
+      if (*c != '"' && *c != '\\' && static_cast<unsigned char>(*c) >= 0x20) value += *c;
+    out += (out.empty() ? "\"" : ", \"") + std::string(name) + "\": \"" + value + "\"";
+  }
+  return out;
 }
 
 std::string json_list(const std::vector<double>& v) {
@@ -389,7 +405,8 @@ int bench_command(const std::vector<std::string>& argv) {
        << ", \"schedule_capacity_factor\": " << layer.config().schedule_capacity_factor
        << ", \"forward_comm_sms\": " << layer.config().forward_comm_sms
        << ", \"task_band_tiles\": " << layer.config().task_band_tiles << ", \"tile_rows\": " << layer.config().tile_rows
-       << "},\n  \"gpu\": {\"name\": \"" << prop.name << "\", \"sms\": " << prop.multiProcessorCount
+       << ", \"task_pairs\": " << (layer.config().task_pairs ? "true" : "false") << ", \"env\": {" << tuning_env_json()
+       << "}},\n  \"gpu\": {\"name\": \"" << prop.name << "\", \"sms\": " << prop.multiProcessorCount
        << ", \"driver\": \"" << driver / 1000 << "." << (driver % 1000) / 10 << "\", \"cuda_runtime\": \""
        << runtime / 1000 << "." << (runtime % 1000) / 10 << "\"},\n  \"timing\": {\"warmup\": " << warmup
        << ", \"iters\": " << iters
