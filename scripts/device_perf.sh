@@ -6,7 +6,8 @@
 #
 #   scripts/device_perf.sh [--bin DIR] [--shapes a,b,...] [--bands 1,4,8] [--comm 4,8] [--ahead 2,6,11]
 #                          [--pairs]   (also time --pairs, Config::task_pairs, at band 8)
-#                          [--deep]    (ncu sections of the megakernel: tensor pipe, L2/HBM, stalls)
+#                          [--deep]    (ncu sections of the megakernel: tensor pipe, L2/HBM, stalls;
+#                                       DEEP_KERNEL=schedule_count_kernel profiles another kernel)
 #                          [--store-warp-off]  (also time MOK_STORE_WARP=0: consumers send the rows)
 #
 # Output: $OUT/perf_<shape>_kernels.txt (ncu), $OUT/perf_<shape>_deep.txt (--deep),
@@ -21,6 +22,7 @@ COMM=""
 AHEAD=""
 PAIRS=0
 DEEP=0
+DEEP_KERNEL=${DEEP_KERNEL:-forward_megakernel}
 STORE_WARP_OFF=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -70,7 +72,7 @@ for shape in ${SHAPES//,/ }; do
       # only the first pass sees the caches as the previous kernel left them).
       deep_run() {  # $1: output file, rest: ncu options
         local f=$1; shift
-        timeout 180 ncu --clock-control none --cache-control none -k regex:forward_megakernel --launch-skip 10 \
+        timeout 180 ncu --clock-control none --cache-control none -k "regex:$DEEP_KERNEL" --launch-skip 10 \
           --launch-count 1 "$@" "$BIN/mok" run --backend cuda $args --iters 3 --warmup 10 > "$f" 2>&1
       }
       deep_run "$OUT/perf_${shape}_deep.txt" --section SpeedOfLight --section MemoryWorkloadAnalysis \
@@ -82,7 +84,7 @@ for shape in ${SHAPES//,/ }; do
       deep_run "$OUT/perf_${shape}_gmma.txt" --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active
       deep=$(cat "$OUT/perf_${shape}_metrics.txt" "$OUT/perf_${shape}_gmma.txt" |
         grep -E "^ +(sm__pipe_tensor|lts__t_bytes|dram__bytes)" | awk '{printf "%s=%s%s ", $1, $NF, $(NF-1)}')
-      table+=("$shape megakernel: $deep")
+      table+=("$shape $DEEP_KERNEL: $deep")
     fi
   fi
   line="$shape forward ms: default=$(forward_ms "$args")"
