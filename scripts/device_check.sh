@@ -74,6 +74,13 @@ if [ $RUN_TESTS = 1 ]; then
   grep -E "^\[check\]|^\[graph\]" "$OUT/gpu_tests.log" > "$OUT/gpu_checks.txt" || true
   note "gpu tests: rc=$rc, $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/gpu_tests.log" | tr '\n' ' ') in $(( $(date +%s) - start )) s"
   grep -E "^\[  FAILED  \]" "$OUT/gpu_tests.log" | head -20
+  if [ $rc != 0 ] && [ -z "${MOK_STORE_WARP:-}" ]; then
+    # Diagnosis: do the failures follow the store warp (the default) or not?
+    timeout 170 env MOK_STORE_WARP=0 "$BIN/mok_gpu_tests" --gtest_filter="$GTEST_FILTER" \
+      > "$OUT/gpu_tests_store_warp_off.log" 2>&1
+    note "gpu tests with MOK_STORE_WARP=0 (diagnosis): rc=$?, $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' \
+      "$OUT/gpu_tests_store_warp_off.log" | tr '\n' ' ')"
+  fi
 fi
 
 if [ ${#BENCH_ARGS[@]} -gt 0 ]; then
@@ -96,7 +103,8 @@ fi
 if [ $PACK = 1 ]; then
   {
     printf '%s\n' "${summary[@]}"
-    for f in gpu.txt ptxas.txt gpu_checks.txt gpu_tests.log bench.log sanitizer_memcheck.log sanitizer_racecheck.log; do
+    for f in gpu.txt ptxas.txt gpu_checks.txt gpu_tests.log gpu_tests_store_warp_off.log bench.log \
+      sanitizer_memcheck.log sanitizer_racecheck.log; do
       [ -f "$OUT/$f" ] && { echo; echo "######## $f"; tail -c 200000 "$OUT/$f"; }
     done
     grep -A1 forward_megakernel "$OUT/resource_usage.txt" 2>/dev/null
