@@ -4,6 +4,7 @@
     python3 bench/run.py                          # the seven default shapes
     python3 bench/run.py --shapes glm-5.2,qwen3-30b-a3b
     python3 bench/run.py --sweep --shapes qwen3.5-397b-a17b   # tokens per rank 512..16384
+    python3 bench/run.py --repeat 2               # every default shape twice (the repeat table)
     python3 bench/run.py --launch 8 --shapes qwen3.5-397b-a17b # a real EP group, one process per GPU
 
 For each run: `MOK_BIN bench --shape S --ep-mode M --ep R --tokens T --routing X --warmup W
@@ -59,7 +60,13 @@ def cuda_status(assume_no_gpu=False):
 
 
 def plan_runs(args):
-    """The list of (shape, ep_mode, ep, tokens) to run, from the command line."""
+    """The list of (shape, ep_mode, ep, tokens) to run, from the command line; with --repeat N
+    the whole list N times over (pass after pass, so each repeat sees the GPU as a new run
+    would: the records of one commit then show in the report's repeat table)."""
+    return _plan_once(args) * max(1, getattr(args, "repeat", 1) or 1)
+
+
+def _plan_once(args):
     if args.launch:
         shapes = [s for s in (args.shapes.split(",") if args.shapes else []) if s] or ["qwen3.5-397b-a17b"]
         tokens = {s: t for s, _, _, t in DEFAULT_RUNS}
@@ -224,10 +231,14 @@ def main(argv=None):
     ap.add_argument("--keep-work", action="store_true", help="keep each work directory (large .npy files)")
     ap.add_argument("--no-backward", action="store_true", help="skip the peer's backward timing")
     ap.add_argument("--no-peer", action="store_true", help="record mok alone (no PyTorch peer)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the whole list this many times, pass after pass (a record each)")
     ap.add_argument("--assume-no-gpu", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.iters < 1 or args.warmup < 0:
         ap.error("--iters must be >= 1 and --warmup >= 0")
+    if args.repeat < 1:
+        ap.error("--repeat must be >= 1")
 
     ok, what = cuda_status(args.assume_no_gpu)
     if not ok:

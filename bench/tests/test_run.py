@@ -68,6 +68,12 @@ def ns(**kw):
 
 
 class Plan(unittest.TestCase):
+    def test_repeat_runs_the_whole_list_pass_after_pass(self):
+        once = run.plan_runs(ns(shapes="glm-5.2,qwen3-30b-a3b"))
+        self.assertEqual(run.plan_runs(ns(shapes="glm-5.2,qwen3-30b-a3b", repeat=2)), once + once)
+        sweep = run.plan_runs(ns(shapes="qwen3.5-397b-a17b", sweep=True, sweep_tokens="512,1024", repeat=3))
+        self.assertEqual([r[3] for r in sweep], [512, 1024] * 3)
+
     def test_defaults(self):
         runs = run.plan_runs(ns())
         self.assertEqual(runs, [("qwen3.5-397b-a17b", "slice", 64, 2048), ("deepseek-v4-pro", "slice", 64, 2048),
