@@ -94,6 +94,27 @@ __device__ __forceinline__ void load_chunk(const ScheduleParams& p, const Stream
   }
 }
 
+// The chunk a warp of count or scatter owns, and that warp's per-destination-expert
+// counters in dynamic shared memory (Q ints per warp), zeroed. chunk < 0: past the last one.
+struct WarpChunk {
+  int lane, chunk;
+  int* per_expert;
+};
+
+__device__ __forceinline__ WarpChunk warp_chunk(const ScheduleParams& p, int* smem) {
+  const int warp = threadIdx.x / 32;
+  WarpChunk w{static_cast<int>(threadIdx.x % 32), static_cast<int>(blockIdx.x) * kScheduleWarps + warp, nullptr};
+  if (w.chunk >= p.chunks) {
+    w.chunk = -1;
+    return w;
+  }
+  const int Q = p.num_ranks * p.local_experts;
+  w.per_expert = smem + warp * Q;
+  for (int q = w.lane; q < Q; q += 32) w.per_expert[q] = 0;
+  __syncwarp();
+  return w;
+}
+
 // grid ceil(chunks / kScheduleWarps), kScheduleThreads; dynamic smem: a histogram of the
 // destination experts per warp. Writes rows per (expert, chunk).
 // (Four blocks per SM in the bounds: with the thread count alone ptxas 13 capped count and
@@ -102,15 +123,13 @@ __global__ void __launch_bounds__(kScheduleThreads, 4) schedule_count_kernel(con
   wait_previous_kernel();
   allow_next_kernel_launch();
   extern __shared__ int hist_all[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int chunk = blockIdx.x * kScheduleWarps + warp;
-  if (chunk >= p.chunks) return;
-  const int Q = p.num_ranks * p.local_experts;
-  int* hist = hist_all + warp * Q;
-  for (int q = lane; q < Q; q += 32) hist[q] = 0;
-  __syncwarp();
+  const WarpChunk w = warp_chunk(p, hist_all);
+  if (w.chunk < 0) return;
+  const int lane = w.lane, chunk = w.chunk, Q = p.num_ranks * p.local_experts;
+  int* hist = w.per_expert;
+  const StreamChunk c = stream_chunk(p, chunk);
   int q[kIdsPerLane];
-  load_chunk(p, stream_chunk(p, chunk), lane, q);
+  load_chunk(p, c, lane, q);
 #pragma unroll
   for (int i = 0; i < kIdsPerLane; ++i)
     if (q[i] >= 0) atomicAdd(&hist[q[i]], 1);
@@ -118,7 +137,6 @@ __global__ void __launch_bounds__(kScheduleThreads, 4) schedule_count_kernel(con
   for (int q = lane; q < Q; q += 32)
     p.plans[q / p.local_experts].expert_counts[(q % p.local_experts) * p.chunks + chunk] = hist[q];
   // The tokens whose first id is in this chunk (their ids are in L1/L2 now).
-  const StreamChunk c = stream_chunk(p, chunk);
   const unsigned k = p.top_k;
   for (unsigned u = (c.begin + k - 1) / k + lane; u * k < c.end; u += 32) {
     const int rank = static_cast<int>(u / p.tokens);
@@ -222,13 +240,10 @@ __global__ void __launch_bounds__(kScheduleThreads, 4) schedule_scatter_kernel(c
   wait_previous_kernel();
   allow_next_kernel_launch();
   extern __shared__ int written_all[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int chunk = blockIdx.x * kScheduleWarps + warp;
-  if (chunk >= p.chunks) return;
-  const int E = p.local_experts, Q = p.num_ranks * E;
-  int* written = written_all + warp * Q;
-  for (int q = lane; q < Q; q += 32) written[q] = 0;
-  __syncwarp();
+  const WarpChunk w = warp_chunk(p, written_all);
+  if (w.chunk < 0) return;
+  const int lane = w.lane, chunk = w.chunk, E = p.local_experts;
+  int* written = w.per_expert;
   const StreamChunk c = stream_chunk(p, chunk);
   const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
   const unsigned lanes_below = (1u << lane) - 1;
