@@ -186,11 +186,6 @@ int pull_ahead_from_env() {
 
 int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
 
-void check_launch(const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) throw Error(std::string("CUDA launch of ") + what + " failed: " + cudaGetErrorString(e));
-}
-
 // One kernel launch through cudaLaunchKernelEx, with the attributes the forward uses:
 //  - after_kernel(): a programmatic dependent of the previous kernel in the stream (PDL), so
 //    its launch overlaps that kernel's tail; the kernel calls wait_previous_kernel() first.
@@ -446,8 +441,7 @@ class CudaBackend final : public BackendImpl {
                       group_ ? group_error_.as<int>() : nullptr};
     const dim3 row_grid(ceil_div(static_cast<long long>(T) * H / 8, 256), num_ranks_);
     if (group_) {  // peers pull this rank's rows from its symmetric window
-      stage_x_kernel<<<row_grid, 256, 0, stream_>>>(ep);
-      check_launch("stage_x_kernel");
+      Launch(row_grid, dim3(256), 0, stream_)("stage_x_kernel", stage_x_kernel, ep);
     }
 
     ScheduleParams sp{};
@@ -527,11 +521,9 @@ class CudaBackend final : public BackendImpl {
     fp.pull_ahead = pull_ahead_;
     fp.store_warp = store_warp_ ? 1 : 0;
     fp.test_fault = test_fault_;
-    fp.phase_trap = nullptr;
-    if (phase_trap_ != nullptr)
-      MOK_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&fp.phase_trap), phase_trap_, 0));
+    fp.phase_trap = phase_trap_dev_;
     fp.phase_trap_claim = phase_trap_claim_.as<int>();
-    fp.phase_wait_units = phase_wait_units(timeout_ns_);
+    fp.phase_wait_units = phase_wait_units_;
     fp.pairs = pairs_ ? 1 : 0;
     phase("megakernel");
     Launch(dim3(grid_ctas_), dim3(kComputeThreads), kSmemBytes, stream_)
@@ -609,7 +601,7 @@ class CudaBackend final : public BackendImpl {
     throw_if_trapped();
     if (group_) {
       // Past the phase-wait limit, so a trapped kernel is named rather than a peer blamed.
-      const std::uint64_t ms = (std::uint64_t(phase_wait_units(timeout_ns_)) << 20) / 1000000 + 2000;
+      const std::uint64_t ms = (std::uint64_t(phase_wait_units_) << 20) / 1000000 + 2000;
       group_->wait(stream_, "waiting for the forward", ms, [this] { throw_if_trapped(); });
     }
     const cudaError_t sync = cudaStreamSynchronize(stream_);
@@ -696,6 +688,7 @@ class CudaBackend final : public BackendImpl {
     if (cudaHostAlloc(reinterpret_cast<void**>(&phase_trap_), sizeof(PhaseWaitTrap), cudaHostAllocMapped) ==
         cudaSuccess) {
       *phase_trap_ = PhaseWaitTrap{};
+      MOK_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&phase_trap_dev_), phase_trap_, 0));
     } else {
       cudaGetLastError();  // a diagnostic aid, not a requirement
       phase_trap_ = nullptr;
@@ -719,10 +712,9 @@ class CudaBackend final : public BackendImpl {
       x_sym_ = group_->alloc_symmetric(static_cast<std::size_t>(T) * H * 2);
       workspace_bytes_ += combine_sym_.bytes + x_sym_.bytes;
       DeviceBuffer peers(2 * R * sizeof(void*));
-      peer_pointers_kernel<<<1, R, 0, stream_>>>(static_cast<ncclWindow_t>(x_sym_.window),
-                                                 static_cast<ncclWindow_t>(combine_sym_.window), R,
-                                                 peers.as<void*>());
-      check_launch("peer_pointers_kernel");
+      Launch(dim3(1), dim3(R), 0, stream_)("peer_pointers_kernel", peer_pointers_kernel,
+                                           static_cast<ncclWindow_t>(x_sym_.window),
+                                           static_cast<ncclWindow_t>(combine_sym_.window), R, peers.as<void*>());
       std::vector<void*> host(2 * R);
       MOK_CUDA_CHECK(cudaMemcpy(host.data(), peers.as<void>(), host.size() * sizeof(void*), cudaMemcpyDeviceToHost));
       peer_x_.assign(host.begin(), host.begin() + R);
@@ -913,7 +905,9 @@ class CudaBackend final : public BackendImpl {
   // survives the lost context). nullptr when mapped memory is not available: the kernel
   // then traps without saying where. The claim flag picks the one thread that writes it.
   PhaseWaitTrap* phase_trap_ = nullptr;
+  PhaseWaitTrap* phase_trap_dev_ = nullptr;  // the same record, as the device addresses it
   DeviceBuffer phase_trap_claim_;
+  unsigned phase_wait_units_ = phase_wait_units(timeout_ns_);
   // record_phases(): one event before each phase and one after the last.
   std::vector<cudaEvent_t> phase_events_;
   std::vector<std::string> phase_names_;
