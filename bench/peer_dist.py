@@ -23,7 +23,6 @@ The exchange is planned by the array-module-agnostic functions below (numpy in t
 tests, torch here), so the permutations are tested without GPUs.
 """
 import argparse
-import json
 import os
 import sys
 import traceback
@@ -247,9 +246,7 @@ def main(argv=None):
     # Every rank reached here: rank 0 writes the group's verdict, then all leave together (an
     # early exit would get rank 0 stopped before it writes).
     if rank == 0:
-        path = os.path.join(args.work_dir, workdir.PEER_JSON)
-        with open(path, "w") as f:
-            json.dump(result, f, indent=1)
+        path = workdir.write_peer_json(args.work_dir, result)
         fwd = result["forward"]["median_ms"] if result["forward"] else None
         print(f"peer_dist.py: {world} ranks, check {'PASS' if (result['check'] or {}).get('passes') else 'FAIL'}, "
               f"forward median {fwd} ms (slowest rank per iteration); wrote {path}")

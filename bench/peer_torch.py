@@ -18,7 +18,6 @@ and writes DIR/peer.json. Exit status: 0 all good, 1 a check failed or a part ra
 (peer.json still written), 2 no CUDA GPU.
 """
 import argparse
-import json
 import os
 import platform
 import sys
@@ -375,9 +374,7 @@ def main(argv=None):
         print(f"peer_torch.py: no CUDA GPU ({why}); the PyTorch peer runs on the device only", file=sys.stderr)
         return 2
     result, ok = run(args)
-    path = os.path.join(args.work_dir, workdir.PEER_JSON)
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
+    path = workdir.write_peer_json(args.work_dir, result)
     fwd = result["forward"]["median_ms"] if result["forward"] else None
     print(f"peer_torch.py: check {'PASS' if result['check'] and result['check']['passes'] else 'FAIL'}, "
           f"forward median {fwd} ms; wrote {path}")

@@ -56,6 +56,14 @@ def read_json(path):
         return json.load(f)
 
 
+def write_peer_json(work_dir, result):
+    """Writes a peer's result as DIR/peer.json (what run.py reads); returns the path."""
+    path = os.path.join(work_dir, PEER_JSON)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    return path
+
+
 def load_mok_json(work_dir):
     path = os.path.join(work_dir, MOK_JSON)
     if not os.path.exists(path):
