@@ -51,6 +51,14 @@ shape_args() {
   esac
 }
 
+# One ncu pass over DEEP_KERNEL's 11th launch for the shape in $args. $1: output file,
+# the rest: ncu options.
+deep_run() {
+  local f=$1; shift
+  timeout 180 ncu --clock-control none --cache-control none -k "regex:$DEEP_KERNEL" --launch-skip 10 \
+    --launch-count 1 "$@" "$BIN/mok" run --backend cuda $args --iters 3 --warmup 10 > "$f" 2>&1
+}
+
 forward_ms() { "$BIN/mok" run --backend cuda $1 --iters 50 --warmup 20 2>&1 | tee -a "$OUT/perf.log" |
   awk '$1 == "forward" {print $2}'; }
 
@@ -70,11 +78,6 @@ for shape in ${SHAPES//,/ }; do
       # Why the megakernel takes what it takes: how busy the tensor pipe is, the L2 and HBM
       # throughput, and where warps stall (one steady-state launch, replayed per section;
       # only the first pass sees the caches as the previous kernel left them).
-      deep_run() {  # $1: output file, rest: ncu options
-        local f=$1; shift
-        timeout 180 ncu --clock-control none --cache-control none -k "regex:$DEEP_KERNEL" --launch-skip 10 \
-          --launch-count 1 "$@" "$BIN/mok" run --backend cuda $args --iters 3 --warmup 10 > "$f" 2>&1
-      }
       deep_run "$OUT/perf_${shape}_deep.txt" --section SpeedOfLight --section MemoryWorkloadAnalysis \
         --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats
       # Metrics by name in runs of their own (an unknown name fails only its run): the tensor
