@@ -80,12 +80,11 @@ for shape in ${SHAPES//,/ }; do
       # only the first pass sees the caches as the previous kernel left them).
       deep_run "$OUT/perf_${shape}_deep.txt" --section SpeedOfLight --section MemoryWorkloadAnalysis \
         --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats
-      # Metrics by name in runs of their own (an unknown name fails only its run): the tensor
-      # pipe as a whole, its wgmma (GMMA) part, L2 and HBM bytes per second.
+      # Metrics by name: the tensor pipe (this ncu has no separate GMMA counter on sm_90: it
+      # reported n/a), L2 and HBM bytes per second.
       deep_run "$OUT/perf_${shape}_metrics.txt" --metrics \
         sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum.per_second,dram__bytes.sum.per_second
-      deep_run "$OUT/perf_${shape}_gmma.txt" --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active
-      deep=$(cat "$OUT/perf_${shape}_metrics.txt" "$OUT/perf_${shape}_gmma.txt" |
+      deep=$(cat "$OUT/perf_${shape}_metrics.txt" |
         grep -E "^ +(sm__pipe_tensor|lts__t_bytes|dram__bytes)" | awk '{printf "%s=%s%s ", $1, $NF, $(NF-1)}')
       table+=("$shape $DEEP_KERNEL: $deep")
     fi

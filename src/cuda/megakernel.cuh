@@ -251,7 +251,11 @@ __device__ __forceinline__ void store_loop(const ForwardParams& p, const Compute
   for (;;) {
     sm90::mbar_wait(sm.staging_full, phase, kPhaseStagingHandedOver, phase_limit(p));
     phase ^= 1;
-    const std::uint64_t bits = *sm.store_job;
+    // Lane 0 alone reads the job and passes it on: the consumers rewrite it once lane 0 has
+    // arrived on staging_empty, so no other lane's read may be pending by then.
+    std::uint64_t bits = 0;
+    if (lane == 0) bits = *sm.store_job;
+    bits = __shfl_sync(0xffffffffu, bits, 0);
     if (bits == kNoStoreJob) break;
     const Task task{bits};
     const TileStore st = tile_store(p, task);
