@@ -5,6 +5,8 @@
 #                     bitwise (y always, dx and d_w_gate when the backward ran).
 # MODE unknown_shape: `mok run --shape nope` must exit with a non-zero status (not a crash)
 #                     and say 'unknown name' on stderr; anything else fails.
+# MODE bad_active_rank: `mok run --shape tiny --active-rank X` for X out of [0, 2) or not a
+#                     number must exit non-zero naming the option and its rule.
 foreach(var MOK MODE WORK)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "cli_test.cmake: -D${var}=... is required")
@@ -73,6 +75,17 @@ elseif(MODE STREQUAL "unknown_shape")
     message(FATAL_ERROR "mok run --shape nope: stderr lacks 'unknown name':\n${se}")
   endif()
   message(STATUS "unknown shape: exit ${rc}, stderr: ${se}")
+elseif(MODE STREQUAL "bad_active_rank")
+  # Out of range and not a number: each must fail normally, naming the option and its rule.
+  foreach(bad 2 -1 1x)
+    run_mok(rc so se run --shape tiny --active-rank ${bad})
+    if(NOT rc MATCHES "^[0-9]+$" OR rc EQUAL 0)
+      message(FATAL_ERROR "mok run --active-rank ${bad}: exit '${rc}', it must fail normally\n${so}\n${se}")
+    endif()
+    if(NOT se MATCHES "option --active-rank: must be busiest or a rank in \\[0, 2\\), got '${bad}'")
+      message(FATAL_ERROR "mok run --active-rank ${bad}: stderr lacks the rule:\n${se}")
+    endif()
+  endforeach()
 elseif(NOT MODE MATCHES "^launch_")
   message(FATAL_ERROR "cli_test.cmake: unknown MODE '${MODE}'")
 endif()

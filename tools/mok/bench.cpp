@@ -128,7 +128,7 @@ int bench_command(const std::vector<std::string>& argv) {
   const std::string ep_mode = args.take_or("ep-mode", "auto");
   if (ep_mode != "all" && ep_mode != "slice" && ep_mode != "distributed" && ep_mode != "auto")
     throw Error("option --ep-mode: must be all, slice or distributed, got '" + ep_mode + "'");
-  const int active = static_cast<int>(args.take_int("active-rank").value_or(0));
+  const std::string active_text = args.take_or("active-rank", "busiest");
   const double exchange_timeout_s = args.take_double("exchange-timeout").value_or(900);
   Config config;
   if (auto v = args.take_int("comm-sms")) config.forward_comm_sms = static_cast<int>(*v);
@@ -146,7 +146,10 @@ int bench_command(const std::vector<std::string>& argv) {
   require(slice || distributed || p.ep_size == 1,
           "mok bench: --ep-mode all measures EP = 1 only; use --ep-mode slice or distributed for EP > 1");
   const int R = p.ep_size, T = p.tokens_per_rank, H = p.hidden, k = p.top_k;
-  int me = slice ? active : 0, device = 0, world = 1;
+  // (The routing is a pure function of the problem and seed, so it is made here to pick the
+  // slice's rank, and every rank of a group makes the same one below.)
+  const Routing routing = generate_routing(p, routing_spec, seed);
+  int me = slice ? resolve_active_rank(active_text, p, routing) : 0, device = 0, world = 1;
   if (distributed) {
     const auto env = comm::GroupEnvironment::from_environment();
     require(env.world_size == R, "mok bench --ep-mode distributed: --ep " + std::to_string(R) +
@@ -164,7 +167,6 @@ int bench_command(const std::vector<std::string>& argv) {
   auto rank_file = [&](int r, const std::string& name) { return fs::path(work_dir) / ("rank" + std::to_string(r)) / name; };
 
   // ---- data and routing (every rank of a group makes the same, with its own weights) ----
-  const Routing routing = generate_routing(p, routing_spec, seed);
   const RoutingBalance balance = routing_balance(p, routing);
   LayerData host = make_layer_data(p, routing, seed, false, one_rank ? me : -1);
   const auto fwd = host.forward_args();

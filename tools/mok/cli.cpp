@@ -81,6 +81,30 @@ void Args::finish() const {
   if (!unknown.empty()) throw Error("unknown or unused option(s):" + unknown + " (see --help)");
 }
 
+int resolve_active_rank(const std::string& text, const Problem& problem, const Routing& routing) {
+  if (text == "busiest") {
+    // (Counted here rather than by routing_balance: loaded ids are not validated yet, and an
+    // id out of range is the Layer's error to report, not a reason to read out of bounds.)
+    std::vector<std::int64_t> rows(problem.ep_size, 0);
+    const int local = problem.local_experts();
+    for (const auto& ids : routing.top_experts)
+      for (auto e : ids)
+        if (e >= 0 && e < problem.num_experts) ++rows[e / local];
+    return static_cast<int>(std::max_element(rows.begin(), rows.end()) - rows.begin());
+  }
+  std::size_t used = 0;
+  int rank = -1;
+  try {
+    rank = std::stoi(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || rank < 0 || rank >= problem.ep_size)
+    throw Error("option --active-rank: must be busiest or a rank in [0, " + std::to_string(problem.ep_size) +
+                "), got '" + text + "'");
+  return rank;
+}
+
 ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool /*gpu*/) {
   ProblemArgs out;
   const bool explicit_sizes = args.has("experts") || args.has("hidden") || args.has("intermediate") ||

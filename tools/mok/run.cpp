@@ -40,7 +40,7 @@ execution:
   --ep-mode all|slice|distributed
                           all ranks here, one rank's slice (cuda; the default there for EP > 8),
                           or this process's rank of a real group (cuda; start with mok launch)
-  --active-rank R         the rank a slice runs (default 0)
+  --active-rank R|busiest  the rank a slice runs (default busiest: the rank with the most rows)
   --pass forward|backward|both   default: both on cpu, forward on cuda
   --check                 compare with the CPU reference (MoK's tolerances)
   --iters N --warmup N    timed repetitions (default 1 and 0 on cpu, 20 and 5 on cuda)
@@ -92,7 +92,7 @@ int run_command(const std::vector<std::string>& argv) {
     my_rank = env.rank;
     options.cuda_device = env.local_rank;  // the group's device for this process (the data goes there too)
   }
-  options.active_rank = static_cast<int>(args.take_int("active-rank").value_or(0));
+  const std::string active_rank_text = args.take_or("active-rank", "busiest");
   options.cpu_threads = static_cast<int>(args.take_int("threads").value_or(0));
   const bool on_cuda = options.backend == Backend::cuda;
   const std::string pass = args.take_or("pass", on_cuda ? "forward" : "both");
@@ -122,6 +122,12 @@ int run_command(const std::vector<std::string>& argv) {
       if (args.has(n)) throw Error(std::string("option --") + n + ": --load takes the problem from DIR/problem.json");
     args.finish();
     data = io::load_layer_data(*load_dir, do_bwd);
+    Routing loaded;  // the loaded ids, to pick the slice's rank
+    for (const auto& r : data.ranks) {
+      const auto* ids = r.top_experts.data<std::int32_t>();
+      loaded.top_experts.emplace_back(ids, ids + r.top_experts.numel());
+    }
+    options.active_rank = resolve_active_rank(active_rank_text, data.problem, loaded);
     shape_name = "loaded:" + *load_dir;
   } else {
     ProblemArgs pa = parse_problem(args, gpu && on_cuda ? "qwen3.5-397b-a17b" : "small", gpu);
@@ -129,6 +135,7 @@ int run_command(const std::vector<std::string>& argv) {
     if (ep_mode == "auto" && on_cuda && pa.problem.ep_size > 8) options.ep_mode = EpMode::rank_slice;
     shape_name = pa.shape_name.empty() ? "custom" : pa.shape_name;
     const Routing routing = generate_routing(pa.problem, routing_spec, seed);
+    options.active_rank = resolve_active_rank(active_rank_text, pa.problem, routing);
     const int weights_rank = options.ep_mode == EpMode::rank_slice ? options.active_rank : my_rank;
     data = make_layer_data(pa.problem, routing, seed, do_bwd, weights_rank);
   }
@@ -251,8 +258,10 @@ int run_command(const std::vector<std::string>& argv) {
     total += s.real_rows;
   }
   std::printf("mok run: %s  %s\n", shape_name.c_str(), p.describe().c_str());
-  std::printf("  backend=%s ep_mode=%s routing=%s seed=%llu rows/rank max=%lld mean=%.1f  %s\n",
-              to_string(options.backend), to_string(options.ep_mode), routing_spec.describe().c_str(),
+  const std::string active =
+      options.ep_mode == EpMode::rank_slice ? " active_rank=" + std::to_string(options.active_rank) : "";
+  std::printf("  backend=%s ep_mode=%s%s routing=%s seed=%llu rows/rank max=%lld mean=%.1f  %s\n",
+              to_string(options.backend), to_string(options.ep_mode), active.c_str(), routing_spec.describe().c_str(),
               static_cast<unsigned long long>(seed), static_cast<long long>(max_rows),
               stats.empty() ? 0.0 : double(total) / double(stats.size()), layer.config().describe().c_str());
   std::printf("  %-9s %12s %10s  %s   (TFLOP/s: MoK's formula, %g rank(s) of work)\n", "pass", "median_ms",
