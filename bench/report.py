@@ -225,13 +225,17 @@ def routing_lines(recs):
     the rows every expert and every rank receives)."""
     lines = ["## Routing", "",
              "Max rows per expert (and per rank) over the mean, over the whole EP group's batch: "
-             "1.00 is perfectly balanced; the slowest expert or rank sets the pace.", "",
-             "| shape | EP mode | tokens | routing | max/mean rows per expert | max/mean rows per rank |",
-             "|---|---|---|---|---|---|"]
+             "1.00 is perfectly balanced; the slowest expert or rank sets the pace. Measured rank: the "
+             "rank a slice ran (by default the busiest) and the real rows its experts received.", "",
+             "| shape | EP mode | tokens | routing | max/mean rows per expert | max/mean rows per rank "
+             "| measured rank (rows) |",
+             "|---|---|---|---|---|---|---|"]
     for rec in recs:
         r = rec.get("routing") or {}
+        rows = (rec.get("rows") or {}).get("real")
+        measured = "–" if rec.get("active_rank") is None else f"{rec['active_rank']} ({_f(rows, 'd')})"
         cells = [rec["shape"], ep_text(rec), rec["tokens_per_rank"], routing_spec(rec),
-                 _f(r.get("max_over_mean_expert"), ".2f"), _f(r.get("max_over_mean_rank"), ".2f")]
+                 _f(r.get("max_over_mean_expert"), ".2f"), _f(r.get("max_over_mean_rank"), ".2f"), measured]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return lines + [""]
 
