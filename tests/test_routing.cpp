@@ -158,6 +158,21 @@ TEST(Routing, BalanceOnAHandMadeRouting) {
   EXPECT_EQ(b.rows_per_rank, (std::vector<std::int64_t>{6, 2}));
   EXPECT_EQ(b.max_rows_rank, 6);
   EXPECT_DOUBLE_EQ(b.max_over_mean_rank, 1.5);
+  EXPECT_EQ(b.busiest_rank, 0);
+  // Rank 1 busier, then a tie: the lowest rank wins.
+  r.top_experts = {{2, 1, 3, 2}, {0, 3, 1, 2}};
+  EXPECT_EQ(routing_balance(p, r).busiest_rank, 1);
+  r.top_experts = {{2, 1, 3, 0}, {0, 3, 1, 2}};
+  EXPECT_EQ(routing_balance(p, r).busiest_rank, 0);
+}
+
+TEST(Routing, BusiestRankHoldsTheHotExpert) {
+  const Problem p = routing_problem();  // 4 ranks of 4 experts
+  for (int hot : {0, 5, 14})
+    EXPECT_EQ(routing_balance(p, generate_routing(p, RoutingSpec::parse("hot:1:" + std::to_string(hot)), 3))
+                  .busiest_rank,
+              hot / p.local_experts())
+        << "hot expert " << hot;
 }
 
 // ---- file routing ---------------------------------------------------------------------------

@@ -52,7 +52,9 @@ struct RoutingBalance {
   std::int64_t max_rows_rank = 0;
   std::int64_t total_rows = 0;
   std::vector<std::int64_t> rows_per_rank;  // rows each rank's experts receive
+  int busiest_rank = 0;  // the rank with the most rows (the lowest on a tie): it sets a group's pace
 };
+// The routing must be valid for the problem (validate_routing): ids index the counts.
 RoutingBalance routing_balance(const Problem& problem, const Routing& routing);
 
 // Checks a routing against the problem: ids in range, distinct per token, finite weights.

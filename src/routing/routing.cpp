@@ -215,7 +215,9 @@ RoutingBalance routing_balance(const Problem& p, const Routing& routing) {
       ++b.total_rows;
     }
   b.max_rows_expert = *std::max_element(per_expert.begin(), per_expert.end());
-  b.max_rows_rank = *std::max_element(b.rows_per_rank.begin(), b.rows_per_rank.end());
+  const auto busiest = std::max_element(b.rows_per_rank.begin(), b.rows_per_rank.end());  // first of equals
+  b.max_rows_rank = *busiest;
+  b.busiest_rank = static_cast<int>(busiest - b.rows_per_rank.begin());
   b.max_over_mean_expert = double(b.max_rows_expert) / (double(b.total_rows) / p.num_experts);
   b.max_over_mean_rank = double(b.max_rows_rank) / (double(b.total_rows) / p.ep_size);
   return b;

@@ -82,16 +82,7 @@ void Args::finish() const {
 }
 
 int resolve_active_rank(const std::string& text, const Problem& problem, const Routing& routing) {
-  if (text == "busiest") {
-    // (Counted here rather than by routing_balance: loaded ids are not validated yet, and an
-    // id out of range is the Layer's error to report, not a reason to read out of bounds.)
-    std::vector<std::int64_t> rows(problem.ep_size, 0);
-    const int local = problem.local_experts();
-    for (const auto& ids : routing.top_experts)
-      for (auto e : ids)
-        if (e >= 0 && e < problem.num_experts) ++rows[e / local];
-    return static_cast<int>(std::max_element(rows.begin(), rows.end()) - rows.begin());
-  }
+  if (text == "busiest") return routing_balance(problem, routing).busiest_rank;
   std::size_t used = 0;
   int rank = -1;
   try {

@@ -34,9 +34,9 @@ struct ProblemArgs {
 };
 ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool gpu);
 
-// --active-rank: "busiest" (the rank whose experts receive the most rows, the lowest on a
-// tie: the rank that sets a group's pace, which a slice should measure) or a rank number in
-// [0, ep_size). Throws naming the option otherwise.
+// --active-rank: "busiest" (RoutingBalance::busiest_rank: the rank whose experts receive the
+// most rows, the one that sets a group's pace, which a slice should measure) or a rank number
+// in [0, ep_size). Throws naming the option otherwise. The routing must be valid.
 int resolve_active_rank(const std::string& text, const Problem& problem, const Routing& routing);
 
 int run_command(const std::vector<std::string>& argv);

@@ -122,11 +122,16 @@ int run_command(const std::vector<std::string>& argv) {
       if (args.has(n)) throw Error(std::string("option --") + n + ": --load takes the problem from DIR/problem.json");
     args.finish();
     data = io::load_layer_data(*load_dir, do_bwd);
-    Routing loaded;  // the loaded ids, to pick the slice's rank
+    // The loaded routing, checked before it picks the slice's rank (a bad id is an error
+    // naming rank, token and slot here, as the Layer would report it).
+    Routing loaded;
     for (const auto& r : data.ranks) {
       const auto* ids = r.top_experts.data<std::int32_t>();
+      const auto* w = r.router_weights.data<float>();
       loaded.top_experts.emplace_back(ids, ids + r.top_experts.numel());
+      loaded.router_weights.emplace_back(w, w + r.router_weights.numel());
     }
+    validate_routing(data.problem, loaded);
     options.active_rank = resolve_active_rank(active_rank_text, data.problem, loaded);
     shape_name = "loaded:" + *load_dir;
   } else {
