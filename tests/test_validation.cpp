@@ -87,6 +87,14 @@ TEST_F(BadInput, WrongXShape) {
   args[1].inputs.x = TensorView::contiguous(wide.view().data, DType::bf16, {8, 64});
   args[1].inputs.x.strides = {128, 1};
   EXPECT_THAT(forward_error(args), AllOf(HasSubstr("x[rank 1]"), HasSubstr("contiguous")));
+  // An ndim the view's arrays cannot hold is reported, never read past them.
+  for (int bad : {5, 1000000, -1}) {
+    auto a = data_.forward_args();
+    a[0].inputs.x.ndim = bad;
+    EXPECT_THAT(forward_error(a), AllOf(HasSubstr("x[rank 0]"), HasSubstr("ndim must be in [0, 4]"),
+                                        HasSubstr("got " + std::to_string(bad))));
+    EXPECT_THAT(a[0].inputs.x.describe(), HasSubstr("(ndim " + std::to_string(bad) + ")"));
+  }
 }
 
 TEST_F(BadInput, WrongDtypes) {
@@ -251,6 +259,9 @@ TEST(BadOptions, RankSliceActiveRankAndThreadsOnCpu) {
   o = LayerOptions{};
   o.cpu_threads = -1;
   EXPECT_THAT(error_message([&] { Layer l(p, Config{}, o); }), HasSubstr("cpu_threads"));
+  o.cpu_threads = 1000000;  // would ask the OS for a million threads
+  EXPECT_THAT(error_message([&] { Layer l(p, Config{}, o); }),
+              AllOf(HasSubstr("cpu_threads = 1000000"), HasSubstr("at most 4 per core")));
 }
 
 TEST(BadNames, ShapesDtypesBackends) {

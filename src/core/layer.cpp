@@ -1,5 +1,8 @@
 #include "mok/layer.h"
 
+#include <algorithm>
+#include <thread>
+
 #include "core/backend.h"
 
 namespace mok {
@@ -35,8 +38,11 @@ Layer::Layer(const Problem& problem, const Config& config, const LayerOptions& o
   require(options.active_rank >= 0 && options.active_rank < problem.ep_size,
           "LayerOptions.active_rank = " + std::to_string(options.active_rank) + ": must be in [0, ep_size = " +
               std::to_string(problem.ep_size) + ")");
-  require(options.cpu_threads >= 0, "LayerOptions.cpu_threads = " + std::to_string(options.cpu_threads) +
-                                        ": must be >= 0 (0 = all cores)");
+  // (A bound, so that a typo cannot ask the OS for a million threads.)
+  const int max_threads = static_cast<int>(std::max(16u, 4 * std::thread::hardware_concurrency()));
+  require(options.cpu_threads >= 0 && options.cpu_threads <= max_threads,
+          "LayerOptions.cpu_threads = " + std::to_string(options.cpu_threads) + ": must be in [0, " +
+              std::to_string(max_threads) + "] (0 = all cores; at most 4 per core)");
   impl_->problem = problem;
   impl_->options = options;
   impl_->backend = options.backend == Backend::cpu ? make_cpu_backend(problem, config, options)

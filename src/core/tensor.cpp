@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <sstream>
 
 #include "mok/error.h"
@@ -48,15 +49,21 @@ TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list
   return v;
 }
 
+namespace {
+// The dimensions a view's arrays really hold: a caller's ndim outside [0, kMaxTensorDims] is
+// an error check_tensor reports, never an index past the arrays.
+int held_dims(const TensorView& v) { return std::clamp(v.ndim, 0, kMaxTensorDims); }
+}  // namespace
+
 std::int64_t TensorView::numel() const {
   std::int64_t n = 1;
-  for (int d = 0; d < ndim; ++d) n *= shape[d];
+  for (int d = 0; d < held_dims(*this); ++d) n *= shape[d];
   return n;
 }
 
 bool TensorView::is_contiguous() const {
   std::int64_t stride = 1;
-  for (int d = ndim - 1; d >= 0; --d) {
+  for (int d = held_dims(*this) - 1; d >= 0; --d) {
     if (shape[d] != 1 && strides[d] != stride) return false;
     stride *= shape[d];
   }
@@ -66,7 +73,8 @@ bool TensorView::is_contiguous() const {
 std::string TensorView::describe() const {
   std::ostringstream s;
   s << to_string(dtype) << "[";
-  for (int d = 0; d < ndim; ++d) s << (d ? "," : "") << shape[d];
+  for (int d = 0; d < held_dims(*this); ++d) s << (d ? "," : "") << shape[d];
+  if (ndim != held_dims(*this)) s << " (ndim " << ndim << ")";
   s << "] on " << to_string(device);
   if (device == Device::cuda) s << ":" << device_index;
   return s.str();
@@ -76,6 +84,8 @@ void check_tensor(const TensorView& view, const std::string& name, DType dtype,
                   std::initializer_list<std::int64_t> shape, Device device) {
   // The common case is fast: messages are only built when a rule is broken (this runs for
   // every tensor of every rank on every call).
+  require(view.ndim >= 0 && view.ndim <= kMaxTensorDims,
+          name + ": ndim must be in [0, " + std::to_string(kMaxTensorDims) + "], got " + std::to_string(view.ndim));
   bool shape_ok = view.ndim == static_cast<int>(shape.size());
   int i = 0;
   for (auto s : shape) shape_ok = shape_ok && view.shape[i++] == s;

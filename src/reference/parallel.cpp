@@ -5,8 +5,12 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
+
+#include "mok/error.h"
 
 namespace mok::ref {
 
@@ -40,7 +44,20 @@ struct ThreadPool::State {
 ThreadPool::ThreadPool(int threads) : state_(std::make_unique<State>()) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   State* st = state_.get();
-  for (int i = 1; i < threads; ++i) {
+  try {
+    for (int i = 1; i < threads; ++i) start_worker();
+  } catch (const std::system_error& e) {
+    // The workers already started wait on st's condition variable: stop and join them before
+    // st goes away (destroying it under them would hang), then report.
+    shutdown();
+    throw Error("CPU threads: could not start thread " + std::to_string(st->workers.size() + 2) + " of " +
+                std::to_string(threads) + " (" + e.what() + "); ask for fewer (LayerOptions.cpu_threads, --threads)");
+  }
+}
+
+void ThreadPool::start_worker() {
+  State* st = state_.get();
+  {
     st->workers.emplace_back([st] {
       std::uint64_t seen = 0;
       for (;;) {
@@ -58,14 +75,17 @@ ThreadPool::ThreadPool(int threads) : state_(std::make_unique<State>()) {
   }
 }
 
-ThreadPool::~ThreadPool() {
+void ThreadPool::shutdown() {
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     state_->stop = true;
   }
   state_->wake.notify_all();
   for (auto& t : state_->workers) t.join();
+  state_->workers.clear();
 }
+
+ThreadPool::~ThreadPool() { shutdown(); }
 
 int ThreadPool::size() const { return static_cast<int>(state_->workers.size()) + 1; }
 

@@ -19,6 +19,8 @@ class ThreadPool {
                     const std::function<void(std::int64_t, std::int64_t)>& fn);
 
  private:
+  void start_worker();
+  void shutdown();  // stops and joins every worker started
   struct State;
   std::unique_ptr<State> state_;
 };
