@@ -2,9 +2,12 @@
 #   cmake -DMOK=<mok executable> -DMODE=<mode> -DWORK=<scratch dir> -P cli_test.cmake
 # MODE save_load:     `mok run --shape tiny --save A` then `mok run --load A --save B`; both must
 #                     exit 0, write the files, and the loaded run must reproduce A's outputs
-#                     bitwise (y always, dx and d_w_gate when the backward ran).
+#                     bitwise (y always, dx and d_w_gate when the backward ran); --load with
+#                     --routing or --seed is refused.
 # MODE unknown_shape: `mok run --shape nope` must exit with a non-zero status (not a crash)
 #                     and say 'unknown name' on stderr; anything else fails.
+# MODE bad_numbers:   out-of-range, partial or non-finite numbers on the command line fail,
+#                     naming the option (they were truncated or partly read).
 # MODE bad_active_rank: `mok run --shape tiny --active-rank X` for X out of [0, 2) or not a
 #                     number must exit non-zero naming the option and its rule.
 foreach(var MOK MODE WORK)
@@ -41,6 +44,18 @@ if(MODE STREQUAL "save_load")
   if(NOT so MATCHES "loaded:")
     message(FATAL_ERROR "mok run --load did not report the loaded problem:\n${so}")
   endif()
+  # The saved routing is what runs: options that would make another are refused, not ignored.
+  foreach(opt routing seed)
+    if(opt STREQUAL "routing")
+      set(val zipf:3)
+    else()
+      set(val 99)
+    endif()
+    run_mok(rc so se run --load "${A}" --${opt} ${val})
+    if(rc EQUAL 0 OR NOT se MATCHES "option --${opt}: --load takes the problem, data and routing from DIR")
+      message(FATAL_ERROR "mok run --load --${opt} ${val}: exit '${rc}', it must be refused:\n${se}")
+    endif()
+  endforeach()
   set(compared 0)
   foreach(rank rank0 rank1)
     foreach(name y dx d_w_gate shared0_d_w_up)
@@ -75,6 +90,35 @@ elseif(MODE STREQUAL "unknown_shape")
     message(FATAL_ERROR "mok run --shape nope: stderr lacks 'unknown name':\n${se}")
   endif()
   message(STATUS "unknown shape: exit ${rc}, stderr: ${se}")
+elseif(MODE STREQUAL "bad_numbers")
+  # Numbers are taken whole and in range, never truncated or partly read.
+  set(cases
+      "--ep|4294967298|option --ep: 4294967298 is out of range"
+      "--tokens|4294967312|option --tokens: 4294967312 is out of range"
+      "--iters|4294967297|option --iters: 4294967297 is out of range"
+      "--shared|128abc|'128abc' is not an integer"
+      "--swiglu-limit|nan|option --swiglu-limit: must be a finite number"
+      "--capacity|inf|option --capacity: must be a finite number"
+      "--seed|-1|option --seed: -1 is out of range")
+  foreach(c IN LISTS cases)
+    string(REPLACE "|" ";" parts "${c}")
+    list(GET parts 0 opt)
+    list(GET parts 1 val)
+    list(GET parts 2 want)
+    run_mok(rc so se run --shape tiny ${opt} ${val})
+    if(NOT rc MATCHES "^[0-9]+$" OR rc EQUAL 0)
+      message(FATAL_ERROR "mok run ${opt} ${val}: exit '${rc}', it must fail normally\n${so}\n${se}")
+    endif()
+    string(FIND "${se}" "${want}" at)
+    if(at EQUAL -1)
+      message(FATAL_ERROR "mok run ${opt} ${val}: stderr lacks '${want}':\n${se}")
+    endif()
+  endforeach()
+  run_mok(rc so se launch -n 2 --grace nan -- true)
+  string(FIND "${se}" "option --grace: must be a finite number" at)
+  if(rc EQUAL 0 OR at EQUAL -1)
+    message(FATAL_ERROR "mok launch --grace nan: exit '${rc}', stderr:\n${se}")
+  endif()
 elseif(MODE STREQUAL "bad_active_rank")
   # Out of range and not a number: each must fail normally, naming the option and its rule.
   foreach(bad 2 -1 1x)

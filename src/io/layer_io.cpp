@@ -1,6 +1,7 @@
 #include "io/layer_io.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -50,28 +51,39 @@ std::string json_value(const std::string& text, const std::string& key, const st
   return text.substr(b, e - b);
 }
 
-long long json_int(const std::string& text, const std::string& key, const std::string& source) {
-  const std::string v = json_value(text, key, source);
+// A whole-string integer that fits an int (problem sizes are ints: a wider value would be
+// truncated, not refused). `what` names it in the error.
+int strict_int(const std::string& v, const std::string& what) {
+  long long n = 0;
   try {
     std::size_t used = 0;
-    long long n = std::stoll(v, &used);
-    if (used != v.size()) throw std::invalid_argument("trailing");
-    return n;
+    const std::size_t first = v.find_first_not_of(" \t\n");
+    const std::size_t last = v.find_last_not_of(" \t\n");
+    const std::string t = first == std::string::npos ? "" : v.substr(first, last - first + 1);
+    n = std::stoll(t, &used);
+    if (used != t.size()) throw std::invalid_argument("trailing");
   } catch (const std::exception&) {
-    throw Error(source + ": \"" + key + "\" must be an integer, got " + v);
+    throw Error(what + " must be an integer, got '" + v + "'");
   }
+  if (n < std::numeric_limits<int>::min() || n > std::numeric_limits<int>::max())
+    throw Error(what + " must fit a 32-bit int, got " + v);
+  return static_cast<int>(n);
+}
+
+int json_int(const std::string& text, const std::string& key, const std::string& source) {
+  return strict_int(json_value(text, key, source), source + ": \"" + key + "\"");
 }
 
 }  // namespace
 
 Problem problem_from_json(const std::string& text, const std::string& source) {
   Problem p;
-  p.num_experts = static_cast<int>(json_int(text, "num_experts", source));
-  p.hidden = static_cast<int>(json_int(text, "hidden", source));
-  p.intermediate = static_cast<int>(json_int(text, "intermediate", source));
-  p.top_k = static_cast<int>(json_int(text, "top_k", source));
-  p.ep_size = static_cast<int>(json_int(text, "ep_size", source));
-  p.tokens_per_rank = static_cast<int>(json_int(text, "tokens_per_rank", source));
+  p.num_experts = json_int(text, "num_experts", source);
+  p.hidden = json_int(text, "hidden", source);
+  p.intermediate = json_int(text, "intermediate", source);
+  p.top_k = json_int(text, "top_k", source);
+  p.ep_size = json_int(text, "ep_size", source);
+  p.tokens_per_rank = json_int(text, "tokens_per_rank", source);
   const std::string shared = json_value(text, "shared_intermediate", source);
   if (shared.size() < 2 || shared.front() != '[' || shared.back() != ']')
     throw Error(source + ": \"shared_intermediate\" must be a list");
@@ -79,11 +91,7 @@ Problem problem_from_json(const std::string& text, const std::string& source) {
   std::string item;
   while (std::getline(ss, item, ',')) {
     if (item.find_first_not_of(" \n") == std::string::npos) continue;
-    try {
-      p.shared_intermediate.push_back(std::stoi(item));
-    } catch (const std::exception&) {
-      throw Error(source + ": \"shared_intermediate\" entry '" + item + "' is not an integer");
-    }
+    p.shared_intermediate.push_back(strict_int(item, source + ": \"shared_intermediate\" entry"));
   }
   std::string prec = json_value(text, "precision", source);
   if (prec.size() < 2 || prec.front() != '"') throw Error(source + ": \"precision\" must be a string");
@@ -94,11 +102,16 @@ Problem problem_from_json(const std::string& text, const std::string& source) {
   }
   const std::string limit = json_value(text, "swiglu_limit", source);
   if (limit != "null") {
+    std::size_t used = 0;
+    float value = 0;
     try {
-      p.swiglu_limit = std::stof(limit);
+      value = std::stof(limit, &used);
     } catch (const std::exception&) {
-      throw Error(source + ": \"swiglu_limit\" must be a number or null");
+      used = 0;
     }
+    p.swiglu_limit = value;
+    if (used == 0 || used != limit.size() || !std::isfinite(value))
+      throw Error(source + ": \"swiglu_limit\" must be a finite number or null, got " + limit);
   }
   try {
     p.validate();

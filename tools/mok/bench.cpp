@@ -123,13 +123,14 @@ int bench_command(const std::vector<std::string>& argv) {
   const int warmup = static_cast<int>(args.take_int("warmup").value_or(500));
   const int iters = static_cast<int>(args.take_int("iters").value_or(100));
   if (warmup < 0 || iters < 1) throw Error("options --warmup >= 0 and --iters >= 1");
-  const std::uint64_t seed = static_cast<std::uint64_t>(args.take_int("seed").value_or(1));
+  const std::uint64_t seed = args.take_seed("seed").value_or(1);
   const RoutingSpec routing_spec = RoutingSpec::parse(args.take_or("routing", "gaussian"));
   const std::string ep_mode = args.take_or("ep-mode", "auto");
   if (ep_mode != "all" && ep_mode != "slice" && ep_mode != "distributed" && ep_mode != "auto")
     throw Error("option --ep-mode: must be all, slice or distributed, got '" + ep_mode + "'");
   const std::string active_text = args.take_or("active-rank", "busiest");
   const double exchange_timeout_s = args.take_double("exchange-timeout").value_or(900);
+  if (exchange_timeout_s < 0) throw Error("option --exchange-timeout: must be >= 0 seconds");
   Config config;
   if (auto v = args.take_int("comm-sms")) config.forward_comm_sms = static_cast<int>(*v);
   if (auto v = args.take_int("band")) config.task_band_tiles = static_cast<int>(*v);

@@ -1,7 +1,9 @@
 #include "mok/cli_args.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <sstream>
 
 namespace mok::cli {
@@ -41,30 +43,49 @@ std::string Args::take_or(const std::string& name, const std::string& fallback) 
   return v ? *v : fallback;
 }
 
-std::optional<long long> Args::take_int(const std::string& name) {
-  auto v = take(name);
-  if (!v) return std::nullopt;
+namespace {
+// The whole of `v` as an integer in [lo, hi], or an error naming `what`.
+long long whole_integer(const std::string& v, long long lo, long long hi, const std::string& what) {
+  long long n = 0;
   try {
     std::size_t used = 0;
-    long long n = std::stoll(*v, &used);
-    if (used != v->size()) throw std::invalid_argument("trailing");
-    return n;
+    n = std::stoll(v, &used);
+    if (used != v.size()) throw std::invalid_argument("trailing");
   } catch (const std::exception&) {
-    throw Error("option --" + name + ": '" + *v + "' is not an integer");
+    throw Error(what + ": '" + v + "' is not an integer");
   }
+  if (n < lo || n > hi)
+    throw Error(what + ": " + v + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return n;
+}
+}  // namespace
+
+std::optional<int> Args::take_int(const std::string& name) {
+  auto v = take(name);
+  if (!v) return std::nullopt;
+  return static_cast<int>(whole_integer(*v, std::numeric_limits<int>::min(), std::numeric_limits<int>::max(),
+                                        "option --" + name));
+}
+
+std::optional<std::uint64_t> Args::take_seed(const std::string& name) {
+  auto v = take(name);
+  if (!v) return std::nullopt;
+  return static_cast<std::uint64_t>(whole_integer(*v, 0, std::numeric_limits<long long>::max(), "option --" + name));
 }
 
 std::optional<double> Args::take_double(const std::string& name) {
   auto v = take(name);
   if (!v) return std::nullopt;
+  double d = 0;
   try {
     std::size_t used = 0;
-    double d = std::stod(*v, &used);
+    d = std::stod(*v, &used);
     if (used != v->size()) throw std::invalid_argument("trailing");
-    return d;
   } catch (const std::exception&) {
     throw Error("option --" + name + ": '" + *v + "' is not a number");
   }
+  if (!std::isfinite(d)) throw Error("option --" + name + ": must be a finite number, got '" + *v + "'");
+  return d;
 }
 
 bool Args::take_flag(const std::string& name) {
@@ -128,11 +149,8 @@ ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool /*g
       std::stringstream ss(*shared);
       std::string item;
       while (std::getline(ss, item, ',')) {
-        try {
-          p.shared_intermediate.push_back(std::stoi(item));
-        } catch (const std::exception&) {
-          throw Error("option --shared: '" + item + "' is not an integer (use a comma list or 'none')");
-        }
+        p.shared_intermediate.push_back(static_cast<int>(
+            whole_integer(item, 0, std::numeric_limits<int>::max(), "option --shared (a comma list or 'none')")));
       }
     }
   }

@@ -1,5 +1,6 @@
 // mok CLI: argument parsing shared by the subcommands.
 #pragma once
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -16,8 +17,9 @@ class Args {
   Args(const std::vector<std::string>& argv, const std::vector<std::string>& flags);
   std::optional<std::string> take(const std::string& name);
   std::string take_or(const std::string& name, const std::string& fallback);
-  std::optional<long long> take_int(const std::string& name);
-  std::optional<double> take_double(const std::string& name);
+  std::optional<int> take_int(const std::string& name);        // a whole integer that fits an int
+  std::optional<std::uint64_t> take_seed(const std::string& name);  // a whole integer >= 0
+  std::optional<double> take_double(const std::string& name);  // a whole, finite number
   bool take_flag(const std::string& name);
   bool has(const std::string& name) const { return values_.count(name) || flags_set_.count(name); }
   void finish() const;  // throws mok::Error listing unknown arguments

@@ -59,6 +59,7 @@ int launch_command(const std::vector<std::string>& argv) {
   args.finish();
   require(n >= 1 && n <= 4096, "mok launch: -n must be in [1, 4096], got " + std::to_string(n));
   require(timeout_s >= 0, "mok launch: --timeout must be >= 0 (0 = none)");
+  require(grace_s >= 0, "mok launch: --grace must be >= 0 (seconds between SIGTERM and SIGKILL)");
 
   char dir_template[] = "/tmp/mok-launch-XXXXXX";
   require(mkdtemp(dir_template) != nullptr, "mok launch: cannot create a rendezvous directory in /tmp");

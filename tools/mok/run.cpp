@@ -73,7 +73,14 @@ int run_command(const std::vector<std::string>& argv) {
   const auto load_dir = args.take("load");
   const auto save_dir = args.take("save");
   const auto expect_dir = args.take("expect");
-  const std::uint64_t seed = static_cast<std::uint64_t>(args.take_int("seed").value_or(1));
+  // A loaded run takes its problem, data and routing from DIR: options that would make them
+  // are refused rather than ignored (the output would print them as if they had been used).
+  if (load_dir)
+    for (const char* n : {"shape", "experts", "hidden", "intermediate", "topk", "shared", "ep", "tokens", "dtype",
+                          "swiglu-limit", "seed", "routing"})
+      if (args.has(n))
+        throw Error(std::string("option --") + n + ": --load takes the problem, data and routing from DIR");
+  const std::uint64_t seed = args.take_seed("seed").value_or(1);
   const RoutingSpec routing_spec = RoutingSpec::parse(args.take_or("routing", "gaussian"));
 
   LayerOptions options;
@@ -117,11 +124,9 @@ int run_command(const std::vector<std::string>& argv) {
   LayerData data;
   std::string shape_name;
   if (load_dir) {
-    for (const char* n : {"shape", "experts", "hidden", "intermediate", "topk", "shared", "ep", "tokens", "dtype",
-                          "swiglu-limit"})
-      if (args.has(n)) throw Error(std::string("option --") + n + ": --load takes the problem from DIR/problem.json");
     args.finish();
     data = io::load_layer_data(*load_dir, do_bwd);
+    if (ep_mode == "auto" && on_cuda && data.problem.ep_size > 8) options.ep_mode = EpMode::rank_slice;
     // The loaded routing, checked before it picks the slice's rank (a bad id is an error
     // naming rank, token and slot here, as the Layer would report it).
     Routing loaded;
@@ -265,9 +270,11 @@ int run_command(const std::vector<std::string>& argv) {
   std::printf("mok run: %s  %s\n", shape_name.c_str(), p.describe().c_str());
   const std::string active =
       options.ep_mode == EpMode::rank_slice ? " active_rank=" + std::to_string(options.active_rank) : "";
-  std::printf("  backend=%s ep_mode=%s%s routing=%s seed=%llu rows/rank max=%lld mean=%.1f  %s\n",
-              to_string(options.backend), to_string(options.ep_mode), active.c_str(), routing_spec.describe().c_str(),
-              static_cast<unsigned long long>(seed), static_cast<long long>(max_rows),
+  const std::string routing_text =
+      load_dir ? "loaded from " + *load_dir : routing_spec.describe() + " seed=" + std::to_string(seed);
+  std::printf("  backend=%s ep_mode=%s%s routing=%s rows/rank max=%lld mean=%.1f  %s\n",
+              to_string(options.backend), to_string(options.ep_mode), active.c_str(), routing_text.c_str(),
+              static_cast<long long>(max_rows),
               stats.empty() ? 0.0 : double(total) / double(stats.size()), layer.config().describe().c_str());
   std::printf("  %-9s %12s %10s  %s   (TFLOP/s: MoK's formula, %g rank(s) of work)\n", "pass", "median_ms",
               "TFLOP/s", "check", ranks_computed);
