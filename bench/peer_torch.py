@@ -235,6 +235,8 @@ def time_backward(work, warmup, iters, seed):
     grads = backward()
     finite = all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
     del grads
+    if not finite:  # a broken backward is an error of the peer, not a time to report
+        raise FloatingPointError("the peer's backward produced non-finite gradients")
     timing = time_cuda(backward, warmup, iters)
     timing["grads_finite"] = finite
     return timing

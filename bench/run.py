@@ -68,6 +68,12 @@ def plan_runs(args):
 
 def _plan_once(args):
     if args.launch:
+        # A real group runs each shape at --tokens (or its default) as EP = --launch: the
+        # options that choose other runs do not apply, and are refused rather than ignored.
+        for opt, val in (("--sweep", args.sweep), ("--sweep-tokens", args.sweep_tokens), ("--ep", args.ep),
+                         ("--ep-mode", args.ep_mode)):
+            if val:
+                raise SystemExit(f"run.py: {opt} does not apply with --launch (a real group of --launch ranks)")
         shapes = [s for s in (args.shapes.split(",") if args.shapes else []) if s] or ["qwen3.5-397b-a17b"]
         tokens = {s: t for s, _, _, t in DEFAULT_RUNS}
         return [(s, "distributed", args.launch, args.tokens or tokens.get(s)) for s in shapes]

@@ -8,8 +8,9 @@
 #                     and say 'unknown name' on stderr; anything else fails.
 # MODE bad_numbers:   out-of-range, partial or non-finite numbers on the command line fail,
 #                     naming the option (they were truncated or partly read).
-# MODE bad_active_rank: `mok run --shape tiny --active-rank X` for X out of [0, 2) or not a
-#                     number must exit non-zero naming the option and its rule.
+# MODE bad_active_rank: `mok run --shape tiny --ep-mode slice --active-rank X` for X out of
+#                     [0, 2) or not a number must exit non-zero naming the option and its rule;
+#                     --active-rank without a slice is refused.
 foreach(var MOK MODE WORK)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "cli_test.cmake: -D${var}=... is required")
@@ -122,7 +123,7 @@ elseif(MODE STREQUAL "bad_numbers")
 elseif(MODE STREQUAL "bad_active_rank")
   # Out of range and not a number: each must fail normally, naming the option and its rule.
   foreach(bad 2 -1 1x)
-    run_mok(rc so se run --shape tiny --active-rank ${bad})
+    run_mok(rc so se run --shape tiny --ep-mode slice --active-rank ${bad})
     if(NOT rc MATCHES "^[0-9]+$" OR rc EQUAL 0)
       message(FATAL_ERROR "mok run --active-rank ${bad}: exit '${rc}', it must fail normally\n${so}\n${se}")
     endif()
@@ -130,6 +131,11 @@ elseif(MODE STREQUAL "bad_active_rank")
       message(FATAL_ERROR "mok run --active-rank ${bad}: stderr lacks the rule:\n${se}")
     endif()
   endforeach()
+  # Not a slice: the option would be ignored, so it is refused.
+  run_mok(rc so se run --shape tiny --active-rank 0)
+  if(rc EQUAL 0 OR NOT se MATCHES "option --active-rank: only a rank slice")
+    message(FATAL_ERROR "mok run --active-rank 0 without a slice: exit '${rc}', it must be refused:\n${se}")
+  endif()
 elseif(NOT MODE MATCHES "^launch_")
   message(FATAL_ERROR "cli_test.cmake: unknown MODE '${MODE}'")
 endif()

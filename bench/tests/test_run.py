@@ -95,6 +95,13 @@ class Plan(unittest.TestCase):
         with self.assertRaises(SystemExit):
             run.plan_runs(ns(sweep=True))
 
+    def test_launch_refuses_the_options_that_choose_other_runs(self):
+        self.assertEqual(run.plan_runs(ns(launch=2, shapes="glm-5.2")), [("glm-5.2", "distributed", 2, 2048)])
+        for kw in (dict(sweep=True), dict(sweep_tokens="512"), dict(ep=8), dict(ep_mode="slice")):
+            with self.assertRaises(SystemExit) as cm:
+                run.plan_runs(ns(launch=2, shapes="glm-5.2", **kw))
+            self.assertIn("does not apply with --launch", str(cm.exception))
+
     def test_mok_command(self):
         args = types.SimpleNamespace(mok_bin="build/bin/mok", dtype=None, routing="zipf:1.2", warmup=500, iters=100,
                                      mok_arg=["--comm-sms 32"])

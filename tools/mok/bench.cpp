@@ -128,7 +128,7 @@ int bench_command(const std::vector<std::string>& argv) {
   const std::string ep_mode = args.take_or("ep-mode", "auto");
   if (ep_mode != "all" && ep_mode != "slice" && ep_mode != "distributed" && ep_mode != "auto")
     throw Error("option --ep-mode: must be all, slice or distributed, got '" + ep_mode + "'");
-  const std::string active_text = args.take_or("active-rank", "busiest");
+  const auto active_text = args.take("active-rank");
   const double exchange_timeout_s = args.take_double("exchange-timeout").value_or(900);
   if (exchange_timeout_s < 0) throw Error("option --exchange-timeout: must be >= 0 seconds");
   Config config;
@@ -150,7 +150,7 @@ int bench_command(const std::vector<std::string>& argv) {
   // (The routing is a pure function of the problem and seed, so it is made here to pick the
   // slice's rank, and every rank of a group makes the same one below.)
   const Routing routing = generate_routing(p, routing_spec, seed);
-  int me = slice ? resolve_active_rank(active_text, p, routing) : 0, device = 0, world = 1;
+  int me = resolve_active_rank(active_text, slice, p, routing), device = 0, world = 1;
   if (distributed) {
     const auto env = comm::GroupEnvironment::from_environment();
     require(env.world_size == R, "mok bench --ep-mode distributed: --ep " + std::to_string(R) +

@@ -102,7 +102,13 @@ void Args::finish() const {
   if (!unknown.empty()) throw Error("unknown or unused option(s):" + unknown + " (see --help)");
 }
 
-int resolve_active_rank(const std::string& text, const Problem& problem, const Routing& routing) {
+int resolve_active_rank(const std::optional<std::string>& given, bool slice, const Problem& problem,
+                        const Routing& routing) {
+  if (!slice) {
+    if (given) throw Error("option --active-rank: only a rank slice (--ep-mode slice) has one, got '" + *given + "'");
+    return 0;
+  }
+  const std::string text = given.value_or("busiest");
   if (text == "busiest") return routing_balance(problem, routing).busiest_rank;
   std::size_t used = 0;
   int rank = -1;

@@ -36,10 +36,12 @@ struct ProblemArgs {
 };
 ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool gpu);
 
-// --active-rank: "busiest" (RoutingBalance::busiest_rank: the rank whose experts receive the
-// most rows, the one that sets a group's pace, which a slice should measure) or a rank number
-// in [0, ep_size). Throws naming the option otherwise. The routing must be valid.
-int resolve_active_rank(const std::string& text, const Problem& problem, const Routing& routing);
+// --active-rank of a rank slice: "busiest" (the default; RoutingBalance::busiest_rank: the
+// rank whose experts receive the most rows, the one that sets a group's pace, which a slice
+// should measure) or a rank number in [0, ep_size). Not a slice: 0, and the option is refused
+// if given (it would be ignored). Throws naming the option. The routing must be valid.
+int resolve_active_rank(const std::optional<std::string>& text, bool slice, const Problem& problem,
+                        const Routing& routing);
 
 int run_command(const std::vector<std::string>& argv);
 int shapes_command(const std::vector<std::string>& argv);

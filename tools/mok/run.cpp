@@ -99,7 +99,7 @@ int run_command(const std::vector<std::string>& argv) {
     my_rank = env.rank;
     options.cuda_device = env.local_rank;  // the group's device for this process (the data goes there too)
   }
-  const std::string active_rank_text = args.take_or("active-rank", "busiest");
+  const auto active_rank_text = args.take("active-rank");
   options.cpu_threads = static_cast<int>(args.take_int("threads").value_or(0));
   const bool on_cuda = options.backend == Backend::cuda;
   const std::string pass = args.take_or("pass", on_cuda ? "forward" : "both");
@@ -137,7 +137,8 @@ int run_command(const std::vector<std::string>& argv) {
       loaded.router_weights.emplace_back(w, w + r.router_weights.numel());
     }
     validate_routing(data.problem, loaded);
-    options.active_rank = resolve_active_rank(active_rank_text, data.problem, loaded);
+    options.active_rank =
+        resolve_active_rank(active_rank_text, options.ep_mode == EpMode::rank_slice, data.problem, loaded);
     shape_name = "loaded:" + *load_dir;
   } else {
     ProblemArgs pa = parse_problem(args, gpu && on_cuda ? "qwen3.5-397b-a17b" : "small", gpu);
@@ -145,7 +146,8 @@ int run_command(const std::vector<std::string>& argv) {
     if (ep_mode == "auto" && on_cuda && pa.problem.ep_size > 8) options.ep_mode = EpMode::rank_slice;
     shape_name = pa.shape_name.empty() ? "custom" : pa.shape_name;
     const Routing routing = generate_routing(pa.problem, routing_spec, seed);
-    options.active_rank = resolve_active_rank(active_rank_text, pa.problem, routing);
+    options.active_rank =
+        resolve_active_rank(active_rank_text, options.ep_mode == EpMode::rank_slice, pa.problem, routing);
     const int weights_rank = options.ep_mode == EpMode::rank_slice ? options.active_rank : my_rank;
     data = make_layer_data(pa.problem, routing, seed, do_bwd, weights_rank);
   }
