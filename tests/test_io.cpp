@@ -137,6 +137,13 @@ TEST(Npy, ReadsI64AsI32AndRejectsOutOfRange) {
   EXPECT_THAT(msg, HasSubstr("int32"));
 }
 
+TEST(Npy, AWriteThatFailsIsAnError) {
+  // /dev/full accepts the open and fails the writes (ENOSPC), as a full disk would.
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full on this system";
+  const HostTensor t = filled(DType::f32, {64, 64});
+  EXPECT_THAT(error_message([&] { npy::save("/dev/full", t); }), HasSubstr("write failed"));
+}
+
 // ---- malformed npy files ----------------------------------------------------------------
 
 class NpyMalformed : public ::testing::Test {

@@ -159,6 +159,7 @@ void save_layer_data(const std::string& dir, const LayerData& data) {
   {
     std::ofstream out(fs::path(dir) / "problem.json");
     out << problem_to_json(data.problem);
+    out.close();
     if (!out) throw Error("--save " + dir + ": cannot write problem.json");
   }
   for (int r = 0; r < static_cast<int>(data.ranks.size()); ++r) {

@@ -124,6 +124,7 @@ void save(const std::string& path, const HostTensor& tensor) {
   out.write(reinterpret_cast<const char*>(len), 2);
   out.write(header.data(), static_cast<std::streamsize>(header.size()));
   out.write(tensor.data<char>(), static_cast<std::streamsize>(tensor.bytes()));
+  out.close();  // the last bytes reach the file here: a full disk shows now, not never
   if (!out) throw Error("npy file '" + path + "': write failed");
 }
 

@@ -423,6 +423,9 @@ int bench_command(const std::vector<std::string>& argv) {
        << "\", \"y\": \"" << y_cmp.describe() << "\", \"passes\": " << (passes ? "true" : "false") << "}},\n"
        << "  \"build\": {\"commit\": \"" << MOK_GIT_COMMIT << "\", \"dirty\": " << (MOK_GIT_DIRTY ? "true" : "false")
        << "}\n}\n";
+    js.close();
+    // A truncated record must never become mok.json (the Python side would read it as whole).
+    if (!js) throw Error("mok bench: writing " + path("mok.json.tmp") + " failed (disk full?)");
   }
   fs::rename(path("mok.json.tmp"), path("mok.json"));
   std::printf("mok bench: %s %s rank %d rows=%lld remote=%lld forward median %.4f ms (min %.4f max %.4f) %.1f TFLOP/s; "
