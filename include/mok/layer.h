@@ -108,7 +108,9 @@ class Layer {
 
   // `ranks` holds all R ranks (all_ranks mode), all R ranks' inputs with the active
   // rank's weights and outputs (rank_slice mode), or this process's rank only (distributed). On the CUDA backend the call is
-  // asynchronous on the stream given in the options and never waits for the host.
+  // asynchronous on the stream given in the options and never waits for the host. It captures
+  // into a CUDA graph; up to 8 distinct tensor sets are kept ready per Layer, and the sets
+  // graphs captured stay reserved for their replays.
   void forward(std::span<const RankForward> ranks);
   void backward(std::span<const RankBackward> ranks);
 

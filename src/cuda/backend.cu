@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <iterator>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -265,6 +266,9 @@ struct ArgSlot {
 struct CallArgs {
   std::vector<const void*> key;
   std::size_t slot = 0;
+  // A CUDA graph captured a call with these tensors: it reads the slot (and may re-upload it
+  // from the slot's host copy) on every replay, so the slot is never given to another set.
+  bool captured = false;
   RankMaps* maps = nullptr;  // device views into the slot
   const __nv_bfloat16** x_source = nullptr;
   const int** tops = nullptr;
@@ -546,8 +550,7 @@ class CudaBackend final : public BackendImpl {
   }
 
   std::vector<ScheduleStats> last_schedule_stats() const override {
-    throw_if_trapped();
-    MOK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    wait_for_stream("waiting for the schedule statistics");
     std::vector<ScheduleStats> out;
     const int E_loc = problem_.local_experts();
     for (int d = 0; d < num_ranks_; ++d) {
@@ -597,18 +600,24 @@ class CudaBackend final : public BackendImpl {
     return out;
   }
 
-  void synchronize() const override {
+  // Waits for everything on the stream. In a group the wait has a deadline (a dead peer is an
+  // error naming `what`, never a hang); a trapped kernel is named before any other error.
+  void wait_for_stream(const std::string& what) const {
     throw_if_trapped();
     if (group_) {
       // Past the phase-wait limit, so a trapped kernel is named rather than a peer blamed.
       const std::uint64_t ms = (std::uint64_t(phase_wait_units_) << 20) / 1000000 + 2000;
-      group_->wait(stream_, "waiting for the forward", ms, [this] { throw_if_trapped(); });
+      group_->wait(stream_, what, ms, [this] { throw_if_trapped(); });
     }
     const cudaError_t sync = cudaStreamSynchronize(stream_);
     if (sync != cudaSuccess) {
       throw_if_trapped();
       MOK_CUDA_CHECK(sync);
     }
+  }
+
+  void synchronize() const override {
+    wait_for_stream("waiting for the forward");
     DeviceError e;
     MOK_CUDA_CHECK(cudaMemcpy(&e, error_.as<DeviceError>(), sizeof(e), cudaMemcpyDeviceToHost));
     if (e.code != kOk) {
@@ -637,7 +646,7 @@ class CudaBackend final : public BackendImpl {
   Config resolved_config() const override { return config_; }
 
   std::vector<std::vector<ScheduleRow>> last_schedules() const override {
-    MOK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    wait_for_stream("waiting for the schedules");
     std::vector<std::vector<ScheduleRow>> out;
     for (int d = 0; d < num_ranks_; ++d) {
       int tiles = 0;
@@ -802,26 +811,34 @@ class CudaBackend final : public BackendImpl {
         key.push_back(s.w_down.data);
       }
     }
+    cudaStreamCaptureStatus status;
+    MOK_CUDA_CHECK(cudaStreamIsCapturing(stream_, &status));
+    const bool capturing = status != cudaStreamCaptureStatusNone;
     for (auto it = cache_.begin(); it != cache_.end(); ++it)
       if (it->key == key) {
+        it->captured = it->captured || capturing;
         cache_.splice(cache_.begin(), cache_, it);
         return cache_.front();
       }
     std::size_t slot = cache_.size();
     if (cache_.size() >= slots_.size()) {
-      cudaStreamCaptureStatus status;
-      MOK_CUDA_CHECK(cudaStreamIsCapturing(stream_, &status));
-      require(status == cudaStreamCaptureStatusNone,
-              "forward: more than " + std::to_string(slots_.size()) +
-                  " distinct tensor sets seen, and the stream is capturing; reuse tensors in captured graphs");
-      MOK_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the oldest entry may still be in use
-      slot = cache_.back().slot;
-      cache_.pop_back();
+      require(!capturing, "forward: more than " + std::to_string(slots_.size()) +
+                              " distinct tensor sets seen, and the stream is capturing; reuse tensors in captured "
+                              "graphs");
+      // The least recently used set that no graph captured gives up its slot.
+      auto victim = std::find_if(cache_.rbegin(), cache_.rend(), [](const CallArgs& c) { return !c.captured; });
+      require(victim != cache_.rend(),
+              "forward: all " + std::to_string(slots_.size()) + " argument slots hold tensor sets of captured CUDA "
+              "graphs, which replay them; call with one of those sets, or use another Layer for more");
+      wait_for_stream("a forward waiting for an argument slot");  // the evicted set may still be in use
+      slot = victim->slot;
+      cache_.erase(std::next(victim).base());
     }
     cache_.emplace_front();
     CallArgs& a = cache_.front();
     a.key = std::move(key);
     a.slot = slot;
+    a.captured = capturing;
 
     // Layout: RankMaps[num_ranks] | x_source[R] | tops[R] | weights[R] | CallRank[num_ranks].
     const std::size_t maps_bytes = num_ranks_ * sizeof(RankMaps);

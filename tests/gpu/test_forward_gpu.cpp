@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -490,29 +491,54 @@ struct CapturedForward {
   int memsets = 0, memcpys = 0;
 };
 
+// One forward captured into a graph on `stream`; nullptr (and a test failure) when the
+// forward throws, with the capture ended so that no other test inherits it.
+cudaGraph_t capture_forward(Layer& layer, cudaStream_t stream, const std::vector<RankForward>& args) {
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    ADD_FAILURE() << "cudaStreamBeginCapture failed";
+    return nullptr;
+  }
+  try {
+    layer.forward(args);
+  } catch (const std::exception& e) {
+    cudaStreamEndCapture(stream, &graph);
+    ADD_FAILURE() << "forward under capture: " << e.what();
+    return nullptr;
+  }
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  return graph;
+}
+
+// A Layer of problem `p` on a new non-blocking stream (the caller destroys the stream).
+struct StreamLayer {
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<Layer> layer;
+  explicit StreamLayer(const Problem& p) {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    LayerOptions o;
+    o.backend = Backend::cuda;
+    o.cuda_stream = stream;
+    layer = std::make_unique<Layer>(p, Config{}, o);
+  }
+  ~StreamLayer() {
+    layer.reset();
+    cudaStreamDestroy(stream);
+  }
+};
+
 TEST(GpuGraph, ReplayIsBitwiseIdenticalAndShowsOneMegakernel) {
   MOK_REQUIRE_GPU();
   const Problem p = make_problem(16, 512, 256, 4, {256}, 2, 256);
   const LayerData host = make_data(p, "gaussian");
   const auto eager = global_y(run_gpu_all_ranks(host).data);
 
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  LayerOptions o;
-  o.backend = Backend::cuda;
-  o.cuda_stream = stream;
-  Layer layer(p, Config{}, o);
+  StreamLayer sl(p);
+  Layer& layer = *sl.layer;
+  const cudaStream_t stream = sl.stream;
   DeviceMirror mirror(host, 0);
-  const auto args = mirror.forward_args();
-  cudaGraph_t graph;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  try {
-    layer.forward(args);
-  } catch (const std::exception& e) {
-    cudaStreamEndCapture(stream, &graph);  // leave no capture behind for the other tests
-    FAIL() << "forward under capture: " << e.what();
-  }
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraph_t graph = capture_forward(layer, stream, mirror.forward_args());
+  ASSERT_NE(graph, nullptr);
 
   CapturedForward captured;
   std::size_t n = 0;
@@ -562,7 +588,47 @@ TEST(GpuGraph, ReplayIsBitwiseIdenticalAndShowsOneMegakernel) {
   EXPECT_EQ(std::memcmp(replayed.data(), eager.data(), eager.size() * 2), 0);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+}
+
+TEST(GpuGraph, CapturedTensorsKeepTheirSlotThroughManyEagerTensorSets) {
+  MOK_REQUIRE_GPU();
+  // A graph captured with tensor set A reads A's argument slot on every replay: eager calls
+  // with more new sets than there are slots must not take it (they did: the replay then
+  // computed the eager calls' tensors and left A's y alone).
+  const Problem p = make_problem(16, 256, 128, 4, {128}, 2, 128);
+  const LayerData host = make_data(p, "gaussian");
+  const auto eager = global_y(run_gpu_all_ranks(host).data);
+  StreamLayer sl(p);
+  Layer& layer = *sl.layer;
+  const cudaStream_t stream = sl.stream;
+  DeviceMirror captured(host, 0);
+  cudaGraph_t graph = capture_forward(layer, stream, captured.forward_args());
+  ASSERT_NE(graph, nullptr);
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  // Ten new tensor sets (more than the 8 slots), each run eagerly.
+  std::vector<std::unique_ptr<DeviceMirror>> others;
+  for (int i = 0; i < 10; ++i) {
+    others.push_back(std::make_unique<DeviceMirror>(host, 0));
+    layer.forward(others.back()->forward_args());
+    layer.synchronize();
+  }
+  for (auto& m : others) m->poison_outputs();
+  captured.poison_outputs();
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  layer.synchronize();
+  LayerData out = host;
+  captured.copy_outputs_to(out);
+  const auto replayed = global_y(out);
+  ASSERT_EQ(replayed.size(), eager.size());
+  EXPECT_EQ(std::memcmp(replayed.data(), eager.data(), eager.size() * 2), 0) << "the replay wrote A's y";
+  LayerData other = host;
+  others.back()->copy_outputs_to(other);
+  EXPECT_TRUE(std::isnan(num::bf16_to_float(other.ranks[0].y.data<std::uint16_t>()[0])))
+      << "the replay wrote an eager call's y";
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
 }
 
 // ---- errors ------------------------------------------------------------------------------
