@@ -412,13 +412,31 @@ class CudaBackend final : public BackendImpl {
 
   void enqueue_forward(std::span<const RankForward> ranks) {
     check_forward_args(problem_, options_, ranks, Device::cuda);
-    // In a slice or a group, ranks[] of a computed rank d is ranks[arg_index(d)].
-    for (const auto& r : ranks) {
-      if (r.inputs.x.device_index != options_.cuda_device)
-        throw Error("x: must be on cuda:" + std::to_string(options_.cuda_device) + ", got " + r.inputs.x.describe());
-      // Rows move with bulk copies and TMA, which need 16-byte aligned rows.
-      if (reinterpret_cast<std::uintptr_t>(r.inputs.x.data) % 16 != 0)
-        throw Error("x: its data must be 16-byte aligned for the cuda backend, got " + r.inputs.x.describe());
+    // On this layer's device, and 16-byte aligned: x rows and weights move with bulk copies and
+    // TMA, y is written in 16-byte stores (a misaligned one would fault and lose the context).
+    auto check_placement = [&](const TensorView& t, const std::string& name) {
+      if (t.device_index != options_.cuda_device)
+        throw Error(name + ": must be on cuda:" + std::to_string(options_.cuda_device) + ", got " + t.describe());
+      if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0)
+        throw Error(name + ": its data must be 16-byte aligned for the cuda backend, got " + t.describe());
+    };
+    auto tag = [](const char* name, int r) { return std::string(name) + "[rank " + std::to_string(r) + "]"; };
+    for (std::size_t i = 0; i < ranks.size(); ++i)
+      check_placement(ranks[i].inputs.x, tag("x", group_ ? first_rank_ : static_cast<int>(i)));
+    // The computed ranks' outputs and weights: ranks[arg_index(d)] holds computed rank d's.
+    for (int d = 0; d < num_ranks_; ++d) {
+      const RankForward& r = ranks[arg_index(d)];
+      const int rank = first_rank_ + d;
+      check_placement(r.y, tag("y", rank));
+      check_placement(r.weights.w_gate, tag("w_gate", rank));
+      check_placement(r.weights.w_up, tag("w_up", rank));
+      check_placement(r.weights.w_down, tag("w_down", rank));
+      for (std::size_t s = 0; s < r.weights.shared.size(); ++s) {
+        const std::string sh = "shared[" + std::to_string(s) + "].";
+        check_placement(r.weights.shared[s].w_gate, tag((sh + "w_gate").c_str(), rank));
+        check_placement(r.weights.shared[s].w_up, tag((sh + "w_up").c_str(), rank));
+        check_placement(r.weights.shared[s].w_down, tag((sh + "w_down").c_str(), rank));
+      }
     }
     const CallArgs& a = call_args(ranks);
     const Problem& p = problem_;

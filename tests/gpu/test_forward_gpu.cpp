@@ -658,9 +658,10 @@ TEST(GpuErrors, ExpertIdOutOfRangeIsReportedAndPoisonsOutput) {
   EXPECT_NO_THROW(layer.synchronize());
 }
 
-TEST(GpuErrors, MisalignedXIsAClearError) {
+TEST(GpuErrors, MisalignedXOrYIsAClearError) {
   MOK_REQUIRE_GPU();
-  // Rows move with bulk copies and TMA: x must be 16-byte aligned, said before any launch.
+  // Rows move with bulk copies and TMA, y with 16-byte stores: both must be 16-byte aligned,
+  // said before any launch.
   const Problem p = make_problem(16, 256, 128, 4, {}, 1, 64);
   const LayerData host = make_data(p, "gaussian");
   LayerOptions o;
@@ -670,14 +671,21 @@ TEST(GpuErrors, MisalignedXIsAClearError) {
   auto args = mirror.forward_args();
   void* shifted = nullptr;
   ASSERT_EQ(cudaMalloc(&shifted, args[0].inputs.x.bytes() + 16), cudaSuccess);
-  args[0].inputs.x.data = static_cast<char*>(shifted) + 2;  // same shape and strides, off by one bf16
-  try {
-    layer.forward(args);
-    FAIL() << "expected an alignment error";
-  } catch (const Error& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("16-byte aligned"));
+  // Same shape and strides, off by one bf16: x (read by bulk copies), then y (16-byte stores).
+  for (const char* which : {"x[rank 0]", "y[rank 0]"}) {
+    auto bad = args;
+    TensorView& t = std::string(which) == "x[rank 0]" ? bad[0].inputs.x : bad[0].y;
+    t.data = static_cast<char*>(shifted) + 2;
+    try {
+      layer.forward(bad);
+      ADD_FAILURE() << "expected an alignment error for " << which;
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), ::testing::AllOf(::testing::HasSubstr(which), ::testing::HasSubstr("16-byte aligned")));
+    }
   }
   cudaFree(shifted);
+  EXPECT_NO_THROW(layer.forward(args));  // the refused calls launched nothing
+  EXPECT_NO_THROW(layer.synchronize());
 }
 
 TEST(GpuErrors, DuplicateExpertIsReported) {
