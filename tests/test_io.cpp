@@ -190,6 +190,13 @@ TEST_F(NpyMalformed, TruncatedOrOversizedData) {
   expect_error(dir_.file("td.npy"), "data bytes");
   write_file(dir_.file("long.npy"), bytes_ + "xxxx");
   expect_error(dir_.file("long.npy"), "data bytes");
+  // A header may claim any shape: it is checked against the file before anything is
+  // allocated (with no expected shape, as a loader of unknown arrays calls it).
+  write_npy(dir_.file("huge.npy"), "{'descr': '<f4', 'fortran_order': False, 'shape': (100000000000, 100000), }", "");
+  expect_error(dir_.file("huge.npy"), "data bytes", DType::f32, {});
+  write_npy(dir_.file("overflow.npy"),
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 4), }", "");
+  expect_error(dir_.file("overflow.npy"), "not a countable array", DType::f32, {});
 }
 
 TEST_F(NpyMalformed, WrongDtype) {

@@ -194,6 +194,8 @@ TEST(BadProblem, FieldRules) {
       {[](Problem& p) { p.intermediate = -3; }, "Problem.intermediate"},
       {[](Problem& p) { p.tokens_per_rank = 0; }, "Problem.tokens_per_rank"},
       {[](Problem& p) { p.shared_intermediate = {32, 0}; }, "Problem.shared_intermediate[1]"},
+      {[](Problem& p) { p.hidden = 2000000000; p.tokens_per_rank = 1000; }, "x (tokens_per_rank * hidden)"},
+      {[](Problem& p) { p.intermediate = 2000000000; p.hidden = 2000; }, "the local routed weights"},
       {[](Problem& p) { p.swiglu_limit = 0.0f; }, "Problem.swiglu_limit"},
       {[](Problem& p) { p.swiglu_limit = -1.0f; }, "Problem.swiglu_limit"},
       {[](Problem& p) { p.swiglu_limit = std::numeric_limits<float>::quiet_NaN(); }, "Problem.swiglu_limit"},

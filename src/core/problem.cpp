@@ -41,6 +41,21 @@ void Problem::validate() const {
             "Problem.shared_intermediate[" + std::to_string(s) + "] = " +
                 std::to_string(shared_intermediate[s]) + ": must be >= 1");
   }
+  // Every tensor a rank holds must be countable and allocatable: element counts are checked
+  // in floating point (no overflow) against 2^40, far beyond any GPU or host today, so that
+  // absurd sizes are a named error rather than an overflow or an allocation failure.
+  const double kMaxElements = std::ldexp(1.0, 40);
+  auto size_rule = [&](const char* what, double elements) {
+    if (elements <= kMaxElements) return;
+    std::ostringstream n;
+    n << elements;
+    throw Error(std::string("Problem: ") + what + " would hold " + n.str() + " elements: at most 2^40 per tensor");
+  };
+  size_rule("x (tokens_per_rank * hidden)", double(tokens_per_rank) * hidden);
+  size_rule("the combine slots (tokens_per_rank * top_k * hidden)", double(tokens_per_rank) * top_k * hidden);
+  size_rule("the local routed weights (num_experts / ep_size * intermediate * hidden)",
+            double(num_experts / ep_size) * intermediate * hidden);
+  for (int w : shared_intermediate) size_rule("a shared expert's weights (width * hidden)", double(w) * hidden);
   if (swiglu_limit) {
     require(std::isfinite(*swiglu_limit) && *swiglu_limit > 0,
             "Problem.swiglu_limit = " + std::to_string(*swiglu_limit) + ": must be finite and > 0");

@@ -147,14 +147,21 @@ HostTensor load(const std::string& path, DType dtype, const std::vector<std::int
   } else {
     fail(path, "dtype '" + h.descr + "' cannot be read as " + to_string(dtype) + " (expected '" + want + "')");
   }
-  HostTensor t(dtype, h.shape);
-  const std::size_t n = static_cast<std::size_t>(t.numel());
+  // The element count (overflow-checked) is compared with the file before anything is
+  // allocated: a header may claim any shape.
+  std::size_t n = 1;
+  for (std::int64_t d : h.shape)
+    if (d < 0 || __builtin_mul_overflow(n, static_cast<std::size_t>(d), &n))
+      fail(path, "shape " + shape_string(h.shape) + " is not a countable array");
+  std::size_t need = 0;
+  if (__builtin_mul_overflow(n, elem, &need)) fail(path, "shape " + shape_string(h.shape) + " is too large");
   std::ifstream in(path, std::ios::binary);
   in.seekg(0, std::ios::end);
   const std::size_t file_size = static_cast<std::size_t>(in.tellg());
-  if (file_size != h.data_offset + n * elem)
+  if (file_size < h.data_offset || file_size - h.data_offset != need)
     fail(path, "holds " + std::to_string(file_size - std::min(file_size, h.data_offset)) + " data bytes; shape " +
-                   shape_string(h.shape) + " of '" + h.descr + "' needs " + std::to_string(n * elem));
+                   shape_string(h.shape) + " of '" + h.descr + "' needs " + std::to_string(need));
+  HostTensor t(dtype, h.shape);
   in.seekg(static_cast<std::streamoff>(h.data_offset));
   if (conversion == same) {
     in.read(t.data<char>(), static_cast<std::streamsize>(n * elem));

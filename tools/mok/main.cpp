@@ -1,5 +1,6 @@
 // mok: command-line entry point. `mok` alone runs the default job (mok run).
 #include <cstdio>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const mok::Error& e) {
     std::fprintf(stderr, "mok: error: %s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "mok: error: out of host memory: this run needs more than the machine has "
+                         "(fewer --tokens, a smaller shape, or --ep-mode slice)\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mok: internal error: %s\n", e.what());
