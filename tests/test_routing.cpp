@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/rng.h"
 #include "io/npy.h"
 #include "test_util.h"
 
@@ -64,6 +65,15 @@ bool same(const Routing& a, const Routing& b) {
 }
 
 const char* const kKinds[] = {"gaussian", "zipf", "zipf:0", "zipf:2.5", "hot", "hot:0.5:3", "hot:0", "worst:2"};
+
+TEST(Rng, UniformIsStrictlyInsideTheUnitInterval) {
+  // The extreme bit patterns (every other value lies between them).
+  EXPECT_GT(rng::unit_from_bits(0), 0.0f);
+  EXPECT_LT(rng::unit_from_bits(~std::uint64_t(0)), 1.0f);  // was exactly 1 with 24 bits
+  EXPECT_GT(rng::unit_from_bits(~std::uint64_t(0)), 0.9999f);
+  // Distinct top bits give distinct values (no rounding merges neighbours).
+  EXPECT_LT(rng::unit_from_bits(~std::uint64_t(0) - (std::uint64_t(1) << 41)), rng::unit_from_bits(~std::uint64_t(0)));
+}
 
 TEST(Routing, GeneratorsProduceValidRoutings) {
   for (const char* kind : kKinds)

@@ -24,9 +24,13 @@ MOK_HD std::uint64_t hash(std::uint64_t seed, std::uint64_t stream, std::uint64_
   return mix64(mix64(seed * 0x100000001b3ull + stream) ^ index);
 }
 
-// Uniform in (0, 1) with 24 random bits.
+// Uniform in (0, 1), never 0 or 1: 23 random bits, so that v + 0.5 is exact in fp32 (with 24
+// bits, 2^24 - 1 + 0.5 rounded to 2^24 and the draw was exactly 1: a zipf key of +inf, a
+// hot:1.0 token missing its hot expert).
+MOK_HD float unit_from_bits(std::uint64_t h) { return (static_cast<float>(h >> 41) + 0.5f) * (1.0f / 8388608.0f); }
+
 MOK_HD float uniform(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
-  return (static_cast<float>(hash(seed, stream, index) >> 40) + 0.5f) * (1.0f / 16777216.0f);
+  return unit_from_bits(hash(seed, stream, index));
 }
 
 // Approximately N(0,1): the sum of four 16-bit uniforms, centred and scaled to unit
