@@ -271,6 +271,9 @@ def make_record(mok, peer, env):
             "speedup_forward_vs_pytorch": ratio(ms(pipe_fwd), ms(mok_fwd)),
             "speedup_backward_vs_pytorch": ratio(ms(pipe_bwd), ms(mok_bwd)),
             "mok_forward_of_dense_ceiling": ratio(tf(mok_fwd), dense),
+            # The FLOPs really done over the ceiling (MoK's count is not the work done without a
+            # shared expert, or on a slice whose rank receives other than T*k rows).
+            "mok_forward_performed_of_dense_ceiling": ratio((mok_fwd or {}).get("tflops_performed"), dense),
             "mok_backward_of_dense_ceiling": ratio(tf(mok_bwd), dense),
             "pytorch_forward_of_dense_ceiling": ratio(tf(pipe_fwd), dense),
             "grouped_gemms_of_dense_ceiling": ratio(tf(gg), dense),

@@ -193,7 +193,7 @@ def values(rec):
         # The FLOPs really done over the ceiling: MoK's formula counts T shared-expert rows that
         # shapes without a shared expert do not have, which puts them above 100%.
         "mok_frac_performed": records.ratio(_get(rec, "mok", "forward", "tflops_performed"),
-                                            _get(rec, "ceilings", "dense_bf16_tflops")),
+                                            _get(rec, "ceilings", "dense_bf16_tflops")),  # (older records lack the ratio)
     }
 
 

@@ -188,7 +188,7 @@ def _fmt(v, spec):
 
 
 def summary_table(rows):
-    head = ("run", "mok ms", "pytorch ms", "speedup", "mok TFLOP/s", "% GEMM ceil", "check")
+    head = ("run", "mok ms", "pytorch ms", "speedup", "mok TFLOP/s", "% GEMM ceil", "% performed", "check")
     lines = []
     for r in rows:
         rec = r.get("record")
@@ -196,15 +196,17 @@ def summary_table(rows):
             mf = rec["mok"]["forward"] or {}
             pf = (rec.get("peers", {}).get("pytorch_pipeline") or {}).get("forward") or {}
             frac = rec["ratios"]["mok_forward_of_dense_ceiling"]
+            done = rec["ratios"].get("mok_forward_performed_of_dense_ceiling")
             c = rec["check"]
             check = "PASS" if c["passes"] else f"FAIL (mok {c['mok']}, pytorch {c['pytorch']})"
             cells = (r["label"], _fmt(mf.get("median_ms"), ".3f"), _fmt(pf.get("median_ms"), ".3f"),
                      _fmt(rec["ratios"]["speedup_forward_vs_pytorch"], ".2f") + "x",
-                     _fmt(mf.get("tflops"), ".1f"), _fmt(None if frac is None else 100 * frac, ".1f"), check)
+                     _fmt(mf.get("tflops"), ".1f"), _fmt(None if frac is None else 100 * frac, ".1f"),
+                     _fmt(None if done is None else 100 * done, ".1f"), check)
             if r["error"] and c["passes"]:
                 cells = cells[:-1] + (f"ERROR: {r['error']}",)
         else:
-            cells = (r["label"], "-", "-", "-", "-", "-", f"ERROR: {r['error']}")
+            cells = (r["label"], "-", "-", "-", "-", "-", "-", f"ERROR: {r['error']}")
         lines.append(cells)
     widths = [max(len(h), *(len(c[i]) for c in lines)) if lines else len(h) for i, h in enumerate(head)]
     out = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]

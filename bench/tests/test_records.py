@@ -104,6 +104,8 @@ class MakeRecord(unittest.TestCase):
         self.assertAlmostEqual(q["speedup_forward_vs_pytorch"], 3.0)
         self.assertAlmostEqual(q["speedup_backward_vs_pytorch"], 2.0)
         self.assertAlmostEqual(q["mok_forward_of_dense_ceiling"], 0.566935683072, places=9)
+        # Qwen3.5 fixture: N = T*k routed rows and one shared expert of width I: MoK's count.
+        self.assertAlmostEqual(q["mok_forward_performed_of_dense_ceiling"], 0.566935683072, places=9)
         self.assertAlmostEqual(q["pytorch_pipeline_over_grouped_gemms"], 3.0)
         self.assertAlmostEqual(q["mok_over_grouped_gemms"], 1.0)
         self.assertEqual(self.rec["ceilings"]["dense_bf16_tflops"], 1000.0)
@@ -134,6 +136,10 @@ class MakeRecord(unittest.TestCase):
         self.assertIsNone(rec["mok"]["backward"])
         self.assertAlmostEqual(rec["ratios"]["mok_forward_of_dense_ceiling"],
                                6.0 * (4096 + 8192) * 4096 * 14336 / 2e-3 / 1e12 / 1000.0)
+        # No shared expert: the work done is the N routed rows, not MoK's T + T*k.
+        n_rows = rec["rows"]["real"]
+        self.assertAlmostEqual(rec["ratios"]["mok_forward_performed_of_dense_ceiling"],
+                               6.0 * n_rows * 4096 * 14336 / 2e-3 / 1e12 / 1000.0)
 
     def test_mok_alone(self):
         rec = records.make_record(self.mok, None, env())
