@@ -31,7 +31,8 @@ problem (a named shape, or explicit sizes):
 routing and data:
   --routing SPEC          gaussian | zipf[:s] | hot[:fraction[:expert]] | worst[:rank] | file:DIR
   --seed N                data and routing seed (default 1)
-  --load DIR              read problem.json and every input from DIR (see --save)
+  --load DIR              read problem.json and every input, routing included, from DIR (see
+                          --save; the shape, routing and seed options are refused with it)
   --save DIR              write problem.json, inputs, outputs and gradients as .npy
                           (distributed: each process writes its rank's y)
   --expect DIR            require every computed rank's y to equal DIR/rank<r>/y.npy bit for bit
@@ -40,7 +41,7 @@ execution:
   --ep-mode all|slice|distributed
                           all ranks here, one rank's slice (cuda; the default there for EP > 8),
                           or this process's rank of a real group (cuda; start with mok launch)
-  --active-rank R|busiest  the rank a slice runs (default busiest: the rank with the most rows)
+  --active-rank R|busiest the rank a slice runs (default busiest: the rank with the most rows)
   --pass forward|backward|both   default: both on cpu, forward on cuda
   --check                 compare with the CPU reference (MoK's tolerances)
   --iters N --warmup N    timed repetitions (default 1 and 0 on cpu, 20 and 5 on cuda)
