@@ -623,10 +623,12 @@ TEST(GpuGraph, CapturedTensorsKeepTheirSlotThroughManyEagerTensorSets) {
   const auto replayed = global_y(out);
   ASSERT_EQ(replayed.size(), eager.size());
   EXPECT_EQ(std::memcmp(replayed.data(), eager.data(), eager.size() * 2), 0) << "the replay wrote A's y";
-  LayerData other = host;
-  others.back()->copy_outputs_to(other);
-  EXPECT_TRUE(std::isnan(num::bf16_to_float(other.ranks[0].y.data<std::uint16_t>()[0])))
-      << "the replay wrote an eager call's y";
+  for (std::size_t i = 0; i < others.size(); ++i) {
+    LayerData other = host;
+    others[i]->copy_outputs_to(other);
+    EXPECT_TRUE(std::isnan(num::bf16_to_float(other.ranks[0].y.data<std::uint16_t>()[0])))
+        << "the replay wrote eager tensor set " << i << "'s y";
+  }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
 }
