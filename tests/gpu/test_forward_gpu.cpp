@@ -510,18 +510,28 @@ cudaGraph_t capture_forward(Layer& layer, cudaStream_t stream, const std::vector
   return graph;
 }
 
-// A Layer of problem `p` on a new non-blocking stream (the caller destroys the stream).
-struct StreamLayer {
+// One forward of problem `p` (Gaussian routing) captured into a graph by a Layer on its own
+// non-blocking stream, with the eager y of the same data to compare replays with.
+struct CapturedSetup {
+  LayerData host;
+  std::vector<std::uint16_t> eager;
   cudaStream_t stream = nullptr;
   std::unique_ptr<Layer> layer;
-  explicit StreamLayer(const Problem& p) {
+  std::unique_ptr<DeviceMirror> mirror;
+  cudaGraph_t graph = nullptr;
+  explicit CapturedSetup(const Problem& p) : host(make_data(p, "gaussian")) {
+    eager = global_y(run_gpu_all_ranks(host).data);
     EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
     LayerOptions o;
     o.backend = Backend::cuda;
     o.cuda_stream = stream;
     layer = std::make_unique<Layer>(p, Config{}, o);
+    mirror = std::make_unique<DeviceMirror>(host, 0);
+    graph = capture_forward(*layer, stream, mirror->forward_args());
   }
-  ~StreamLayer() {
+  ~CapturedSetup() {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    mirror.reset();
     layer.reset();
     cudaStreamDestroy(stream);
   }
@@ -529,16 +539,14 @@ struct StreamLayer {
 
 TEST(GpuGraph, ReplayIsBitwiseIdenticalAndShowsOneMegakernel) {
   MOK_REQUIRE_GPU();
-  const Problem p = make_problem(16, 512, 256, 4, {256}, 2, 256);
-  const LayerData host = make_data(p, "gaussian");
-  const auto eager = global_y(run_gpu_all_ranks(host).data);
-
-  StreamLayer sl(p);
-  Layer& layer = *sl.layer;
-  const cudaStream_t stream = sl.stream;
-  DeviceMirror mirror(host, 0);
-  cudaGraph_t graph = capture_forward(layer, stream, mirror.forward_args());
-  ASSERT_NE(graph, nullptr);
+  CapturedSetup cs(make_problem(16, 512, 256, 4, {256}, 2, 256));
+  ASSERT_NE(cs.graph, nullptr);
+  const LayerData& host = cs.host;
+  const auto& eager = cs.eager;
+  Layer& layer = *cs.layer;
+  const cudaStream_t stream = cs.stream;
+  DeviceMirror& mirror = *cs.mirror;
+  const cudaGraph_t graph = cs.graph;
 
   CapturedForward captured;
   std::size_t n = 0;
@@ -587,7 +595,6 @@ TEST(GpuGraph, ReplayIsBitwiseIdenticalAndShowsOneMegakernel) {
   ASSERT_EQ(replayed.size(), eager.size());
   EXPECT_EQ(std::memcmp(replayed.data(), eager.data(), eager.size() * 2), 0);
   cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
 }
 
 TEST(GpuGraph, CapturedTensorsKeepTheirSlotThroughManyEagerTensorSets) {
@@ -595,17 +602,13 @@ TEST(GpuGraph, CapturedTensorsKeepTheirSlotThroughManyEagerTensorSets) {
   // A graph captured with tensor set A reads A's argument slot on every replay: eager calls
   // with more new sets than there are slots must not take it (they did: the replay then
   // computed the eager calls' tensors and left A's y alone).
-  const Problem p = make_problem(16, 256, 128, 4, {128}, 2, 128);
-  const LayerData host = make_data(p, "gaussian");
-  const auto eager = global_y(run_gpu_all_ranks(host).data);
-  StreamLayer sl(p);
-  Layer& layer = *sl.layer;
-  const cudaStream_t stream = sl.stream;
-  DeviceMirror captured(host, 0);
-  cudaGraph_t graph = capture_forward(layer, stream, captured.forward_args());
-  ASSERT_NE(graph, nullptr);
+  CapturedSetup cs(make_problem(16, 256, 128, 4, {128}, 2, 128));
+  ASSERT_NE(cs.graph, nullptr);
+  const LayerData& host = cs.host;
+  Layer& layer = *cs.layer;
+  DeviceMirror& captured = *cs.mirror;
   cudaGraphExec_t exec;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, cs.graph, 0), cudaSuccess);
   // Ten new tensor sets (more than the 8 slots), each run eagerly.
   std::vector<std::unique_ptr<DeviceMirror>> others;
   for (int i = 0; i < 10; ++i) {
@@ -615,14 +618,14 @@ TEST(GpuGraph, CapturedTensorsKeepTheirSlotThroughManyEagerTensorSets) {
   }
   for (auto& m : others) m->poison_outputs();
   captured.poison_outputs();
-  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, cs.stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(cs.stream), cudaSuccess);
   layer.synchronize();
   LayerData out = host;
   captured.copy_outputs_to(out);
   const auto replayed = global_y(out);
-  ASSERT_EQ(replayed.size(), eager.size());
-  EXPECT_EQ(std::memcmp(replayed.data(), eager.data(), eager.size() * 2), 0) << "the replay wrote A's y";
+  ASSERT_EQ(replayed.size(), cs.eager.size());
+  EXPECT_EQ(std::memcmp(replayed.data(), cs.eager.data(), cs.eager.size() * 2), 0) << "the replay wrote A's y";
   for (std::size_t i = 0; i < others.size(); ++i) {
     LayerData other = host;
     others[i]->copy_outputs_to(other);
@@ -630,7 +633,6 @@ TEST(GpuGraph, CapturedTensorsKeepTheirSlotThroughManyEagerTensorSets) {
         << "the replay wrote eager tensor set " << i << "'s y";
   }
   cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
 }
 
 // ---- errors ------------------------------------------------------------------------------
