@@ -34,6 +34,12 @@ std::vector<std::uint16_t> global_y(const LayerData& data) {
   return y;
 }
 
+void expect_same_bits(const std::vector<std::uint16_t>& got, const std::vector<std::uint16_t>& want,
+                      const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 2), 0) << what;
+}
+
 void expect_close(const LayerData& gpu, const LayerData& ref, Precision precision, const std::string& what) {
   const Tolerance tol = mok_tolerance(precision);
   for (std::size_t r = 0; r < gpu.ranks.size(); ++r) {

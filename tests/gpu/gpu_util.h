@@ -35,4 +35,8 @@ std::vector<std::uint16_t> global_y(const LayerData& data);
 
 void expect_close(const LayerData& gpu, const LayerData& ref, Precision precision, const std::string& what);
 
+// Two global outputs (global_y) are the same size and bit for bit equal; `what` names the pair.
+void expect_same_bits(const std::vector<std::uint16_t>& got, const std::vector<std::uint16_t>& want,
+                      const std::string& what);
+
 }  // namespace mok::test

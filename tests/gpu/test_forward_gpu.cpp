@@ -239,8 +239,7 @@ TEST(GpuDeterminism, RunToRunAndRepeatedCallsAreBitwiseIdentical) {
   const LayerData host = make_data(p, "zipf:1.2");
   const auto a = global_y(run_gpu_all_ranks(host, {}, 1).data);
   const auto b = global_y(run_gpu_all_ranks(host, {}, 3).data);
-  ASSERT_EQ(a.size(), b.size());
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 2), 0);
+  expect_same_bits(b, a, "3 calls vs 1");
 }
 
 TEST(GpuDeterminism, EpSizesGiveBitwiseIdenticalOutputs) {
@@ -252,8 +251,7 @@ TEST(GpuDeterminism, EpSizesGiveBitwiseIdenticalOutputs) {
     outs.push_back(global_y(run_gpu_all_ranks(make_data(p, "gaussian")).data));
   }
   for (std::size_t i = 1; i < outs.size(); ++i) {
-    ASSERT_EQ(outs[i].size(), outs[0].size());
-    EXPECT_EQ(std::memcmp(outs[i].data(), outs[0].data(), outs[0].size() * 2), 0) << "EP variant " << i;
+    expect_same_bits(outs[i], outs[0], "EP variant " + std::to_string(i));
   }
 }
 
@@ -273,8 +271,7 @@ TEST(GpuTaskBands, EveryBandSizeMatchesReferenceBitwiseAlike) {
     expect_close(gpu.data, ref, Precision::bf16, "band " + std::to_string(band));
     const auto y = global_y(gpu.data);
     if (first.empty()) first = y;
-    ASSERT_EQ(y.size(), first.size());
-    EXPECT_EQ(std::memcmp(y.data(), first.data(), y.size() * 2), 0) << "band " << band;
+    expect_same_bits(y, first, "band " + std::to_string(band));
   }
 }
 
@@ -324,9 +321,7 @@ TEST_P(GpuTaskPairs, BitwiseEqualToUnpairedAndMatchReference) {
   pairs.task_band_tiles = c.band;
   const GpuRun paired = run_gpu_all_ranks(host, pairs, 2);
   expect_close(paired.data, run_reference(host), Precision::bf16, c.name);
-  const auto y = global_y(paired.data);
-  ASSERT_EQ(y.size(), plain.size());
-  EXPECT_EQ(std::memcmp(y.data(), plain.data(), y.size() * 2), 0) << c.name;
+  expect_same_bits(global_y(paired.data), plain, c.name);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -421,9 +416,7 @@ TEST_P(GpuStoreWarp, BitwiseEqualToConsumerStoresAndMatchReference) {
     consumers = global_y(run_gpu_all_ranks(host, c.config).data);
   }
   expect_close(with_warp.data, run_reference(host, c.config), Precision::bf16, c.name);
-  const auto y = global_y(with_warp.data);
-  ASSERT_EQ(y.size(), consumers.size());
-  EXPECT_EQ(std::memcmp(y.data(), consumers.data(), y.size() * 2), 0) << c.name;
+  expect_same_bits(global_y(with_warp.data), consumers, c.name);
 }
 
 Config ring_wrap_config() {
@@ -481,9 +474,7 @@ TEST(GpuPhases, SplitNamesEveryPhaseAndChangesNoBits) {
   EXPECT_TRUE(backend.last_phase_times().empty()) << "switching timing off forgets the split";
   LayerData out = host;
   mirror.copy_outputs_to(out);
-  const auto timed = global_y(out);
-  ASSERT_EQ(timed.size(), untimed.size());
-  EXPECT_EQ(std::memcmp(timed.data(), untimed.data(), timed.size() * 2), 0);
+  expect_same_bits(global_y(out), untimed, "timed phases vs untimed");
 }
 
 struct CapturedForward {
@@ -591,9 +582,7 @@ TEST(GpuGraph, ReplayIsBitwiseIdenticalAndShowsOneMegakernel) {
   layer.synchronize();
   LayerData out = host;
   mirror.copy_outputs_to(out);
-  const auto replayed = global_y(out);
-  ASSERT_EQ(replayed.size(), eager.size());
-  EXPECT_EQ(std::memcmp(replayed.data(), eager.data(), eager.size() * 2), 0);
+  expect_same_bits(global_y(out), eager, "graph replay vs eager");
   cudaGraphExecDestroy(exec);
 }
 
@@ -623,9 +612,7 @@ TEST(GpuGraph, CapturedTensorsKeepTheirSlotThroughManyEagerTensorSets) {
   layer.synchronize();
   LayerData out = host;
   captured.copy_outputs_to(out);
-  const auto replayed = global_y(out);
-  ASSERT_EQ(replayed.size(), cs.eager.size());
-  EXPECT_EQ(std::memcmp(replayed.data(), cs.eager.data(), cs.eager.size() * 2), 0) << "the replay wrote A's y";
+  expect_same_bits(global_y(out), cs.eager, "the replay wrote A's y");
   for (std::size_t i = 0; i < others.size(); ++i) {
     LayerData other = host;
     others[i]->copy_outputs_to(other);
