@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/validate.h"
 #include "test_util.h"
 
 namespace mok {
@@ -95,6 +96,34 @@ TEST_F(BadInput, WrongXShape) {
                                         HasSubstr("got " + std::to_string(bad))));
     EXPECT_THAT(a[0].inputs.x.describe(), HasSubstr("(ndim " + std::to_string(bad) + ")"));
   }
+}
+
+TEST_F(BadInput, PlacementOfTheTensorsMovedInBulk) {
+  // The CUDA backend's rule (check_forward_args with a placement): x, y and the weights on
+  // the layer's device, their data 16-byte aligned. Checked here on host views.
+  const LayerOptions o = test::cpu_options();
+  const Placement here{0, 16};
+  auto check = [&](const std::vector<RankForward>& args, Placement where) {
+    return error_message([&] { check_forward_args(p_, o, args, Device::cpu, where); });
+  };
+  auto args = data_.forward_args();
+  ASSERT_EQ(reinterpret_cast<std::uintptr_t>(args[0].inputs.x.data) % 16, 0u) << "host tensors are 16-byte aligned";
+  EXPECT_NO_THROW(check_forward_args(p_, o, args, Device::cpu, here));
+  EXPECT_THAT(check(args, Placement{1, 16}), AllOf(HasSubstr("x[rank 0]"), HasSubstr("must be on cuda:1")));
+  HostTensor spare(DType::bf16, {8 * 64 + 8});
+  auto shifted = [&](TensorView t) {
+    t.data = static_cast<char*>(spare.view().data) + 2;  // same shape and strides, off by one bf16
+    return t;
+  };
+  auto bad = args;
+  bad[1].inputs.x = shifted(bad[1].inputs.x);
+  EXPECT_THAT(check(bad, here), AllOf(HasSubstr("x[rank 1]"), HasSubstr("16-byte aligned")));
+  bad = args;
+  bad[0].y = shifted(bad[0].y);
+  EXPECT_THAT(check(bad, here), AllOf(HasSubstr("y[rank 0]"), HasSubstr("16-byte aligned")));
+  bad = args;
+  bad[1].weights.shared[0].w_up.device_index = 1;
+  EXPECT_THAT(check(bad, here), AllOf(HasSubstr("w_up[rank 1][shared 0]"), HasSubstr("must be on cuda:0")));
 }
 
 TEST_F(BadInput, WrongDtypes) {

@@ -1,6 +1,7 @@
 #include "core/validate.h"
 
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,26 @@ void check_rank_count(const Problem& p, const LayerOptions& o, std::span<const A
           "the EP group (ep_size = " + std::to_string(p.ep_size) + ")");
 }
 
+void check_placement(const TensorView& t, const std::string& name, const Placement& where) {
+  require(t.device_index == where.device_index,
+          name + ": must be on cuda:" + std::to_string(where.device_index) + ", got " + t.describe());
+  require(reinterpret_cast<std::uintptr_t>(t.data) % where.align_bytes == 0,
+          name + ": its data must be " + std::to_string(where.align_bytes) +
+              "-byte aligned for the cuda backend, got " + t.describe());
+}
+
+void check_weight_placement(const RankWeights& w, int r, const Placement& where) {
+  check_placement(w.w_gate, rank_name("w_gate", r), where);
+  check_placement(w.w_up, rank_name("w_up", r), where);
+  check_placement(w.w_down, rank_name("w_down", r), where);
+  for (std::size_t s = 0; s < w.shared.size(); ++s) {
+    const std::string n = "[shared " + std::to_string(s) + "]";
+    check_placement(w.shared[s].w_gate, rank_name("w_gate", r) + n, where);
+    check_placement(w.shared[s].w_up, rank_name("w_up", r) + n, where);
+    check_placement(w.shared[s].w_down, rank_name("w_down", r) + n, where);
+  }
+}
+
 bool is_active(const LayerOptions& o, int r) {
   return o.ep_mode != EpMode::rank_slice || r == o.active_rank;
 }
@@ -77,13 +98,18 @@ void check_routing_rank(const Problem& p, int rank, const std::int32_t* ids, con
 }
 
 void check_forward_args(const Problem& p, const LayerOptions& o, std::span<const RankForward> ranks,
-                        Device dev) {
+                        Device dev, std::optional<Placement> placement) {
   check_rank_count(p, o, ranks);
   for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
     check_inputs(p, ranks[r].inputs, r, dev);
+    if (placement) check_placement(ranks[r].inputs.x, rank_name("x", r), *placement);
     if (!is_active(o, r)) continue;
     check_weights(p, ranks[r].weights, r, dev);
     check_tensor(ranks[r].y, rank_name("y", r), DType::bf16, {p.tokens_per_rank, p.hidden}, dev);
+    if (placement) {
+      check_weight_placement(ranks[r].weights, r, *placement);
+      check_placement(ranks[r].y, rank_name("y", r), *placement);
+    }
   }
 }
 

@@ -1,7 +1,9 @@
 // mok: argument validation shared by every backend. Each check throws mok::Error naming
 // the argument (with rank, token and slot where it applies) and the rule it broke.
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include "mok/layer.h"
@@ -11,10 +13,17 @@ namespace mok {
 // Host routing data of one rank: ids in [0, E), distinct per token, finite weights.
 void check_routing_rank(const Problem& p, int rank, const std::int32_t* ids, const float* weights);
 
+// Where a backend needs the tensors it moves in bulk: on one device, their data aligned.
+struct Placement {
+  int device_index;
+  std::size_t align_bytes;
+};
+
 // Shapes, dtypes, devices and presence of every tensor. `active` lists the ranks whose
-// weights and outputs must be present (all of them unless in rank_slice mode).
+// weights and outputs must be present (all of them unless in rank_slice mode). With a
+// placement, x, y and the weights must also be where it says.
 void check_forward_args(const Problem& p, const LayerOptions& o, std::span<const RankForward> ranks,
-                        Device device);
+                        Device device, std::optional<Placement> placement = std::nullopt);
 void check_backward_args(const Problem& p, const LayerOptions& o, std::span<const RankBackward> ranks,
                          Device device);
 

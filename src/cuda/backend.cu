@@ -11,13 +11,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <iterator>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <list>
-#include <map>
-#include <mutex>
 #include <sstream>
 
 #include <nccl.h>
@@ -411,33 +409,9 @@ class CudaBackend final : public BackendImpl {
   }
 
   void enqueue_forward(std::span<const RankForward> ranks) {
-    check_forward_args(problem_, options_, ranks, Device::cuda);
-    // On this layer's device, and 16-byte aligned: x rows and weights move with bulk copies and
-    // TMA, y is written in 16-byte stores (a misaligned one would fault and lose the context).
-    auto check_placement = [&](const TensorView& t, const std::string& name) {
-      if (t.device_index != options_.cuda_device)
-        throw Error(name + ": must be on cuda:" + std::to_string(options_.cuda_device) + ", got " + t.describe());
-      if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0)
-        throw Error(name + ": its data must be 16-byte aligned for the cuda backend, got " + t.describe());
-    };
-    auto tag = [](const char* name, int r) { return std::string(name) + "[rank " + std::to_string(r) + "]"; };
-    for (std::size_t i = 0; i < ranks.size(); ++i)
-      check_placement(ranks[i].inputs.x, tag("x", group_ ? first_rank_ : static_cast<int>(i)));
-    // The computed ranks' outputs and weights: ranks[arg_index(d)] holds computed rank d's.
-    for (int d = 0; d < num_ranks_; ++d) {
-      const RankForward& r = ranks[arg_index(d)];
-      const int rank = first_rank_ + d;
-      check_placement(r.y, tag("y", rank));
-      check_placement(r.weights.w_gate, tag("w_gate", rank));
-      check_placement(r.weights.w_up, tag("w_up", rank));
-      check_placement(r.weights.w_down, tag("w_down", rank));
-      for (std::size_t s = 0; s < r.weights.shared.size(); ++s) {
-        const std::string sh = "shared[" + std::to_string(s) + "].";
-        check_placement(r.weights.shared[s].w_gate, tag((sh + "w_gate").c_str(), rank));
-        check_placement(r.weights.shared[s].w_up, tag((sh + "w_up").c_str(), rank));
-        check_placement(r.weights.shared[s].w_down, tag((sh + "w_down").c_str(), rank));
-      }
-    }
+    // x rows and weights move with bulk copies and TMA, y is written in 16-byte stores (a
+    // misaligned one would fault and lose the context): all on this layer's device, aligned.
+    check_forward_args(problem_, options_, ranks, Device::cuda, Placement{options_.cuda_device, 16});
     const CallArgs& a = call_args(ranks);
     const Problem& p = problem_;
     const int T = p.tokens_per_rank, H = p.hidden;
@@ -553,9 +527,11 @@ class CudaBackend final : public BackendImpl {
         .in_pairs(pairs_)("forward_megakernel", forward_megakernel, fp);
     // Every rank's rows are in our combine slots, and every rank's error code is known here:
     // a rank that failed (capacity, say) did not push its rows for our tokens.
-    if (group_) phase("group_barrier");
-    if (group_) group_->barrier_max(reinterpret_cast<const int*>(error_.as<char>() + offsetof(DeviceError, code)),
-                                    group_error_.as<int>(), stream_);
+    if (group_) {
+      phase("group_barrier");
+      group_->barrier_max(reinterpret_cast<const int*>(error_.as<char>() + offsetof(DeviceError, code)),
+                          group_error_.as<int>(), stream_);
+    }
 
     phase("epilogue");
     Launch(row_grid, dim3(256), 0, stream_)
