@@ -1,13 +1,13 @@
 #include "io/layer_io.h"
 
 #include <algorithm>
-#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <limits>
 #include <sstream>
 
+#include "core/numbers.h"
 #include "core/validate.h"
 #include "io/npy.h"
 #include "mok/error.h"
@@ -51,23 +51,13 @@ std::string json_value(const std::string& text, const std::string& key, const st
   return text.substr(b, e - b);
 }
 
-// A whole-string integer that fits an int (problem sizes are ints: a wider value would be
-// truncated, not refused). `what` names it in the error.
+// A problem size: an int, the whole (blank-trimmed) value (a wider one would be truncated).
 int strict_int(const std::string& v, const std::string& what) {
-  long long n = 0;
-  try {
-    std::size_t used = 0;
-    const std::size_t first = v.find_first_not_of(" \t\n");
-    const std::size_t last = v.find_last_not_of(" \t\n");
-    const std::string t = first == std::string::npos ? "" : v.substr(first, last - first + 1);
-    n = std::stoll(t, &used);
-    if (used != t.size()) throw std::invalid_argument("trailing");
-  } catch (const std::exception&) {
-    throw Error(what + " must be an integer, got '" + v + "'");
-  }
-  if (n < std::numeric_limits<int>::min() || n > std::numeric_limits<int>::max())
-    throw Error(what + " must fit a 32-bit int, got " + v);
-  return static_cast<int>(n);
+  const std::size_t first = v.find_first_not_of(" \t\n");
+  const std::size_t last = v.find_last_not_of(" \t\n");
+  const std::string t = first == std::string::npos ? "" : v.substr(first, last - first + 1);
+  return static_cast<int>(
+      parse_integer(t, std::numeric_limits<int>::min(), std::numeric_limits<int>::max(), what));
 }
 
 int json_int(const std::string& text, const std::string& key, const std::string& source) {
@@ -102,16 +92,7 @@ Problem problem_from_json(const std::string& text, const std::string& source) {
   }
   const std::string limit = json_value(text, "swiglu_limit", source);
   if (limit != "null") {
-    std::size_t used = 0;
-    float value = 0;
-    try {
-      value = std::stof(limit, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    p.swiglu_limit = value;
-    if (used == 0 || used != limit.size() || !std::isfinite(value))
-      throw Error(source + ": \"swiglu_limit\" must be a finite number or null, got " + limit);
+    p.swiglu_limit = static_cast<float>(parse_finite(limit, source + ": \"swiglu_limit\" (a number or null)"));
   }
   try {
     p.validate();

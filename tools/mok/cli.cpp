@@ -1,10 +1,11 @@
 #include "mok/cli_args.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <sstream>
+
+#include "core/numbers.h"
 
 namespace mok::cli {
 
@@ -43,49 +44,23 @@ std::string Args::take_or(const std::string& name, const std::string& fallback) 
   return v ? *v : fallback;
 }
 
-namespace {
-// The whole of `v` as an integer in [lo, hi], or an error naming `what`.
-long long whole_integer(const std::string& v, long long lo, long long hi, const std::string& what) {
-  long long n = 0;
-  try {
-    std::size_t used = 0;
-    n = std::stoll(v, &used);
-    if (used != v.size()) throw std::invalid_argument("trailing");
-  } catch (const std::exception&) {
-    throw Error(what + ": '" + v + "' is not an integer");
-  }
-  if (n < lo || n > hi)
-    throw Error(what + ": " + v + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return n;
-}
-}  // namespace
-
 std::optional<int> Args::take_int(const std::string& name) {
   auto v = take(name);
   if (!v) return std::nullopt;
-  return static_cast<int>(whole_integer(*v, std::numeric_limits<int>::min(), std::numeric_limits<int>::max(),
+  return static_cast<int>(parse_integer(*v, std::numeric_limits<int>::min(), std::numeric_limits<int>::max(),
                                         "option --" + name));
 }
 
 std::optional<std::uint64_t> Args::take_seed(const std::string& name) {
   auto v = take(name);
   if (!v) return std::nullopt;
-  return static_cast<std::uint64_t>(whole_integer(*v, 0, std::numeric_limits<long long>::max(), "option --" + name));
+  return static_cast<std::uint64_t>(parse_integer(*v, 0, std::numeric_limits<long long>::max(), "option --" + name));
 }
 
 std::optional<double> Args::take_double(const std::string& name) {
   auto v = take(name);
   if (!v) return std::nullopt;
-  double d = 0;
-  try {
-    std::size_t used = 0;
-    d = std::stod(*v, &used);
-    if (used != v->size()) throw std::invalid_argument("trailing");
-  } catch (const std::exception&) {
-    throw Error("option --" + name + ": '" + *v + "' is not a number");
-  }
-  if (!std::isfinite(d)) throw Error("option --" + name + ": must be a finite number, got '" + *v + "'");
-  return d;
+  return parse_finite(*v, "option --" + name);
 }
 
 bool Args::take_flag(const std::string& name) {
@@ -110,17 +85,12 @@ int resolve_active_rank(const std::optional<std::string>& given, bool slice, con
   }
   const std::string text = given.value_or("busiest");
   if (text == "busiest") return routing_balance(problem, routing).busiest_rank;
-  std::size_t used = 0;
-  int rank = -1;
   try {
-    rank = std::stoi(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || rank < 0 || rank >= problem.ep_size)
+    return static_cast<int>(parse_integer(text, 0, problem.ep_size - 1, "option --active-rank"));
+  } catch (const Error&) {  // one message for both ways to be wrong: the choices
     throw Error("option --active-rank: must be busiest or a rank in [0, " + std::to_string(problem.ep_size) +
                 "), got '" + text + "'");
-  return rank;
+  }
 }
 
 ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool /*gpu*/) {
@@ -156,7 +126,7 @@ ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool /*g
       std::string item;
       while (std::getline(ss, item, ',')) {
         p.shared_intermediate.push_back(static_cast<int>(
-            whole_integer(item, 0, std::numeric_limits<int>::max(), "option --shared (a comma list or 'none')")));
+            parse_integer(item, 0, std::numeric_limits<int>::max(), "option --shared (a comma list or 'none')")));
       }
     }
   }

@@ -1,0 +1,37 @@
+#include "core/numbers.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "mok/error.h"
+
+namespace mok {
+
+long long parse_integer(const std::string& text, long long lo, long long hi, const std::string& what) {
+  long long n = 0;
+  try {
+    std::size_t used = 0;
+    n = std::stoll(text, &used);
+    if (used != text.size()) throw std::invalid_argument("trailing");
+  } catch (const std::exception&) {
+    throw Error(what + ": '" + text + "' is not an integer");
+  }
+  if (n < lo || n > hi)
+    throw Error(what + ": " + text + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return n;
+}
+
+double parse_finite(const std::string& text, const std::string& what) {
+  double d = 0;
+  try {
+    std::size_t used = 0;
+    d = std::stod(text, &used);
+    if (used != text.size()) throw std::invalid_argument("trailing");
+  } catch (const std::exception&) {
+    throw Error(what + ": '" + text + "' is not a number");
+  }
+  if (!std::isfinite(d)) throw Error(what + ": must be a finite number, got '" + text + "'");
+  return d;
+}
+
+}  // namespace mok

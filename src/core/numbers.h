@@ -1,0 +1,17 @@
+// mok: whole-string numbers from command lines and files. The whole text must be the number
+// (leading blanks aside), and a value out of range or not finite is an error naming `what`:
+// a number is never truncated and never partly read.
+#pragma once
+#include <string>
+
+namespace mok {
+
+// An integer in [lo, hi]. Errors: "<what>: '<text>' is not an integer",
+// "<what>: <text> is out of range [lo, hi]".
+long long parse_integer(const std::string& text, long long lo, long long hi, const std::string& what);
+
+// A finite number. Errors: "<what>: '<text>' is not a number",
+// "<what>: must be a finite number, got '<text>'".
+double parse_finite(const std::string& text, const std::string& what);
+
+}  // namespace mok
