@@ -128,16 +128,12 @@ int run_command(const std::vector<std::string>& argv) {
     args.finish();
     data = io::load_layer_data(*load_dir, do_bwd);
     if (ep_mode == "auto" && on_cuda && data.problem.ep_size > 8) options.ep_mode = EpMode::rank_slice;
-    // The loaded routing, checked before it picks the slice's rank (a bad id is an error
-    // naming rank, token and slot here, as the Layer would report it).
+    // The loaded ids pick the slice's rank (load_layer_data has validated them).
     Routing loaded;
     for (const auto& r : data.ranks) {
       const auto* ids = r.top_experts.data<std::int32_t>();
-      const auto* w = r.router_weights.data<float>();
       loaded.top_experts.emplace_back(ids, ids + r.top_experts.numel());
-      loaded.router_weights.emplace_back(w, w + r.router_weights.numel());
     }
-    validate_routing(data.problem, loaded);
     options.active_rank =
         resolve_active_rank(active_rank_text, options.ep_mode == EpMode::rank_slice, data.problem, loaded);
     shape_name = "loaded:" + *load_dir;
