@@ -164,9 +164,9 @@ HostTensor load(const std::string& path, DType dtype, const std::vector<std::int
   HostTensor t(dtype, h.shape);
   in.seekg(static_cast<std::streamoff>(h.data_offset));
   if (conversion == same) {
-    in.read(t.data<char>(), static_cast<std::streamsize>(n * elem));
+    in.read(t.data<char>(), static_cast<std::streamsize>(need));
   } else {
-    std::vector<char> raw(n * elem);
+    std::vector<char> raw(need);
     in.read(raw.data(), static_cast<std::streamsize>(raw.size()));
     for (std::size_t i = 0; i < n; ++i) {
       if (conversion == f32_to_bf16) {

@@ -43,36 +43,34 @@ struct ThreadPool::State {
 
 ThreadPool::ThreadPool(int threads) : state_(std::make_unique<State>()) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  State* st = state_.get();
   try {
     for (int i = 1; i < threads; ++i) start_worker();
   } catch (const std::system_error& e) {
-    // The workers already started wait on st's condition variable: stop and join them before
-    // st goes away (destroying it under them would hang), then report.
+    // The workers already started wait on the state's condition variable: stop and join them
+    // before the state goes away (destroying it under them would hang), then report.
+    const std::size_t started = state_->workers.size();
     shutdown();
-    throw Error("CPU threads: could not start thread " + std::to_string(st->workers.size() + 2) + " of " +
+    throw Error("CPU threads: could not start thread " + std::to_string(started + 2) + " of " +
                 std::to_string(threads) + " (" + e.what() + "); ask for fewer (LayerOptions.cpu_threads, --threads)");
   }
 }
 
 void ThreadPool::start_worker() {
   State* st = state_.get();
-  {
-    st->workers.emplace_back([st] {
-      std::uint64_t seen = 0;
-      for (;;) {
-        {
-          std::unique_lock<std::mutex> lock(st->mutex);
-          st->wake.wait(lock, [&] { return st->stop || st->generation != seen; });
-          if (st->stop) return;
-          seen = st->generation;
-        }
-        st->run_chunks();
-        std::lock_guard<std::mutex> lock(st->mutex);
-        if (--st->active == 0) st->done.notify_all();
+  st->workers.emplace_back([st] {
+    std::uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(st->mutex);
+        st->wake.wait(lock, [&] { return st->stop || st->generation != seen; });
+        if (st->stop) return;
+        seen = st->generation;
       }
-    });
-  }
+      st->run_chunks();
+      std::lock_guard<std::mutex> lock(st->mutex);
+      if (--st->active == 0) st->done.notify_all();
+    }
+  });
 }
 
 void ThreadPool::shutdown() {
