@@ -114,7 +114,7 @@ def group_lines(recs):
                  _f(None if b.get("link_forward") is None else b["link_forward"] / 1e6, ".1f"),
                  _f(b.get("mok_link_gbps"), ".0f"),
                  _f((rec.get("ceilings") or {}).get("nccl_all_to_all_busbw_gbps"), ".0f"),
-                 _f(None if frac is None else 100 * frac, ".1f", "%"), check_text(rec)]
+                 _pct(frac), check_text(rec)]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return lines + [""]
 
@@ -153,9 +153,9 @@ def repeat_lines(loaded):
         dense = [values(r)["dense"] for r in recs]
         sm, sp, sd = spread(mok), spread(pt), spread(dense)
         cells = [key[0], key[1], key[3], key[5], len(recs), " / ".join(_f(v, ".3f") for v in mok),
-                 _f(None if sm is None else 100 * sm, ".1f", "%"), " / ".join(_f(v, ".3f") for v in pt),
-                 _f(None if sp is None else 100 * sp, ".1f", "%"), " / ".join(_f(v, ".0f") for v in dense),
-                 _f(None if sd is None else 100 * sd, ".1f", "%")]
+                 _pct(sm), " / ".join(_f(v, ".3f") for v in pt),
+                 _pct(sp), " / ".join(_f(v, ".0f") for v in dense),
+                 _pct(sd)]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return lines + [""]
 
@@ -191,9 +191,10 @@ def values(rec):
         "gg_frac": _get(rec, "ratios", "grouped_gemms_of_dense_ceiling"),
         "dense": _get(rec, "ceilings", "dense_bf16_tflops"),
         # The FLOPs really done over the ceiling: MoK's formula counts T shared-expert rows that
-        # shapes without a shared expert do not have, which puts them above 100%.
+        # shapes without a shared expert do not have, which puts them above 100%. (Worked out
+        # from the record's parts: records before 50b8cec lack the stored ratio.)
         "mok_frac_performed": records.ratio(_get(rec, "mok", "forward", "tflops_performed"),
-                                            _get(rec, "ceilings", "dense_bf16_tflops")),  # (older records lack the ratio)
+                                            _get(rec, "ceilings", "dense_bf16_tflops")),
     }
 
 
@@ -213,6 +214,11 @@ def check_text(rec):
 
 def _f(v, spec, suffix=""):
     return "–" if v is None else format(v, spec) + suffix
+
+
+def _pct(fraction):
+    """A fraction as a percentage with one decimal ("–" when unknown)."""
+    return _f(None if fraction is None else 100 * fraction, ".1f", "%")
 
 
 def ep_text(rec):
@@ -332,8 +338,8 @@ def markdown(recs, plots, out_dir, repeats=None):
                  _f(v["mok_ms"], ".3f"), _f(v["mok_tflops"], ".1f"), _f(v["mok_tflops_performed"], ".1f"),
                  _f(v["pt_ms"], ".3f"),
                  _f(v["pt_tflops"], ".1f"), _f(v["gg_ms"], ".3f"), _f(v["speedup"], ".2f", "x"),
-                 _f(None if v["mok_frac"] is None else 100 * v["mok_frac"], ".1f", "%"),
-                 _f(None if v["mok_frac_performed"] is None else 100 * v["mok_frac_performed"], ".1f", "%"),
+                 _pct(v["mok_frac"]),
+                 _pct(v["mok_frac_performed"]),
                  check_text(rec),
                  commit, (rec.get("gpu") or {}).get("name") or "?"]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
