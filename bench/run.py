@@ -187,6 +187,10 @@ def _fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
 
+def _pct(fraction):
+    return _fmt(None if fraction is None else 100 * fraction, ".1f")
+
+
 def summary_table(rows):
     head = ("run", "mok ms", "pytorch ms", "speedup", "mok TFLOP/s", "% GEMM ceil", "% performed", "check")
     lines = []
@@ -201,8 +205,7 @@ def summary_table(rows):
             check = "PASS" if c["passes"] else f"FAIL (mok {c['mok']}, pytorch {c['pytorch']})"
             cells = (r["label"], _fmt(mf.get("median_ms"), ".3f"), _fmt(pf.get("median_ms"), ".3f"),
                      _fmt(rec["ratios"]["speedup_forward_vs_pytorch"], ".2f") + "x",
-                     _fmt(mf.get("tflops"), ".1f"), _fmt(None if frac is None else 100 * frac, ".1f"),
-                     _fmt(None if done is None else 100 * done, ".1f"), check)
+                     _fmt(mf.get("tflops"), ".1f"), _pct(frac), _pct(done), check)
             if r["error"] and c["passes"]:
                 cells = cells[:-1] + (f"ERROR: {r['error']}",)
         else:
@@ -227,10 +230,7 @@ def main(argv=None):
     ap.add_argument("--dtype", choices=("bf16", "mxfp8"), help="passed to mok bench (default: mok's)")
     ap.add_argument("--routing", default="gaussian",
                     help="gaussian | zipf[:s] | hot[:f[:e]] | worst[:r] | file:DIR (passed to mok bench)")
-    ap.add_argument("--warmup", type=int, default=500)
-    ap.add_argument("--iters", type=int, default=100)
-    ap.add_argument("--ceiling-warmup", type=int, default=checks.CEILING_WARMUP)
-    ap.add_argument("--ceiling-iters", type=int, default=checks.CEILING_ITERS)
+    checks.add_timing_options(ap)
     ap.add_argument("--mok-bin", default=os.path.join(REPO_ROOT, "build", "bin", "mok"),
                     help="the mok binary (a command line: split like a shell would)")
     ap.add_argument("--mok-arg", action="append", default=[], help="extra argument(s) for mok bench; repeatable")
