@@ -84,8 +84,8 @@ for shape in ${SHAPES//,/ }; do
       # reported n/a), L2 and HBM bytes per second.
       deep_run "$OUT/perf_${shape}_metrics.txt" --metrics \
         sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum.per_second,dram__bytes.sum.per_second
-      deep=$(cat "$OUT/perf_${shape}_metrics.txt" |
-        grep -E "^ +(sm__pipe_tensor|lts__t_bytes|dram__bytes)" | awk '{printf "%s=%s%s ", $1, $NF, $(NF-1)}')
+      deep=$(grep -E "^ +(sm__pipe_tensor|lts__t_bytes|dram__bytes)" "$OUT/perf_${shape}_metrics.txt" |
+        awk '{printf "%s=%s%s ", $1, $NF, $(NF-1)}')
       table+=("$shape $DEEP_KERNEL: $deep")
     fi
   fi
