@@ -520,7 +520,24 @@ struct CapturedSetup {
     mirror = std::make_unique<DeviceMirror>(host, 0);
     graph = capture_forward(*layer, stream, mirror->forward_args());
   }
+  cudaGraphExec_t exec = nullptr;
+  // Launches the captured graph `times` times and waits for it (and the Layer's errors).
+  void replay(int times) {
+    if (exec == nullptr) {
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    }
+    for (int i = 0; i < times; ++i) ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    layer->synchronize();
+  }
+  // The global y of the captured tensor set.
+  std::vector<std::uint16_t> captured_y() const {
+    LayerData out = host;
+    mirror->copy_outputs_to(out);
+    return global_y(out);
+  }
   ~CapturedSetup() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
     if (graph != nullptr) cudaGraphDestroy(graph);
     mirror.reset();
     layer.reset();
@@ -532,11 +549,6 @@ TEST(GpuGraph, ReplayIsBitwiseIdenticalAndShowsOneMegakernel) {
   MOK_REQUIRE_GPU();
   CapturedSetup cs(make_problem(16, 512, 256, 4, {256}, 2, 256));
   ASSERT_NE(cs.graph, nullptr);
-  const LayerData& host = cs.host;
-  const auto& eager = cs.eager;
-  Layer& layer = *cs.layer;
-  const cudaStream_t stream = cs.stream;
-  DeviceMirror& mirror = *cs.mirror;
   const cudaGraph_t graph = cs.graph;
 
   CapturedForward captured;
@@ -575,15 +587,8 @@ TEST(GpuGraph, ReplayIsBitwiseIdenticalAndShowsOneMegakernel) {
   EXPECT_EQ(count("combine_epilogue_kernel"), 1);
   EXPECT_EQ(count("schedule_"), 4);
 
-  cudaGraphExec_t exec;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  for (int i = 0; i < 5; ++i) ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  layer.synchronize();
-  LayerData out = host;
-  mirror.copy_outputs_to(out);
-  expect_same_bits(global_y(out), eager, "graph replay vs eager");
-  cudaGraphExecDestroy(exec);
+  ASSERT_NO_FATAL_FAILURE(cs.replay(5));
+  expect_same_bits(cs.captured_y(), cs.eager, "graph replay vs eager");
 }
 
 TEST(GpuGraph, CapturedTensorsKeepTheirSlotThroughManyEagerTensorSets) {
@@ -593,33 +598,23 @@ TEST(GpuGraph, CapturedTensorsKeepTheirSlotThroughManyEagerTensorSets) {
   // computed the eager calls' tensors and left A's y alone).
   CapturedSetup cs(make_problem(16, 256, 128, 4, {128}, 2, 128));
   ASSERT_NE(cs.graph, nullptr);
-  const LayerData& host = cs.host;
-  Layer& layer = *cs.layer;
-  DeviceMirror& captured = *cs.mirror;
-  cudaGraphExec_t exec;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, cs.graph, 0), cudaSuccess);
   // Ten new tensor sets (more than the 8 slots), each run eagerly.
   std::vector<std::unique_ptr<DeviceMirror>> others;
   for (int i = 0; i < 10; ++i) {
-    others.push_back(std::make_unique<DeviceMirror>(host, 0));
-    layer.forward(others.back()->forward_args());
-    layer.synchronize();
+    others.push_back(std::make_unique<DeviceMirror>(cs.host, 0));
+    cs.layer->forward(others.back()->forward_args());
+    cs.layer->synchronize();
   }
   for (auto& m : others) m->poison_outputs();
-  captured.poison_outputs();
-  ASSERT_EQ(cudaGraphLaunch(exec, cs.stream), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(cs.stream), cudaSuccess);
-  layer.synchronize();
-  LayerData out = host;
-  captured.copy_outputs_to(out);
-  expect_same_bits(global_y(out), cs.eager, "the replay wrote A's y");
+  cs.mirror->poison_outputs();
+  ASSERT_NO_FATAL_FAILURE(cs.replay(1));
+  expect_same_bits(cs.captured_y(), cs.eager, "the replay wrote A's y");
   for (std::size_t i = 0; i < others.size(); ++i) {
-    LayerData other = host;
+    LayerData other = cs.host;
     others[i]->copy_outputs_to(other);
     EXPECT_TRUE(std::isnan(num::bf16_to_float(other.ranks[0].y.data<std::uint16_t>()[0])))
         << "the replay wrote eager tensor set " << i << "'s y";
   }
-  cudaGraphExecDestroy(exec);
 }
 
 // ---- errors ------------------------------------------------------------------------------
