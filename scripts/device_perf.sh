@@ -9,6 +9,7 @@
 #                          [--deep]    (ncu sections of the megakernel: tensor pipe, L2/HBM, stalls;
 #                                       DEEP_KERNEL=schedule_count_kernel profiles another kernel)
 #                          [--store-warp-off]  (also time MOK_STORE_WARP=0: consumers send the rows)
+#                          [--cooperative]     (also time MOK_COOPERATIVE=1: cooperative megakernel launch)
 #
 # Output: $OUT/perf_<shape>_kernels.txt (ncu), $OUT/perf_<shape>_deep.txt (--deep),
 # $OUT/perf.log; a short table last.
@@ -24,6 +25,7 @@ PAIRS=0
 DEEP=0
 DEEP_KERNEL=${DEEP_KERNEL:-forward_megakernel}
 STORE_WARP_OFF=0
+COOPERATIVE=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) BIN=$2; shift 2 ;;
@@ -34,6 +36,7 @@ while [ $# -gt 0 ]; do
     --pairs) PAIRS=1; shift ;;
     --deep) DEEP=1; shift ;;
     --store-warp-off) STORE_WARP_OFF=1; shift ;;
+    --cooperative) COOPERATIVE=1; shift ;;
     *) echo "device_perf: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -95,6 +98,8 @@ for shape in ${SHAPES//,/ }; do
   for a in ${AHEAD//,/ }; do line+=" ahead$a=$(MOK_PULL_AHEAD=$a forward_ms "$args")"; done
   [ $PAIRS = 1 ] && line+=" pairs_band8=$(forward_ms "$args --pairs --band 8")"
   [ $STORE_WARP_OFF = 1 ] && line+=" store_warp_off=$(MOK_STORE_WARP=0 forward_ms "$args")"
+  # Again after the variants: the default timed twice brackets any drift between them.
+  [ $COOPERATIVE = 1 ] && line+=" cooperative=$(MOK_COOPERATIVE=1 forward_ms "$args") default_again=$(forward_ms "$args")"
   table+=("$line")
 done
 

@@ -148,15 +148,25 @@ std::uint64_t wait_timeout_ns() {
 
 constexpr int kMaxPhaseMarks = 6;  // record_phases: setup, schedule, megakernel, group barrier, epilogue, end
 
-// MOK_STORE_WARP=0 (or off, false) turns the megakernel's store warp off (the consumers then
-// send their tiles' rows themselves, as before it existed): an A/B switch for the device,
-// not a Config. Unset, empty or anything else: on.
-bool store_warp_from_env() {
-  const char* env = std::getenv("MOK_STORE_WARP");
-  if (env == nullptr) return true;
+// An on/off A/B switch for the device, not a Config: "0", "off" or "false" turn it off, "1",
+// "on" or "true" on; unset or empty: the default. Anything else is an error naming it.
+bool switch_from_env(const char* name, bool default_on) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return default_on;
   const std::string v = env;
-  return !(v == "0" || v == "off" || v == "false");
+  if (v == "0" || v == "off" || v == "false") return false;
+  if (v == "1" || v == "on" || v == "true") return true;
+  throw Error(std::string(name) + " = '" + v + "': must be 0/off/false or 1/on/true (or unset)");
 }
+
+// MOK_STORE_WARP=0 turns the megakernel's store warp off (the consumers then send their
+// tiles' rows themselves, as before it existed).
+bool store_warp_from_env() { return switch_from_env("MOK_STORE_WARP", true); }
+
+// MOK_COOPERATIVE=1 launches the megakernel cooperatively: the driver starts it only when
+// every CTA can be resident at once (a kernel on another stream holding SMs delays the whole
+// grid instead of letting part of it start and spin on rows the rest would produce).
+bool cooperative_from_env() { return switch_from_env("MOK_COOPERATIVE", false); }
 
 // The limit of the phase waits inside a CTA, in units of 2^20 ns: twice the cross-CTA limit
 // and a second more, so that when a cross-CTA wait times out (the producer waiting for rows,
@@ -190,6 +200,8 @@ int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b
 //    its launch overlaps that kernel's tail; the kernel calls wait_previous_kernel() first.
 //    Only where the previous operation in the stream is one of our kernels.
 //  - in_pairs(): 2-CTA clusters (the megakernel's pair mode).
+//  - cooperative(): every CTA resident at once, or the launch waits (the megakernel's CTAs
+//    wait on each other's work).
 class Launch {
  public:
   Launch(dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream) {
@@ -215,6 +227,14 @@ class Launch {
     }
     return *this;
   }
+  Launch& cooperative(bool on = true) {
+    if (on) {
+      cudaLaunchAttribute& a = next_attr();
+      a.id = cudaLaunchAttributeCooperative;
+      a.val.cooperative = 1;
+    }
+    return *this;
+  }
   // The config as cudaLaunchKernelEx and the occupancy queries take it (valid while *this is).
   const cudaLaunchConfig_t& config() {
     cfg_.attrs = attrs_;
@@ -236,7 +256,7 @@ class Launch {
     return attrs_[num_attrs_++];
   }
   cudaLaunchConfig_t cfg_{};
-  cudaLaunchAttribute attrs_[2]{};
+  cudaLaunchAttribute attrs_[3]{};
   unsigned num_attrs_ = 0;
 };
 
@@ -524,7 +544,8 @@ class CudaBackend final : public BackendImpl {
     phase("megakernel");
     Launch(dim3(grid_ctas_), dim3(kComputeThreads), kSmemBytes, stream_)
         .after_kernel(pdl)
-        .in_pairs(pairs_)("forward_megakernel", forward_megakernel, fp);
+        .in_pairs(pairs_)
+        .cooperative(cooperative_)("forward_megakernel", forward_megakernel, fp);
     // Every rank's rows are in our combine slots, and every rank's error code is known here:
     // a rank that failed (capacity, say) did not push its rows for our tokens.
     if (group_) {
@@ -909,6 +930,7 @@ class CudaBackend final : public BackendImpl {
   PlanShape plan_shape_{};  // the task order's parameters (plan_order.h)
   int pull_ahead_ = pull_ahead_from_env();
   bool store_warp_ = store_warp_from_env();
+  bool cooperative_ = cooperative_from_env();
   int test_fault_ = test_fault_from_env();
   std::uint64_t timeout_ns_ = wait_timeout_ns();
   std::size_t workspace_bytes_ = 0;

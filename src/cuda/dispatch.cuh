@@ -135,9 +135,13 @@ __device__ void dispatch_role(const ForwardParams& p, std::uint8_t* smem_raw) {
     const int rank = p.first_rank + pull.x;
     if (threadIdx.x == 0) {
       s_ok = 1;
-      if (tile >= p.ring_tiles)
+      if (tile >= p.ring_tiles) {
         s_ok = wait_at_least(plan.down_done + tile - p.ring_tiles, p.down_tiles, p.error, rank, kWaitRingFree, tile,
                              p.timeout_ns);
+        // The slot's previous rows were read by TMA (async proxy) on other SMs; order those
+        // reads, acquired above, before this CTA's bulk writes into the slot.
+        fence_proxy_async_global();
+      }
     }
     __syncthreads();
     if (s_ok && warp < kPullWarps) {
