@@ -5,8 +5,10 @@
 //                              write SwiGLU rows and push result rows into the owners'
 //                              combine slots (tile_epilogue.cuh).
 // Both roles walk one task order built on the device (schedule.cuh: plan). A task only
-// waits for work earlier in that order, and every CTA is resident, so the lowest unfinished
-// item can always progress: no deadlock, whatever the routing.
+// waits for work earlier in that order, and a compute CTA claims a task only once it runs,
+// so the lowest unfinished item can always progress: no deadlock, whatever the routing.
+// The launch is not cooperative: when another kernel holds SMs, part of the grid starts
+// (the communication CTAs first: lowest indices) and works on while the rest waits for SMs.
 #pragma once
 #include "cuda/dispatch.cuh"
 #include "cuda/forward_types.h"
