@@ -53,27 +53,12 @@ __global__ void combine_epilogue_kernel(const EpilogueParams p) {
     for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], __bfloat162float(b[e]));
   }
   const float* w = p.calls[d].router_weights + t * p.top_k;
-  const __nv_bfloat16* slots = plan.combine + t * p.top_k * p.hidden + c;
-  // The k rows are read once each: kBatch loads in flight per thread before any is summed
-  // (one at a time left the HBM underused), as streaming loads (evict first: never reused).
-  // The sum stays in j order.
-  constexpr int kBatch = 4;
-  for (int j0 = 0; j0 < p.top_k; j0 += kBatch) {
-    int4 v[kBatch];
-    float wj[kBatch];
+  for (int j = 0; j < p.top_k; ++j) {
+    const float wj = w[j];
+    const int4 v = *reinterpret_cast<const int4*>(plan.combine + (t * p.top_k + j) * p.hidden + c);
+    const __nv_bfloat16* b = reinterpret_cast<const __nv_bfloat16*>(&v);
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int j = min(j0 + b, p.top_k - 1);  // past k: a harmless reload, not summed
-      v[b] = __ldcs(reinterpret_cast<const int4*>(slots + static_cast<long long>(j) * p.hidden));
-      wj[b] = w[j];
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      if (j0 + b >= p.top_k) break;
-      const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(&v[b]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], __fmul_rn(wj[b], __bfloat162float(x[e])));
-    }
+    for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], __fmul_rn(wj, __bfloat162float(b[e])));
   }
   // A failed forward (bad routing, capacity, timeout; here or, in a real group, on any rank:
   // its rows for these tokens may be missing) never returns plausible numbers.

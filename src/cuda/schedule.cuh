@@ -1,8 +1,8 @@
 // mok: the schedule on the GPU, from the (all-gathered) top-k ids, with counts and prefix
 // sums only, bit for bit the rows of the CPU builder (src/core/schedule.cpp):
 //   count:    rows per (destination expert, chunk of the source id stream), one warp per
-//             chunk, one pass over the ids; the same warp validates the ids in its chunk
-//             (in range, distinct within their token, finite router weights; errors
+//             chunk, one pass over the ids; the same warp validates the tokens that start
+//             in its chunk (ids in range, distinct per token, finite router weights; errors
 //             recorded; a bad id is never a destination, so counting needs no order);
 //   offsets:  each expert's segment padded to 128 rows, the capacity check, the first row
 //             of every (expert, chunk), padding rows and each row tile's expert;
@@ -36,6 +36,21 @@ struct ScheduleParams {
   DeviceError* error;
 };
 
+// Validation of one token of source rank `rank`: ids in range, distinct, finite weights.
+__device__ __forceinline__ void validate_token(const ScheduleParams& p, int rank, int t) {
+  const int k = p.top_k;
+  const int* ids = p.top_experts[rank] + static_cast<long long>(t) * k;
+  const float* w = p.router_weights[rank] + static_cast<long long>(t) * k;
+  const long long base = (static_cast<long long>(rank) * p.tokens + t) * k;
+  for (int j = 0; j < k; ++j) {
+    const int e = ids[j];
+    if (e < 0 || e >= p.num_experts) report_error(p.error, kExpertOutOfRange, rank, 0, base + j, e);
+    for (int i = 0; i < j; ++i)
+      if (ids[i] == e) report_error(p.error, kDuplicateExpert, rank, 0, base + j, e);
+    if (!isfinite(w[j])) report_error(p.error, kNonFiniteWeight, rank, 0, base + j, 0);
+  }
+}
+
 // The id stream in chunks of kScheduleChunk ids, one warp per chunk. A destination expert
 // q indexes the experts computed here: rank first_rank + q / E_loc, local expert q % E_loc.
 struct StreamChunk {
@@ -58,8 +73,7 @@ __device__ __forceinline__ StreamPos stream_pos(unsigned g, unsigned per) {
   return {static_cast<int>(src), static_cast<int>(g - src * per)};
 }
 
-// Destination expert of a stream position, or -1 when another rank computes it (a bad id
-// is never a destination).
+// Destination expert of a stream position, or -1 when another rank computes it.
 __device__ __forceinline__ int destination_expert(const ScheduleParams& p, StreamPos pos) {
   const int q = p.top_experts[pos.src][pos.slot] - p.first_rank * p.local_experts;
   return q >= 0 && q < p.num_ranks * p.local_experts ? q : -1;
@@ -68,8 +82,8 @@ __device__ __forceinline__ int destination_expert(const ScheduleParams& p, Strea
 constexpr int kIdsPerLane = kScheduleChunk / 32;
 
 // Lane `lane`'s destination experts of its warp's chunk (stream positions begin + 32*i +
-// lane; -1 past the end), all loaded before any is used: 16 independent loads in flight per
-// lane instead of a chain of dependent ones (the count and scatter passes are latency-bound).
+// lane), all loaded before any is used: 32 independent loads in flight per lane instead of a
+// chain of dependent ones (the count and scatter passes are latency-bound otherwise).
 __device__ __forceinline__ void load_chunk(const ScheduleParams& p, const StreamChunk& c, int lane,
                                            int (&q)[kIdsPerLane]) {
   const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
@@ -77,33 +91,6 @@ __device__ __forceinline__ void load_chunk(const ScheduleParams& p, const Stream
   for (int i = 0; i < kIdsPerLane; ++i) {
     const unsigned g = c.begin + 32u * i + lane;
     q[i] = g < c.end ? destination_expert(p, stream_pos(g, per)) : -1;
-  }
-}
-
-// Validation of the ids at this lane's positions of the chunk whose source rank is validated
-// here (each position is checked by the warp whose chunk holds it; a token that straddles
-// two chunks is checked by both, each its own slots): the id in range, distinct from the
-// token's earlier ids, the router weight finite. The error index is the stream position
-// (rank*T + t)*k + j. The duplicate search's loads depend neither on each other nor on the
-// error writes, so they are in flight together (the first version walked each token's ids
-// as one dependent chain). The ids are reloaded (L1 hits after load_chunk) rather than kept
-// in registers.
-__device__ __forceinline__ void validate_ids(const ScheduleParams& p, const StreamChunk& c, int lane) {
-  const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
-  const int k = p.top_k;
-#pragma unroll 1
-  for (unsigned g = c.begin + lane; g < c.end; g += 32) {
-    const StreamPos pos = stream_pos(g, per);
-    if (pos.src < p.validate_first_rank || pos.src >= p.validate_first_rank + p.validate_ranks) continue;
-    const int* token_ids = p.top_experts[pos.src];
-    const int e = token_ids[pos.slot];
-    const float w = p.router_weights[pos.src][pos.slot];
-    const int first = pos.slot - pos.slot % k;  // the token's slot 0
-    bool duplicate = false;
-    for (int s = first; s < pos.slot; ++s) duplicate |= token_ids[s] == e;
-    if (e < 0 || e >= p.num_experts) report_error(p.error, kExpertOutOfRange, pos.src, 0, g, e);
-    if (duplicate) report_error(p.error, kDuplicateExpert, pos.src, 0, g, e);
-    if (!isfinite(w)) report_error(p.error, kNonFiniteWeight, pos.src, 0, g, 0);
   }
 }
 
@@ -149,7 +136,13 @@ __global__ void __launch_bounds__(kScheduleThreads, 4) schedule_count_kernel(con
   __syncwarp();
   for (int q = lane; q < Q; q += 32)
     p.plans[q / p.local_experts].expert_counts[(q % p.local_experts) * p.chunks + chunk] = hist[q];
-  validate_ids(p, c, lane);
+  // The tokens whose first id is in this chunk (their ids are in L1/L2 now).
+  const unsigned k = p.top_k;
+  for (unsigned u = (c.begin + k - 1) / k + lane; u * k < c.end; u += 32) {
+    const int rank = static_cast<int>(u / p.tokens);
+    if (rank >= p.validate_first_rank && rank < p.validate_first_rank + p.validate_ranks)
+      validate_token(p, rank, static_cast<int>(u - static_cast<unsigned>(rank) * p.tokens));
+  }
 }
 
 // One block of 1024 threads; dynamic smem: rows per destination expert. From the counts:
