@@ -117,7 +117,6 @@ MOK_PLAN_HD int plan_groups(const PlanShape& p, RowTiles row_tiles) {
 
 struct BandAndLag {
   int band, lag;
-  int pairs;                              // 1: tasks go in pairs (2-CTA clusters), see plan_group
 };
 
 // Host: the band (asked for, or 1) and the lag in groups. While one task runs about 2.5x the

@@ -142,7 +142,10 @@ int shapes_command(const std::vector<std::string>& argv) {
   std::printf("%-20s %5s %6s %6s %4s %-8s %4s %6s  %s\n", "name", "E", "H", "I", "k", "shared", "EP", "T", "note");
   for (const auto& s : named_shapes()) {
     std::string shared;
-    for (int w : s.shared_intermediate) shared += (shared.empty() ? "" : ",") + std::to_string(w);
+    for (int w : s.shared_intermediate) {
+      if (!shared.empty()) shared += ',';
+      shared += std::to_string(w);
+    }
     std::printf("%-20s %5d %6d %6d %4d %-8s %4d %6d  %s\n", s.name.c_str(), s.num_experts, s.hidden,
                 s.intermediate, s.top_k, shared.empty() ? "-" : shared.c_str(), s.default_ep_size, s.default_tokens,
                 s.note.c_str());
