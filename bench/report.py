@@ -257,6 +257,12 @@ def phase_names(recs):
     return known + [n for n in seen if n not in known]
 
 
+def phase_pass(rec):
+    """How a record's phase pass ran its forwards (from the method mok bench wrote)."""
+    method = _get(rec, "mok", "forward_phases", "method") or ""
+    return "back to back" if "back to back" in method else "one at a time"
+
+
 def phase_lines(recs):
     """Where mok's forward time goes, for the records that measured it."""
     with_phases = [r for r in recs if _get(r, "mok", "forward_phases", "median_ms")]
@@ -264,14 +270,17 @@ def phase_lines(recs):
         return []
     names = phase_names(with_phases)
     lines = ["## Where mok's forward time goes", "",
-             "Medians of a separate pass with CUDA events between the phases (one forward at a time, "
-             "the events serialising what runs overlapped in the timed run, so the phases add up to a "
-             "little more than the timed median). setup = counter reset (and in a real group: staging "
-             "x, gathering the ids), schedule = the schedule and plan kernels, megakernel = dispatch, "
-             "every expert FFN and the combine push, epilogue = the fixed-order sum into y.", "",
+             "Medians of a separate pass with CUDA events between the phases (the events serialise "
+             "what runs overlapped in the timed run, so the phases add up to a little more than the "
+             "timed median). pass: how that pass ran its forwards, back to back as in the timed run, "
+             "or (records before the change) one at a time with a host wait after each, which "
+             "measured the megakernel 10-14% slower than back to back on the H200. setup = counter "
+             "reset (and in a real group: staging x, gathering the ids), schedule = the schedule and "
+             "plan kernels, megakernel = dispatch, every expert FFN and the combine push, epilogue = "
+             "the fixed-order sum into y.", "",
              "| shape | EP mode | tokens | " + " | ".join(f"{n} ms" for n in names)
-             + " | sum ms | timed median ms | megakernel share |",
-             "|" + "---|" * (len(names) + 6)]
+             + " | sum ms | timed median ms | megakernel share | pass |",
+             "|" + "---|" * (len(names) + 7)]
     for rec in with_phases:
         med = _get(rec, "mok", "forward_phases", "median_ms")
         total = sum(med.values())
@@ -279,7 +288,8 @@ def phase_lines(recs):
         cells = [rec["shape"], ep_text(rec), rec["tokens_per_rank"]] + \
                 [_f(med.get(n), ".3f") for n in names] + \
                 [_f(total, ".3f"), _f(values(rec)["mok_ms"], ".3f"),
-                 _f(None if mega is None or total <= 0 else 100 * mega / total, ".1f", "%")]
+                 _f(None if mega is None or total <= 0 else 100 * mega / total, ".1f", "%"),
+                 phase_pass(rec)]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return lines + [""]
 

@@ -437,17 +437,18 @@ class CudaBackend final : public BackendImpl {
     const int T = p.tokens_per_rank, H = p.hidden;
 
     // Phase timing (record_phases): an event starts each phase; PDL is off then, since the
-    // events sit between the kernels.
-    const bool timing = !phase_events_.empty();
-    phase_names_.clear();  // kept only when this forward records every mark
+    // events sit between the kernels. A forward that throws part way records no split (the
+    // next one reuses its events).
+    const std::size_t split = phase_names_.size();
+    const bool timing = split < phase_forwards_;
     std::vector<std::string> names;
     auto phase = [&](const char* name) {
       if (!timing) return;
-      MOK_CUDA_CHECK(cudaEventRecord(phase_events_.at(names.size()), stream_));
+      MOK_CUDA_CHECK(cudaEventRecord(phase_events_.at(split * kMaxPhaseMarks + names.size()), stream_));
       if (name != nullptr)
         names.push_back(name);
       else
-        phase_names_ = std::move(names);
+        phase_names_.push_back(std::move(names));
     };
     const bool pdl = !timing;
     phase("setup");
@@ -585,13 +586,13 @@ class CudaBackend final : public BackendImpl {
     return out;
   }
 
-  void record_phases(bool on) override {
-    if (on == !phase_events_.empty()) return;
+  void record_phases(int forwards) override {
+    require(forwards >= 0, "record_phases(" + std::to_string(forwards) + "): the forward count must be >= 0");
     phase_names_.clear();
     for (auto e : phase_events_) cudaEventDestroy(e);
     phase_events_.clear();
-    if (!on) return;
-    std::vector<cudaEvent_t> events(kMaxPhaseMarks, nullptr);
+    phase_forwards_ = 0;
+    std::vector<cudaEvent_t> events(static_cast<std::size_t>(forwards) * kMaxPhaseMarks, nullptr);
     for (auto& e : events) {
       const cudaError_t err = cudaEventCreate(&e);
       if (err != cudaSuccess) {
@@ -601,16 +602,21 @@ class CudaBackend final : public BackendImpl {
       }
     }
     phase_events_ = std::move(events);
+    phase_forwards_ = static_cast<std::size_t>(forwards);
   }
 
-  std::vector<PhaseTime> last_phase_times() const override {
-    std::vector<PhaseTime> out;
-    if (phase_events_.empty() || phase_names_.empty()) return out;
+  std::vector<std::vector<PhaseTime>> phase_times() const override {
+    std::vector<std::vector<PhaseTime>> out;
+    if (phase_names_.empty()) return out;
     synchronize();  // (in a group: with the group's deadline)
-    for (std::size_t i = 0; i < phase_names_.size(); ++i) {
-      float ms = 0;
-      MOK_CUDA_CHECK(cudaEventElapsedTime(&ms, phase_events_[i], phase_events_[i + 1]));
-      out.push_back({phase_names_[i], ms});
+    for (std::size_t f = 0; f < phase_names_.size(); ++f) {
+      const cudaEvent_t* marks = phase_events_.data() + f * kMaxPhaseMarks;
+      std::vector<PhaseTime>& split = out.emplace_back();
+      for (std::size_t i = 0; i < phase_names_[f].size(); ++i) {
+        float ms = 0;
+        MOK_CUDA_CHECK(cudaEventElapsedTime(&ms, marks[i], marks[i + 1]));
+        split.push_back({phase_names_[f][i], ms});
+      }
     }
     return out;
   }
@@ -941,9 +947,11 @@ class CudaBackend final : public BackendImpl {
   PhaseWaitTrap* phase_trap_dev_ = nullptr;  // the same record, as the device addresses it
   DeviceBuffer phase_trap_claim_;
   unsigned phase_wait_units_ = phase_wait_units(timeout_ns_);
-  // record_phases(): one event before each phase and one after the last.
+  // record_phases(n): per recorded forward, kMaxPhaseMarks events (one before each phase and
+  // one after the last) and the names of the phases it recorded.
   std::vector<cudaEvent_t> phase_events_;
-  std::vector<std::string> phase_names_;
+  std::size_t phase_forwards_ = 0;
+  std::vector<std::vector<std::string>> phase_names_;
 
   DeviceBuffer counters_, error_, group_error_, tasks_, pulls_, task_counts_, combine_of_dev_, plans_dev_, zero_row_;
   std::vector<DeviceBuffer> combine_, rank_buffers_;

@@ -443,9 +443,10 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return info.param.name; });
 
 // The phase split mok bench records (record_phases): every phase of a one-GPU forward in
-// order, each timed, the megakernel the longest, and the same bits as an untimed forward
-// (timing turns PDL off; nothing else may change).
-TEST(GpuPhases, SplitNamesEveryPhaseAndChangesNoBits) {
+// order, each timed, the megakernel the longest, for exactly the forwards asked for (back to
+// back, no host wait between them), and the same bits as an untimed forward (timing turns
+// PDL off; nothing else may change).
+TEST(GpuPhases, SplitNamesEveryPhaseOfTheAskedForwardsAndChangesNoBits) {
   MOK_REQUIRE_GPU();
   const Problem p = make_problem(64, 1024, 512, 6, {512}, 4, 2048);  // ~50k rows: the megakernel dominates
   const LayerData host = make_data(p, "gaussian");
@@ -455,23 +456,28 @@ TEST(GpuPhases, SplitNamesEveryPhaseAndChangesNoBits) {
   Layer layer(p, Config{}, o);
   DeviceMirror mirror(host, 0);
   BackendImpl& backend = LayerInternals::backend(layer);
-  EXPECT_TRUE(backend.last_phase_times().empty()) << "nothing recorded yet";
-  backend.record_phases(true);
-  layer.forward(mirror.forward_args());
+  EXPECT_TRUE(backend.phase_times().empty()) << "nothing recorded yet";
+  constexpr int kRecorded = 3;
+  backend.record_phases(kRecorded);
+  for (int i = 0; i < kRecorded + 1; ++i) layer.forward(mirror.forward_args());  // the last one untimed
   layer.synchronize();
-  const auto phases = backend.last_phase_times();
-  std::vector<std::string> names;
-  double longest = 0;
-  std::string longest_name;
-  for (const auto& ph : phases) {
-    names.push_back(ph.name);
-    EXPECT_GT(ph.ms, 0.0) << ph.name;
-    if (ph.ms > longest) longest = ph.ms, longest_name = ph.name;
+  const auto splits = backend.phase_times();
+  ASSERT_EQ(splits.size(), std::size_t(kRecorded));
+  for (const auto& phases : splits) {
+    std::vector<std::string> names;
+    double longest = 0;
+    std::string longest_name;
+    for (const auto& ph : phases) {
+      names.push_back(ph.name);
+      EXPECT_GT(ph.ms, 0.0) << ph.name;
+      if (ph.ms > longest) longest = ph.ms, longest_name = ph.name;
+    }
+    EXPECT_EQ(names, (std::vector<std::string>{"setup", "schedule", "megakernel", "epilogue"}));
+    EXPECT_EQ(longest_name, "megakernel");
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"setup", "schedule", "megakernel", "epilogue"}));
-  EXPECT_EQ(longest_name, "megakernel");
-  backend.record_phases(false);
-  EXPECT_TRUE(backend.last_phase_times().empty()) << "switching timing off forgets the split";
+  backend.record_phases(0);
+  EXPECT_TRUE(backend.phase_times().empty()) << "record_phases(0) forgets the splits";
+  EXPECT_THROW(backend.record_phases(-1), Error);
   LayerData out = host;
   mirror.copy_outputs_to(out);
   expect_same_bits(global_y(out), untimed, "timed phases vs untimed");
