@@ -274,7 +274,7 @@ def phase_lines(recs):
              "what runs overlapped in the timed run, so the phases add up to a little more than the "
              "timed median). pass: how that pass ran its forwards, back to back as in the timed run, "
              "or (records before the change) one at a time with a host wait after each, which "
-             "measured the megakernel 10-14% slower than back to back on the H200. setup = counter "
+             "measured the megakernel 9-14% slower than back to back on the H200. setup = counter "
              "reset (and in a real group: staging x, gathering the ids), schedule = the schedule and "
              "plan kernels, megakernel = dispatch, every expert FFN and the combine push, epilogue = "
              "the fixed-order sum into y.", "",
