@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -680,28 +681,63 @@ TEST(GpuErrors, MisalignedXOrYIsAClearError) {
   EXPECT_NO_THROW(layer.synchronize());
 }
 
-TEST(GpuErrors, DuplicateExpertIsReported) {
+// One bad routing entry, validated on the device: synchronize raises an error naming the
+// rank, token and slot. Cases cover the warp-per-tokens validation (k <= 32) on both sides of
+// a 512-id chunk boundary, a rank past the first, and the per-token loop (k > 32).
+struct RoutingErrorCase {
+  const char* name;
+  Problem problem;
+  int rank, token, slot;
+  bool bad_weight;  // else: the slot repeats the token's slot 0 expert
+  const char* where;  // the message names the entry...
+  const char* what;   // ...and the rule
+};
+
+class GpuRoutingErrors : public ::testing::TestWithParam<RoutingErrorCase> {};
+
+TEST_P(GpuRoutingErrors, NameRankTokenAndSlot) {
   MOK_REQUIRE_GPU();
-  const Problem p = make_problem(16, 256, 128, 4, {}, 1, 64);
+  const RoutingErrorCase& c = GetParam();
+  const Problem& p = c.problem;
   LayerData host = make_data(p, "gaussian");
-  auto* ids = host.ranks[0].top_experts.data<std::int32_t>();
-  ids[3 * 4 + 1] = ids[3 * 4 + 0];
+  const std::size_t at = static_cast<std::size_t>(c.token) * p.top_k + c.slot;
+  auto* ids = host.ranks[c.rank].top_experts.data<std::int32_t>();
+  if (c.bad_weight)
+    host.ranks[c.rank].router_weights.data<float>()[at] = std::numeric_limits<float>::infinity();
+  else
+    ids[at] = ids[static_cast<std::size_t>(c.token) * p.top_k];
   LayerOptions o;
   o.backend = Backend::cuda;
   Layer layer(p, Config{}, o);
   DeviceMirror mirror(host, 0);
   layer.forward(mirror.forward_args());
-  EXPECT_THROW(
-      {
-        try {
-          layer.synchronize();
-        } catch (const Error& e) {
-          EXPECT_THAT(e.what(), ::testing::HasSubstr("distinct"));
-          throw;
-        }
-      },
-      Error);
+  try {
+    layer.synchronize();
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::AllOf(::testing::HasSubstr(c.where), ::testing::HasSubstr(c.what)));
+  }
+  mirror.copy_outputs_to(host);
+  EXPECT_TRUE(std::isnan(num::bf16_to_float(host.ranks[0].y.data<std::uint16_t>()[0])));
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, GpuRoutingErrors,
+    ::testing::Values(
+        RoutingErrorCase{"duplicate_k4", make_problem(16, 256, 128, 4, {}, 1, 64), 0, 3, 1, false,
+                         "top_experts[rank 0][token 3]:", "appears twice (slot 1)"},
+        // k = 6: token 85's ids are stream positions 510..515, across the first chunk's end.
+        RoutingErrorCase{"duplicate_across_chunks", make_problem(16, 256, 128, 6, {}, 1, 256), 0, 85, 4, false,
+                         "top_experts[rank 0][token 85]:", "appears twice (slot 4)"},
+        RoutingErrorCase{"weight_across_chunks", make_problem(16, 256, 128, 6, {}, 1, 256), 0, 85, 5, true,
+                         "router_weights[rank 0][token 85, slot 5]", "must be finite"},
+        RoutingErrorCase{"duplicate_rank1", make_problem(16, 256, 128, 4, {}, 2, 128), 1, 7, 2, false,
+                         "top_experts[rank 1][token 7]:", "appears twice (slot 2)"},
+        RoutingErrorCase{"duplicate_k40", make_problem(64, 256, 128, 40, {}, 1, 64), 0, 2, 39, false,
+                         "top_experts[rank 0][token 2]:", "appears twice (slot 39)"},
+        RoutingErrorCase{"weight_k40", make_problem(64, 256, 128, 40, {}, 1, 64), 0, 9, 33, true,
+                         "router_weights[rank 0][token 9, slot 33]", "must be finite"}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 // A phase wait inside a CTA whose arrival never comes (MOK_TEST_FAULT: the store warp drops
 // one) must end in a clear error naming the wait, not a hang. The trap that ends the kernel
