@@ -273,8 +273,9 @@ def phase_lines(recs):
              "Medians of a separate pass with CUDA events between the phases (the events serialise "
              "what runs overlapped in the timed run, so the phases add up to a little more than the "
              "timed median). pass: how that pass ran its forwards, back to back as in the timed run, "
-             "or (records before the change) one at a time with a host wait after each, which "
-             "measured the megakernel 9-14% slower than back to back on the H200. setup = counter "
+             "or (older records) one at a time with a host wait after each. The pass follows the "
+             "timed run's 600 forwards; ncu's per-kernel times after 10 (scripts/device_perf.sh) "
+             "put the megakernel ~10% lower. setup = counter "
              "reset (and in a real group: staging x, gathering the ids), schedule = the schedule and "
              "plan kernels, megakernel = dispatch, every expert FFN and the combine push, epilogue = "
              "the fixed-order sum into y.", "",

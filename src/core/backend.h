@@ -32,8 +32,7 @@ class BackendImpl {
   virtual std::vector<std::vector<ScheduleRow>> last_schedules() const = 0;
   // Phase timing (benchmarks): record_phases(n) makes the next n forwards each record device
   // events between their phases, with no host wait between forwards, so they run back to
-  // back as timed forwards do (one forward at a time, with a host wait after each, measured
-  // the megakernel 9-14% slower on the H200 than back to back). phase_times() (which waits
+  // back as timed forwards do. phase_times() (which waits
   // for the device) returns each recorded forward's split, in call order. The events
   // serialise what PDL overlaps, so the phases sum to a little more than an untimed forward.
   // record_phases(0) stops and forgets. Empty where a backend does not record phases.
