@@ -51,46 +51,6 @@ __device__ __forceinline__ void validate_token(const ScheduleParams& p, int rank
   }
 }
 
-// Validation of source rank `rank`'s tokens [u_begin, u_end) (global token indices rank*T + t)
-// by one warp, whole tokens per step (k <= 32): lanes [0, k * floor(32/k)) hold the ids of
-// floor(32/k) consecutive tokens, coalesced, and one match_any over (token, id) finds every
-// duplicate at once. (One lane per token walking its k ids, validate_token, issued ~2,500
-// instructions per warp on the Qwen3.5 slice: the count kernel was instruction-bound.) The
-// reported duplicate is a later slot holding an earlier slot's id, as validate_token's.
-__device__ __forceinline__ void validate_tokens_warp(const ScheduleParams& p, unsigned u_begin, unsigned u_end,
-                                                     int lane) {
-  const unsigned k = static_cast<unsigned>(p.top_k);
-  const unsigned per_step = 32u / k;
-  const unsigned lane_token = static_cast<unsigned>(lane) / k, j = static_cast<unsigned>(lane) % k;
-  const unsigned lanes_below = (1u << lane) - 1;
-  for (unsigned u0 = u_begin; u0 < u_end; u0 += per_step) {
-    const unsigned u = u0 + lane_token;
-    int rank = 0;
-    bool checked = lane_token < per_step && u < u_end;
-    if (checked) {
-      rank = static_cast<int>(u / static_cast<unsigned>(p.tokens));
-      checked = rank >= p.validate_first_rank && rank < p.validate_first_rank + p.validate_ranks;
-    }
-    int e = 0;
-    float w = 0.0f;
-    long long g = 0;  // stream position (rank*T + t)*k + j
-    if (checked) {
-      const long long slot = static_cast<long long>(u - static_cast<unsigned>(rank) * p.tokens) * k + j;
-      e = p.top_experts[rank][slot];
-      w = p.router_weights[rank][slot];
-      g = static_cast<long long>(u) * k + j;
-    }
-    // Unchecked lanes get keys no checked lane has (token field past 31).
-    const unsigned long long key = checked ? (static_cast<unsigned long long>(lane_token) << 32) | static_cast<unsigned>(e)
-                                           : (static_cast<unsigned long long>(32 + lane) << 32);
-    const unsigned same = __match_any_sync(0xffffffffu, key);
-    if (!checked) continue;
-    if (e < 0 || e >= p.num_experts) report_error(p.error, kExpertOutOfRange, rank, 0, g, e);
-    if (same & lanes_below) report_error(p.error, kDuplicateExpert, rank, 0, g, e);
-    if (!isfinite(w)) report_error(p.error, kNonFiniteWeight, rank, 0, g, 0);
-  }
-}
-
 // The id stream in chunks of kScheduleChunk ids, one warp per chunk. A destination expert
 // q indexes the experts computed here: rank first_rank + q / E_loc, local expert q % E_loc.
 struct StreamChunk {
@@ -124,25 +84,13 @@ constexpr int kIdsPerLane = kScheduleChunk / 32;
 // Lane `lane`'s destination experts of its warp's chunk (stream positions begin + 32*i +
 // lane), all loaded before any is used: 32 independent loads in flight per lane instead of a
 // chain of dependent ones (the count and scatter passes are latency-bound otherwise).
-// With prefetch_weights (the count pass, which validates them next), the router weights at
-// the same positions are prefetched into L1 on the way, so validation never waits on HBM.
-template <bool prefetch_weights = false>
 __device__ __forceinline__ void load_chunk(const ScheduleParams& p, const StreamChunk& c, int lane,
                                            int (&q)[kIdsPerLane]) {
   const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
 #pragma unroll
   for (int i = 0; i < kIdsPerLane; ++i) {
     const unsigned g = c.begin + 32u * i + lane;
-    if constexpr (prefetch_weights) {
-      q[i] = -1;
-      if (g < c.end) {
-        const StreamPos pos = stream_pos(g, per);
-        q[i] = destination_expert(p, pos);
-        asm volatile("prefetch.global.L1 [%0];" ::"l"(p.router_weights[pos.src] + pos.slot));
-      }
-    } else {
-      q[i] = g < c.end ? destination_expert(p, stream_pos(g, per)) : -1;
-    }
+    q[i] = g < c.end ? destination_expert(p, stream_pos(g, per)) : -1;
   }
 }
 
@@ -181,19 +129,15 @@ __global__ void __launch_bounds__(kScheduleThreads, 4) schedule_count_kernel(con
   int* hist = w.per_expert;
   const StreamChunk c = stream_chunk(p, chunk);
   int q[kIdsPerLane];
-  load_chunk<true>(p, c, lane, q);
+  load_chunk(p, c, lane, q);
 #pragma unroll
   for (int i = 0; i < kIdsPerLane; ++i)
     if (q[i] >= 0) atomicAdd(&hist[q[i]], 1);
   __syncwarp();
   for (int q = lane; q < Q; q += 32)
     p.plans[q / p.local_experts].expert_counts[(q % p.local_experts) * p.chunks + chunk] = hist[q];
-  // The tokens whose first id is in this chunk (their ids and weights are in L1 now).
+  // The tokens whose first id is in this chunk (their ids are in L1/L2 now).
   const unsigned k = p.top_k;
-  if (k <= 32) {
-    validate_tokens_warp(p, (c.begin + k - 1) / k, (c.end + k - 1) / k, lane);
-    return;
-  }
   for (unsigned u = (c.begin + k - 1) / k + lane; u * k < c.end; u += 32) {
     const int rank = static_cast<int>(u / p.tokens);
     if (rank >= p.validate_first_rank && rank < p.validate_first_rank + p.validate_ranks)
