@@ -195,7 +195,19 @@ def values(rec):
         # from the record's parts: records before 50b8cec lack the stored ratio.)
         "mok_frac_performed": records.ratio(_get(rec, "mok", "forward", "tflops_performed"),
                                             _get(rec, "ceilings", "dense_bf16_tflops")),
+        "speedup_at_ceiling": speedup_at_ceiling(rec),
     }
+
+
+def speedup_at_ceiling(rec):
+    """The speedup over the PyTorch pipeline of a layer that did the rank's performed FLOPs at
+    exactly the dense bf16 GEMM rate measured in the same run, and nothing else (no routing,
+    gather or combine cost): the most any bf16 kernel on that GPU could show, given the
+    rate, so a target above it cannot be met by speed alone."""
+    dense = _get(rec, "ceilings", "dense_bf16_tflops")
+    flops = _get(rec, "flops", "performed_forward")
+    at_ceiling_ms = records.ratio(flops, None if dense is None else dense * 1e9)
+    return records.ratio(_get(rec, "peers", "pytorch_pipeline", "forward", "median_ms"), at_ceiling_ms)
 
 
 def check_text(rec):
@@ -330,7 +342,10 @@ def markdown(recs, plots, out_dir, repeats=None):
              "performed TFLOP/s = the FLOPs the rank really does (6*N*H*I for its N routed rows plus its "
              "shared experts), which for shapes without a shared expert is below MoK's count (MoK's formula "
              "counts T shared rows they do not have: k+1 over k too high); "
-             "speedup = PyTorch pipeline ms / mok ms; % ceiling = mok TFLOP/s over the dense bf16 GEMM "
+             "speedup = PyTorch pipeline ms / mok ms; speedup at ceiling = PyTorch pipeline ms over the "
+             "time the rank's performed FLOPs take at the dense bf16 GEMM rate measured in the same run "
+             "(the speedup of a layer that ran at that rate and did nothing else: an upper bound on any "
+             "bf16 layer's speedup there); % ceiling = mok TFLOP/s over the dense bf16 GEMM "
              "measured in the same run (MoK's formula; 'performed': the FLOPs really done, which is the "
              "honest fraction for shapes without a shared expert). When several records share shape, EP mode, routing, tokens and "
              "precision, the newest is shown.", ""]
@@ -339,7 +354,7 @@ def markdown(recs, plots, out_dir, repeats=None):
         return "\n".join(lines)
     head = ["shape", "EP mode", "routing", "tokens", "precision", "mok ms", "mok TFLOP/s",
             "mok TFLOP/s performed", "PyTorch ms",
-            "PyTorch TFLOP/s", "grouped GEMMs ms", "speedup", "% dense ceiling", "% dense ceiling performed", "check",
+            "PyTorch TFLOP/s", "grouped GEMMs ms", "speedup", "speedup at ceiling", "% dense ceiling", "% dense ceiling performed", "check",
             "commit", "GPU"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for rec in recs:
@@ -349,7 +364,7 @@ def markdown(recs, plots, out_dir, repeats=None):
                  _f(v["mok_ms"], ".3f"), _f(v["mok_tflops"], ".1f"), _f(v["mok_tflops_performed"], ".1f"),
                  _f(v["pt_ms"], ".3f"),
                  _f(v["pt_tflops"], ".1f"), _f(v["gg_ms"], ".3f"), _f(v["speedup"], ".2f", "x"),
-                 _pct(v["mok_frac"]),
+                 _f(v["speedup_at_ceiling"], ".2f", "x"), _pct(v["mok_frac"]),
                  _pct(v["mok_frac_performed"]),
                  check_text(rec),
                  commit, (rec.get("gpu") or {}).get("name") or "?"]
