@@ -202,8 +202,7 @@ def values(rec):
 def speedup_at_ceiling(rec):
     """The speedup over the PyTorch pipeline of a layer that did the rank's performed FLOPs at
     exactly the dense bf16 GEMM rate measured in the same run, and nothing else (no routing,
-    gather or combine cost): the most any bf16 kernel on that GPU could show, given the
-    rate, so a target above it cannot be met by speed alone."""
+    gather or combine cost). A layer beats it only by out-running that dense GEMM."""
     dense = _get(rec, "ceilings", "dense_bf16_tflops")
     flops = _get(rec, "flops", "performed_forward")
     at_ceiling_ms = records.ratio(flops, None if dense is None else dense * 1e9)
@@ -344,8 +343,8 @@ def markdown(recs, plots, out_dir, repeats=None):
              "counts T shared rows they do not have: k+1 over k too high); "
              "speedup = PyTorch pipeline ms / mok ms; speedup at ceiling = PyTorch pipeline ms over the "
              "time the rank's performed FLOPs take at the dense bf16 GEMM rate measured in the same run "
-             "(the speedup of a layer that ran at that rate and did nothing else: an upper bound on any "
-             "bf16 layer's speedup there); % ceiling = mok TFLOP/s over the dense bf16 GEMM "
+             "(the speedup of a layer that ran at cuBLAS's dense rate and did nothing else: beyond it "
+             "only by out-running cuBLAS); % ceiling = mok TFLOP/s over the dense bf16 GEMM "
              "measured in the same run (MoK's formula; 'performed': the FLOPs really done, which is the "
              "honest fraction for shapes without a shared expert). When several records share shape, EP mode, routing, tokens and "
              "precision, the newest is shown.", ""]

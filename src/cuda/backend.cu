@@ -24,6 +24,7 @@
 
 #include "comm/ep_group.h"
 #include "core/backend.h"
+#include "core/numbers.h"
 #include "core/validate.h"
 #include "cuda/combine.cuh"
 #include "cuda/common.cuh"
@@ -140,10 +141,14 @@ class DeviceBuffer {
   std::size_t bytes_ = 0;
 };
 
+// MOK_WAIT_TIMEOUT_MS: the cross-CTA spin-wait limit (default 20 s); a positive number of
+// milliseconds, anything else an error naming the variable.
 std::uint64_t wait_timeout_ns() {
   const char* env = std::getenv("MOK_WAIT_TIMEOUT_MS");
-  const double ms = env ? std::atof(env) : 20000.0;
-  return static_cast<std::uint64_t>((ms > 0 ? ms : 20000.0) * 1e6);
+  if (env == nullptr || *env == '\0') return 20000ull * 1000000ull;
+  const double ms = parse_finite(env, "MOK_WAIT_TIMEOUT_MS");
+  require(ms > 0 && ms <= 3.6e6, std::string("MOK_WAIT_TIMEOUT_MS = ") + env + ": must be in (0, 3600000] ms");
+  return static_cast<std::uint64_t>(ms * 1e6);
 }
 
 constexpr int kMaxPhaseMarks = 6;  // record_phases: setup, schedule, megakernel, group barrier, epilogue, end
@@ -190,7 +195,8 @@ int test_fault_from_env() {
 // Dispatch loads each pull pipeline keeps ahead of its stores (tuning; 0 = the default).
 int pull_ahead_from_env() {
   const char* env = std::getenv("MOK_PULL_AHEAD");
-  return env ? std::max(0, std::atoi(env)) : 0;
+  if (env == nullptr || *env == '\0') return 0;
+  return static_cast<int>(parse_integer(env, 0, kMaxPullSlots, "MOK_PULL_AHEAD"));
 }
 
 int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
@@ -200,8 +206,8 @@ int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b
 //    its launch overlaps that kernel's tail; the kernel calls wait_previous_kernel() first.
 //    Only where the previous operation in the stream is one of our kernels.
 //  - in_pairs(): 2-CTA clusters (the megakernel's pair mode).
-//  - cooperative(): every CTA resident at once, or the launch waits (the megakernel's CTAs
-//    wait on each other's work).
+//  - cooperative(): the grid starts only once every CTA can be resident (it waits while other
+//    kernels hold SMs; a grid that could never be resident at once is a launch error).
 class Launch {
  public:
   Launch(dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream) {
@@ -358,8 +364,8 @@ class CudaBackend final : public BackendImpl {
     MOK_CUDA_CHECK(cudaFuncSetAttribute(forward_megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     pairs_ = c.task_pairs;
     if (pairs_) {
-      // Clusters of two over the whole grid: an even split, and only as many CTAs as can be
-      // resident at once in clusters (the megakernel needs every CTA resident).
+      // Clusters of two over the whole grid: an even split, and no more CTAs than can be
+      // resident at once in clusters (so every CTA gets its SM once other kernels leave them).
       comm_ctas_ += comm_ctas_ & 1;
       Launch probe(dim3(sms_ & ~1), dim3(kComputeThreads), kSmemBytes, nullptr);
       int clusters = 0;

@@ -433,15 +433,31 @@ Config pairs_config() {
   return c;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, GpuStoreWarp,
-    ::testing::Values(StoreCase{"ep2_two_shared_zipf", make_problem(16, 512, 256, 4, {256, 128}, 2, 700), "zipf:1.2", {}},
-                      StoreCase{"ring_wraps", make_problem(16, 1024, 1024, 4, {1024}, 2, 2048), "zipf:1.2",
-                                ring_wrap_config()},
-                      StoreCase{"pairs_phantoms", make_problem(16, 512, 256, 4, {256}, 2, 700), "zipf:1.2",
-                                pairs_config()},
-                      StoreCase{"qwen3_30b_a3b_ep1", make_problem(128, 2048, 768, 8, {}, 1, 2048), "gaussian", {}}),
-    [](const auto& info) { return info.param.name; });
+std::vector<StoreCase> variant_cases() {
+  return {StoreCase{"ep2_two_shared_zipf", make_problem(16, 512, 256, 4, {256, 128}, 2, 700), "zipf:1.2", {}},
+          StoreCase{"ring_wraps", make_problem(16, 1024, 1024, 4, {1024}, 2, 2048), "zipf:1.2", ring_wrap_config()},
+          StoreCase{"pairs_phantoms", make_problem(16, 512, 256, 4, {256}, 2, 700), "zipf:1.2", pairs_config()},
+          StoreCase{"qwen3_30b_a3b_ep1", make_problem(128, 2048, 768, 8, {}, 1, 2048), "gaussian", {}}};
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuStoreWarp, ::testing::ValuesIn(variant_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// MOK_COOPERATIVE=1 (a cooperative megakernel launch, 2-CTA clusters included) changes when
+// the CTAs start, never what they compute.
+class GpuCooperative : public ::testing::TestWithParam<StoreCase> {};
+
+TEST_P(GpuCooperative, SameBitsAsTheDefaultLaunch) {
+  MOK_REQUIRE_GPU();
+  const auto& c = GetParam();
+  const LayerData host = make_data(c.problem, c.routing);
+  const auto plain = global_y(run_gpu_all_ranks(host, c.config).data);
+  ScopedEnv on("MOK_COOPERATIVE", "1");
+  expect_same_bits(global_y(run_gpu_all_ranks(host, c.config).data), plain, c.name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuCooperative, ::testing::ValuesIn(variant_cases()),
+                         [](const auto& info) { return info.param.name; });
 
 // The phase split mok bench records (record_phases): every phase of a one-GPU forward in
 // order, each timed, the megakernel the longest, for exactly the forwards asked for (back to
@@ -460,7 +476,12 @@ TEST(GpuPhases, SplitNamesEveryPhaseOfTheAskedForwardsAndChangesNoBits) {
   EXPECT_TRUE(backend.phase_times().empty()) << "nothing recorded yet";
   constexpr int kRecorded = 3;
   backend.record_phases(kRecorded);
-  for (int i = 0; i < kRecorded + 1; ++i) layer.forward(mirror.forward_args());  // the last one untimed
+  for (int i = 0; i < kRecorded; ++i) layer.forward(mirror.forward_args());
+  layer.synchronize();
+  LayerData timed = host;
+  mirror.copy_outputs_to(timed);  // the last timed forward's y
+  expect_same_bits(global_y(timed), untimed, "timed phases vs untimed");
+  layer.forward(mirror.forward_args());  // past the asked-for count: not recorded
   layer.synchronize();
   const auto splits = backend.phase_times();
   ASSERT_EQ(splits.size(), std::size_t(kRecorded));
@@ -479,9 +500,6 @@ TEST(GpuPhases, SplitNamesEveryPhaseOfTheAskedForwardsAndChangesNoBits) {
   backend.record_phases(0);
   EXPECT_TRUE(backend.phase_times().empty()) << "record_phases(0) forgets the splits";
   EXPECT_THROW(backend.record_phases(-1), Error);
-  LayerData out = host;
-  mirror.copy_outputs_to(out);
-  expect_same_bits(global_y(out), untimed, "timed phases vs untimed");
 }
 
 struct CapturedForward {
@@ -681,9 +699,31 @@ TEST(GpuErrors, MisalignedXOrYIsAClearError) {
   EXPECT_NO_THROW(layer.synchronize());
 }
 
+// The megakernel's environment knobs are read when the layer is built: a malformed value is
+// an error naming the variable, never silently the default.
+TEST(GpuErrors, MalformedEnvironmentKnobIsAClearError) {
+  MOK_REQUIRE_GPU();
+  const Problem p = make_problem(16, 256, 128, 4, {}, 1, 64);
+  LayerOptions o;
+  o.backend = Backend::cuda;
+  for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
+           {"MOK_COOPERATIVE", "maybe"}, {"MOK_STORE_WARP", "yes"}, {"MOK_PULL_AHEAD", "-1"},
+           {"MOK_PULL_AHEAD", "4x"}, {"MOK_WAIT_TIMEOUT_MS", "0"}, {"MOK_WAIT_TIMEOUT_MS", "nan"}}) {
+    ScopedEnv bad(name, value);
+    try {
+      Layer layer(p, Config{}, o);
+      ADD_FAILURE() << name << "=" << value << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr(name)) << value;
+    }
+  }
+  EXPECT_NO_THROW(Layer(p, Config{}, o));  // every knob restored
+}
+
 // One bad routing entry, validated on the device: synchronize raises an error naming the
-// rank, token and slot. Cases cover the warp-per-tokens validation (k <= 32) on both sides of
-// a 512-id chunk boundary, a rank past the first, and the per-token loop (k > 32).
+// rank, token and slot, and y is NaN. Cases: a token whose ids straddle the count kernel's
+// 512-id chunk boundary (validated by the warp holding its first id), a rank past the first,
+// and a large k.
 struct RoutingErrorCase {
   const char* name;
   Problem problem;
@@ -692,6 +732,8 @@ struct RoutingErrorCase {
   const char* where;  // the message names the entry...
   const char* what;   // ...and the rule
 };
+
+void PrintTo(const RoutingErrorCase& c, std::ostream* os) { *os << c.name; }
 
 class GpuRoutingErrors : public ::testing::TestWithParam<RoutingErrorCase> {};
 
