@@ -8,6 +8,8 @@
 #                     and say 'unknown name' on stderr; anything else fails.
 # MODE bad_numbers:   out-of-range, partial or non-finite numbers on the command line fail,
 #                     naming the option (they were truncated or partly read).
+# MODE bad_input:     malformed options, fields, directories and sizes are refused up front,
+#                     naming what is wrong (each was accepted, silently changed, or crashed).
 # MODE bad_active_rank: `mok run --shape tiny --ep-mode slice --active-rank X` for X out of
 #                     [0, 2) or not a number must exit non-zero naming the option and its rule;
 #                     --active-rank without a slice is refused.
@@ -110,6 +112,54 @@ elseif(MODE STREQUAL "bad_numbers")
     expect_refused("${want}" run --shape tiny ${opt} ${val})
   endforeach()
   expect_refused("option --grace: must be a finite number" launch -n 2 --grace nan -- true)
+elseif(MODE STREQUAL "bad_input")
+  file(REMOVE_RECURSE "${WORK}")
+  set(small --experts 8 --hidden 256 --intermediate 256 --topk 2 --ep 2 --tokens 64 --shared none)
+  # An option missing its value does not swallow the next option; flags count once.
+  expect_refused("option --save: needs a value, got the option '--check'" run ${small} --save --check)
+  expect_refused("option --check: given twice" run ${small} --check --check)
+  # Empty fields are errors, not defaults.
+  foreach(bad "" "256," ",256")
+    expect_refused("option --shared (a comma list or 'none')" run --shape tiny "--shared=${bad}")
+  endforeach()
+  expect_refused("zipf exponent '' is not a number" run --shape tiny --routing zipf:)
+  expect_refused("too many ':' fields" run --shape tiny --routing gaussian:)
+  # y is not computed without the forward: nothing to compare, nothing saved.
+  expect_refused("option --expect: compares y, which --pass backward does not compute"
+                 run ${small} --pass backward --expect "${WORK}")
+  run_mok(rc so se run ${small} --backend cpu --pass backward --save "${WORK}/bwd")
+  if(NOT rc STREQUAL "0" OR EXISTS "${WORK}/bwd/rank0/y.npy" OR NOT EXISTS "${WORK}/bwd/rank0/dx.npy")
+    message(FATAL_ERROR "--pass backward --save: exit '${rc}', it must save dx and no y\n${se}")
+  endif()
+  # A save never mixes two runs' files.
+  expect_refused("already holds files" run ${small} --save "${WORK}/bwd")
+  # A problem.json that does not describe its files is reported before allocating its sizes.
+  file(READ "${WORK}/bwd/problem.json" pj)
+  string(REGEX REPLACE "\"tokens_per_rank\": [0-9]+" "\"tokens_per_rank\": 20000000" pj "${pj}")
+  file(WRITE "${WORK}/bwd/problem.json" "${pj}")
+  string(TIMESTAMP t0 "%s")
+  expect_refused("does not match the expected (20000000, 256)" run --load "${WORK}/bwd" --pass forward)
+  string(TIMESTAMP t1 "%s")
+  math(EXPR elapsed "${t1} - ${t0}")
+  if(elapsed GREATER 10)
+    message(FATAL_ERROR "the mismatched problem.json took ${elapsed} s to report")
+  endif()
+  # More host memory than any machine has: refused before the routing is drawn.
+  expect_refused("GiB of host memory, more than the" run --experts 8 --hidden 256 --intermediate 256 --topk 2
+                 --ep 2 --tokens 500000000 --shared none)
+  # Help for each command, and -n required by launch.
+  foreach(cmd shapes launch bench)
+    run_mok(rc so se ${cmd} --help)
+    if(NOT so MATCHES "usage: mok" AND NOT se MATCHES "no CUDA backend")
+      message(FATAL_ERROR "mok ${cmd} --help: exit '${rc}'\n${so}\n${se}")
+    endif()
+  endforeach()
+  run_mok(rc so se --help)
+  if(NOT rc STREQUAL "0" OR NOT so MATCHES "commands:")
+    message(FATAL_ERROR "mok --help must list the commands:\n${so}")
+  endif()
+  expect_refused("-n N (the number of ranks) is required" launch -- true)
+  file(REMOVE_RECURSE "${WORK}")
 elseif(MODE STREQUAL "bad_active_rank")
   # Out of range and not a number: each must fail normally, naming the option and its rule.
   foreach(bad 2 -1 1x)

@@ -74,4 +74,12 @@ struct LayerData {
 LayerData make_layer_data(const Problem& problem, const Routing& routing, std::uint64_t seed,
                           bool with_backward, int weights_rank = -1);
 
+// The host bytes a routing plus make_layer_data's tensors take for these arguments.
+std::uint64_t layer_data_host_bytes(const Problem& problem, bool with_backward, int weights_rank = -1);
+
+// Throws mok::Error when `bytes` exceed the memory the machine has available now (Linux
+// MemAvailable; no check where that is unknown), naming `what` needs them: a run too large
+// for the host is refused up front instead of being killed by the kernel part way.
+void require_host_memory(std::uint64_t bytes, const std::string& what);
+
 }  // namespace mok

@@ -1,7 +1,11 @@
 #include "mok/data.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <limits>
 
 #include "core/rng.h"
 #include "mok/error.h"
@@ -102,12 +106,46 @@ void fill_normal(ref::ThreadPool& pool, HostTensor& t, std::uint64_t seed, std::
 
 }  // namespace
 
+std::uint64_t layer_data_host_bytes(const Problem& p, bool with_backward, int weights_rank) {
+  // Saturating: absurd problems must compare as too large, not wrap around.
+  const long double T = p.tokens_per_rank, H = p.hidden, I = p.intermediate, k = p.top_k;
+  const long double E_loc = p.num_experts / std::max(1, p.ep_size);
+  long double shared = 0;
+  for (int w : p.shared_intermediate) shared += 3.0L * w * H;
+  const long double per_rank_inputs = T * H * 2 + T * k * 8 * 2 /* routing + its tensors */ +
+                                      (with_backward ? T * H * 2 : 0);
+  const long double per_weighted_rank = (3 * E_loc * I * H + shared) * 2 + T * H * 2 /* y */ +
+                                        (with_backward ? T * H * 2 + T * k * 4 + (3 * E_loc * I * H + shared) * 4 : 0);
+  const long double ranks = p.ep_size, weighted = weights_rank >= 0 ? 1 : ranks;
+  const long double total = ranks * per_rank_inputs + weighted * per_weighted_rank;
+  return total >= 1.8e19L ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(total);
+}
+
+void require_host_memory(std::uint64_t bytes, const std::string& what) {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  std::uint64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit)
+    if (key == "MemAvailable:") {
+      const std::uint64_t available = kib * 1024;
+      if (bytes > available) {
+        char text[160];
+        std::snprintf(text, sizeof text, "%s needs %.1f GiB of host memory, more than the %.1f GiB available",
+                      what.c_str(), double(bytes) / (1ull << 30), double(available) / (1ull << 30));
+        throw Error(std::string(text) + " (fewer tokens, a smaller EP group or shape, or a rank slice on the GPU)");
+      }
+      return;
+    }
+}
+
 LayerData make_layer_data(const Problem& p, const Routing& routing, std::uint64_t seed, bool with_backward,
                           int weights_rank) {
   require(weights_rank >= -1 && weights_rank < p.ep_size,
           "make_layer_data: weights_rank = " + std::to_string(weights_rank) + " must be -1 or in [0, ep_size)");
   p.validate();
   validate_routing(p, routing);
+  require_host_memory(layer_data_host_bytes(p, with_backward, weights_rank), "make_layer_data: " + p.describe());
   ref::ThreadPool pool(0);
   const std::int64_t T = p.tokens_per_rank, H = p.hidden, I = p.intermediate, k = p.top_k;
   const std::int64_t E_loc = p.local_experts();

@@ -15,6 +15,10 @@
 namespace mok::io {
 namespace fs = std::filesystem;
 
+namespace {
+fs::path rank_dir(const std::string& dir, int r) { return fs::path(dir) / ("rank" + std::to_string(r)); }
+}  // namespace
+
 std::string problem_to_json(const Problem& p) {
   std::ostringstream s;
   s << "{\n  \"num_experts\": " << p.num_experts << ",\n  \"hidden\": " << p.hidden
@@ -129,8 +133,6 @@ std::vector<Entry> entries(RankData& r) {
   return v;
 }
 
-fs::path rank_dir(const std::string& dir, int r) { return fs::path(dir) / ("rank" + std::to_string(r)); }
-
 }  // namespace
 
 void save_layer_data(const std::string& dir, const LayerData& data) {
@@ -159,6 +161,28 @@ LayerData load_layer_data(const std::string& dir, const bool with_backward) {
   text << in.rdbuf();
   const Problem p = problem_from_json(text.str(), pj.string());
 
+  // Before anything is allocated: the files that pin every size problem.json gives (T, H, k,
+  // E/R, I, each shared width, and R through the last rank's directory) must have those
+  // sizes, so a problem.json that does not describe the files is reported at once rather
+  // than after allocating (or running out of memory on) what it claims.
+  {
+    const std::int64_t T = p.tokens_per_rank, H = p.hidden, k = p.top_k, I = p.intermediate;
+    const std::int64_t local = p.num_experts / p.ep_size;
+    auto pin = [&](int r, const std::string& name, const std::vector<std::int64_t>& shape) {
+      const fs::path f = rank_dir(dir, r) / (name + ".npy");
+      if (!fs::exists(f)) throw Error("--load " + dir + ": missing " + f.string());
+      npy::check_shape(f.string(), shape);
+    };
+    for (int r : {0, p.ep_size - 1}) {
+      pin(r, "x", {T, H});
+      pin(r, "top_experts", {T, k});
+    }
+    pin(0, "w_gate", {local, I, H});
+    for (std::size_t s = 0; s < p.shared_intermediate.size(); ++s)
+      pin(0, "shared" + std::to_string(s) + "_w_gate", {p.shared_intermediate[s], H});
+  }
+
+  require_host_memory(layer_data_host_bytes(p, with_backward), "--load " + dir + " (" + p.describe() + ")");
   // Shapes come from a freshly made LayerData of the same problem (which also allocates and
   // poisons the outputs); its generated values are then replaced by the files'.
   Routing placeholder;

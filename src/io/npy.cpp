@@ -128,11 +128,21 @@ void save(const std::string& path, const HostTensor& tensor) {
   if (!out) throw Error("npy file '" + path + "': write failed");
 }
 
+namespace {
+void require_shape(const std::string& path, const Header& h, const std::vector<std::int64_t>& expect_shape) {
+  if (h.shape != expect_shape)
+    fail(path, "shape " + shape_string(h.shape) + " does not match the expected " + shape_string(expect_shape));
+}
+}  // namespace
+
+void check_shape(const std::string& path, const std::vector<std::int64_t>& expect_shape) {
+  require_shape(path, read_header(path), expect_shape);
+}
+
 HostTensor load(const std::string& path, DType dtype, const std::vector<std::int64_t>& expect_shape) {
   const Header h = read_header(path);
   if (h.fortran_order) fail(path, "fortran_order arrays are not supported; save in C order");
-  if (!expect_shape.empty() && h.shape != expect_shape)
-    fail(path, "shape " + shape_string(h.shape) + " does not match the expected " + shape_string(expect_shape));
+  if (!expect_shape.empty()) require_shape(path, h, expect_shape);
   const std::string want = descr_of(dtype);
   std::size_t elem = 0;
   enum { same, f32_to_bf16, i64_to_i32 } conversion = same;

@@ -21,6 +21,10 @@ struct Header {
 // Parses the header of `path`; throws mok::Error naming the file and what is malformed.
 Header read_header(const std::string& path);
 
+// Reads only the header of `path` and requires its shape to equal `expect_shape` (the message
+// load gives): a file's size can be checked before the tensor is allocated.
+void check_shape(const std::string& path, const std::vector<std::int64_t>& expect_shape);
+
 void save(const std::string& path, const HostTensor& tensor);
 
 // Loads `path` as a tensor of `dtype`. If `expect_shape` is non-empty the file's shape

@@ -34,11 +34,15 @@ int parse_int(const std::string& text, const std::string& what) {
   return static_cast<int>(v);
 }
 
+// Every field, empty ones included ("zipf:" has an empty exponent: an error, not the default).
 std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, sep)) out.push_back(item);
+  std::vector<std::string> out(1);
+  for (char c : s) {
+    if (c == sep)
+      out.emplace_back();
+    else
+      out.back() += c;
+  }
   return out;
 }
 

@@ -117,7 +117,20 @@ void wait_for_files(const std::vector<std::filesystem::path>& paths, double time
 
 }  // namespace
 
+const char* kBenchHelp = R"(usage: mok bench --work-dir DIR [options]
+Times the CUDA forward MoK's way (warm-up, then timed calls back to back; the median), checks
+it, and writes mok.json plus the PyTorch peer's inputs into DIR (bench/run.py drives it).
+  --shape NAME | --experts E --hidden H --intermediate I --topk K [--shared LIST|none]
+  --ep R --tokens T --ep-mode all|slice|distributed --active-rank R|busiest
+  --routing SPEC --seed N --warmup N (500) --iters N (100)
+  --capacity F --minibatch N --macrobatch N --comm-sms N --band N --pairs
+)";
+
 int bench_command(const std::vector<std::string>& argv) {
+  if (std::find(argv.begin(), argv.end(), "--help") != argv.end()) {
+    std::fputs(kBenchHelp, stdout);
+    return 0;
+  }
   Args args(argv, {"pairs"});
   const std::string work_dir = args.take_or("work-dir", "");
   if (work_dir.empty()) throw Error("option --work-dir: needed (where mok.json and the peer inputs go)");

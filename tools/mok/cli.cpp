@@ -20,11 +20,16 @@ Args::Args(const std::vector<std::string>& argv, const std::vector<std::string>&
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
     } else if (is_flag) {
+      if (flags_set_.count(name)) throw Error("option --" + name + ": given twice");
       flags_set_[name] = true;
       continue;
     } else {
       if (i + 1 >= argv.size()) throw Error("option --" + name + ": needs a value");
       value = argv[++i];
+      // "--save --check" is a forgotten value, not a directory named --check.
+      if (value.rfind("--", 0) == 0)
+        throw Error("option --" + name + ": needs a value, got the option '" + value + "' (write --" + name +
+                    "=VALUE for a value that starts with --)");
     }
     if (values_.count(name)) throw Error("option --" + name + ": given twice");
     values_[name] = value;
@@ -122,11 +127,16 @@ ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool /*g
   if (auto shared = args.take("shared")) {
     p.shared_intermediate.clear();
     if (*shared != "none") {
-      std::stringstream ss(*shared);
-      std::string item;
-      while (std::getline(ss, item, ',')) {
+      // Every comma-separated field is a width: an empty one ("", "256,", ",256") is an error,
+      // never silently dropped.
+      std::size_t begin = 0;
+      for (;;) {
+        const std::size_t comma = shared->find(',', begin);
+        const std::string item = shared->substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
         p.shared_intermediate.push_back(static_cast<int>(
             parse_integer(item, 0, std::numeric_limits<int>::max(), "option --shared (a comma list or 'none')")));
+        if (comma == std::string::npos) break;
+        begin = comma + 1;
       }
     }
   }
@@ -137,7 +147,11 @@ ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool /*g
 }
 
 int shapes_command(const std::vector<std::string>& argv) {
-  Args args(argv, {});
+  Args args(argv, {"help"});
+  if (args.take_flag("help")) {
+    std::puts("usage: mok shapes\nLists the named shapes (use one with --shape NAME).");
+    return 0;
+  }
   args.finish();
   std::printf("%-20s %5s %6s %6s %4s %-8s %4s %6s  %s\n", "name", "E", "H", "I", "k", "shared", "EP", "T", "note");
   for (const auto& s : named_shapes()) {

@@ -45,15 +45,22 @@ extern "C" void on_launcher_signal(int sig) { g_launcher_signal = sig; }
 }  // namespace
 
 int launch_command(const std::vector<std::string>& argv) {
+  const char* usage = "usage: mok launch -n N [--timeout SECONDS] [--grace SECONDS] -- COMMAND [ARGS...]";
   // Split at "--": options before, the command after.
   const auto dash = std::find(argv.begin(), argv.end(), "--");
-  if (dash == argv.end() || dash + 1 == argv.end())
-    throw Error("mok launch: usage: mok launch -n N [--timeout SECONDS] -- COMMAND [ARGS...]");
+  if (std::find(argv.begin(), dash, "--help") != dash) {
+    std::printf("%s\nStarts N processes running COMMAND, one per rank (MOK_RANK, MOK_WORLD_SIZE, "
+                "MOK_LOCAL_RANK set), and stops the others when one fails.\n", usage);
+    return 0;
+  }
+  if (dash == argv.end() || dash + 1 == argv.end()) throw Error(std::string("mok launch: ") + usage);
   std::vector<std::string> opts(argv.begin(), dash), command(dash + 1, argv.end());
   for (auto& o : opts)
     if (o == "-n") o = "--n";
   Args args(opts, {});
-  const long long n = args.take_int("n").value_or(0);
+  const auto given_n = args.take_int("n");
+  if (!given_n) throw Error(std::string("mok launch: -n N (the number of ranks) is required; ") + usage);
+  const long long n = *given_n;
   const double timeout_s = args.take_double("timeout").value_or(0);
   const double grace_s = args.take_double("grace").value_or(10);
   args.finish();

@@ -21,22 +21,31 @@ With no arguments, mok runs the default shape on the best available backend.
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) args[0] = "help";
   std::string command = "run";
   if (!args.empty() && args[0].rfind("--", 0) != 0) {
     command = args[0];
     args.erase(args.begin());
   }
   try {
-    if (command == "run") return mok::cli::run_command(args);
-    if (command == "shapes") return mok::cli::shapes_command(args);
-    if (command == "bench") return mok::cli::bench_command(args);
-    if (command == "launch") return mok::cli::launch_command(args);
-    if (command == "help" || command == "--help") {
+    int rc = -1;
+    if (command == "run") rc = mok::cli::run_command(args);
+    else if (command == "shapes") rc = mok::cli::shapes_command(args);
+    else if (command == "bench") rc = mok::cli::bench_command(args);
+    else if (command == "launch") rc = mok::cli::launch_command(args);
+    else if (command == "help") {
       std::fputs(kHelp, stdout);
-      return 0;
+      rc = 0;
+    } else {
+      std::fprintf(stderr, "mok: unknown command '%s'\n%s", command.c_str(), kHelp);
+      return 2;
     }
-    std::fprintf(stderr, "mok: unknown command '%s'\n%s", command.c_str(), kHelp);
-    return 2;
+    // A table that never reached its reader (a full disk, a closed pipe) is a failed run.
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      std::fprintf(stderr, "mok: error: writing the output failed (standard output)\n");
+      return 2;
+    }
+    return rc;
   } catch (const mok::Error& e) {
     std::fprintf(stderr, "mok: error: %s\n", e.what());
     return 2;

@@ -107,6 +107,7 @@ int run_command(const std::vector<std::string>& argv) {
   if (pass != "forward" && pass != "backward" && pass != "both")
     throw Error("option --pass: must be forward, backward or both, got '" + pass + "'");
   const bool do_fwd = pass != "backward", do_bwd = pass != "forward";
+  if (expect_dir && !do_fwd) throw Error("option --expect: compares y, which --pass backward does not compute");
   const bool check = args.take_flag("check");
   const int iters = static_cast<int>(args.take_int("iters").value_or(on_cuda ? 20 : 1));
   const int warmup = static_cast<int>(args.take_int("warmup").value_or(on_cuda ? 5 : 0));
@@ -122,10 +123,26 @@ int run_command(const std::vector<std::string>& argv) {
   if (auto v = args.take_int("band")) config.task_band_tiles = static_cast<int>(*v);
   if (args.take_flag("pairs")) config.task_pairs = true;
 
+  // The save directory is claimed before any work: a run never mixes its tensors with an
+  // earlier run's files, and an unwritable path is found before the results exist.
+  auto claim_save_dir = [&] {
+    if (!save_dir) return;
+    namespace fs = std::filesystem;
+    const fs::path target = my_rank >= 0 ? fs::path(*save_dir) / ("rank" + std::to_string(my_rank)) : fs::path(*save_dir);
+    std::error_code ec;
+    if (fs::exists(target, ec) && !fs::is_empty(target, ec))
+      throw Error("option --save " + target.string() +
+                  ": already holds files (an earlier run's?); mok does not mix two runs' tensors: give a new or "
+                  "empty directory");
+    fs::create_directories(target, ec);
+    if (ec) throw Error("option --save " + target.string() + ": cannot create the directory: " + ec.message());
+  };
+
   LayerData data;
   std::string shape_name;
   if (load_dir) {
     args.finish();
+    claim_save_dir();
     data = io::load_layer_data(*load_dir, do_bwd);
     if (ep_mode == "auto" && on_cuda && data.problem.ep_size > 8) options.ep_mode = EpMode::rank_slice;
     // The loaded ids pick the slice's rank (load_layer_data has validated them).
@@ -140,8 +157,13 @@ int run_command(const std::vector<std::string>& argv) {
   } else {
     ProblemArgs pa = parse_problem(args, gpu && on_cuda ? "qwen3.5-397b-a17b" : "small", gpu);
     args.finish();
+    claim_save_dir();
     if (ep_mode == "auto" && on_cuda && pa.problem.ep_size > 8) options.ep_mode = EpMode::rank_slice;
     shape_name = pa.shape_name.empty() ? "custom" : pa.shape_name;
+    // Checked before the routing is drawn: it alone is R*T*k ids and weights.
+    require_host_memory(layer_data_host_bytes(pa.problem, do_bwd,
+                                              options.ep_mode == EpMode::rank_slice ? 0 : my_rank),
+                        "this run (" + pa.problem.describe() + ")");
     const Routing routing = generate_routing(pa.problem, routing_spec, seed);
     options.active_rank =
         resolve_active_rank(active_rank_text, options.ep_mode == EpMode::rank_slice, pa.problem, routing);
@@ -240,10 +262,13 @@ int run_command(const std::vector<std::string>& argv) {
       }
     }
   }
+  // Without the forward pass y was never computed (it holds the poison pattern): not saved.
+  if (!do_fwd)
+    for (auto& r : data.ranks) r.y = HostTensor{};
   if (save_dir && my_rank >= 0) {
     const std::string rank_dir = *save_dir + "/rank" + std::to_string(my_rank);
     std::filesystem::create_directories(rank_dir);
-    npy::save(rank_dir + "/y.npy", data.ranks[my_rank].y);
+    if (do_fwd) npy::save(rank_dir + "/y.npy", data.ranks[my_rank].y);
   } else if (save_dir) {
     io::save_layer_data(*save_dir, data);
   }
@@ -282,7 +307,8 @@ int run_command(const std::vector<std::string>& argv) {
     std::printf("  %-9s %12.3f %10.3f  %s\n", r.pass.c_str(), r.ms, r.tflops, r.check.c_str());
     if (r.check.rfind("FAIL", 0) == 0) all_pass = false;
   }
-  if (save_dir) std::printf("  saved every tensor under %s\n", save_dir->c_str());
+  if (save_dir)
+    std::printf("  saved every tensor under %s%s\n", save_dir->c_str(), do_fwd ? "" : " (no y: the forward did not run)");
   return all_pass && expected ? 0 : 3;
 }
 
