@@ -231,6 +231,22 @@ TEST_F(NpyMalformed, BrokenHeaderDict) {
   expect_error(dir_.file("ns.npy"), "shape");
   write_npy(dir_.file("nf.npy"), "{'descr': '<f4', 'fortran_order': Maybe, 'shape': (4, 8), }", raw_bytes(v));
   expect_error(dir_.file("nf.npy"), "fortran_order");
+  // Parsed strictly: no empty or suffixed dimensions, each key once, no other key, nothing
+  // after the dict (each was silently accepted once).
+  const std::vector<std::pair<std::string, std::string>> strict = {
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (4,, 8), }", "is not a dimension"},
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (4LLL, 8), }", "expected ',' or ')'"},
+      {"{'descr': '<f4', 'descr': '<i4', 'fortran_order': False, 'shape': (4, 8), }", "'descr' twice"},
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (4, 8), 'x': 1, }", "unknown key 'x'"},
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (4, 8), } junk", "after its closing"}};
+  for (std::size_t i = 0; i < strict.size(); ++i) {
+    const std::string f = dir_.file("strict" + std::to_string(i) + ".npy");
+    write_npy(f, strict[i].first, raw_bytes(v));
+    expect_error(f, strict[i].second);
+  }
+  // What NumPy writes (and Python 2's 'L' suffix) still loads.
+  write_npy(dir_.file("py2.npy"), "{'descr': '<f4', 'fortran_order': False, 'shape': (4L, 8L), }", raw_bytes(v));
+  EXPECT_NO_THROW(npy::load(dir_.file("py2.npy"), DType::f32, {4, 8}));
 }
 
 // ---- problem.json ---------------------------------------------------------------------------
@@ -267,7 +283,12 @@ TEST(ProblemJson, ParseErrorsNameTheSourceAndTheKey) {
     return s.replace(pos, from.size(), to);
   };
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {replace("\"hidden\"", "\"hiddn\""), "hidden"},                     // missing key
+      {replace("\"hidden\"", "\"hiddn\""), "unknown key \"hiddn\""},      // a misspelt key
+      {replace("\"hidden\": 64,", ""), "missing key \"hidden\""},
+      {replace("\"top_k\": 2,", "\"top_k\": 2, \"top_k\": 3,"), "\"top_k\" given twice"},
+      {good + "x", "text after the closing '}'"},
+      {replace("[32]", "[32, , ]"), "\"shared_intermediate\": an empty list entry"},
+      {replace("[32]", "[32,]"), "\"shared_intermediate\": an empty list entry"},
       {replace("\"hidden\": 64", "\"hidden\": 6x4"), "hidden"},           // not an integer
       {replace("\"hidden\": 64", "\"hidden\": 64.5"), "hidden"},
       {replace("\"top_k\": 2", "\"top_k\": \"2\""), "top_k"},

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iomanip>
 #include <limits>
+#include <map>
 #include <sstream>
 
 #include "core/numbers.h"
@@ -36,23 +37,77 @@ std::string problem_to_json(const Problem& p) {
 
 namespace {
 
-// The raw text of `"key": <value>` in a flat JSON object.
-std::string json_value(const std::string& text, const std::string& key, const std::string& source) {
-  const auto pos = text.find("\"" + key + "\"");
-  if (pos == std::string::npos) throw Error(source + ": missing key \"" + key + "\"");
-  auto colon = text.find(':', pos);
-  if (colon == std::string::npos) throw Error(source + ": no value for \"" + key + "\"");
-  std::size_t b = text.find_first_not_of(" \t\n", colon + 1);
-  std::size_t e = b;
-  if (b != std::string::npos && text[b] == '[') {
-    e = text.find(']', b);
-    if (e == std::string::npos) throw Error(source + ": unterminated list for \"" + key + "\"");
-    ++e;
-  } else {
-    e = text.find_first_of(",}\n", b);
-  }
-  if (b == std::string::npos || e == std::string::npos) throw Error(source + ": bad value for \"" + key + "\"");
-  return text.substr(b, e - b);
+// problem.json is one flat JSON object. Parsed strictly: each key once, only the keys a
+// problem has, values as raw text (a number, null, a "string" or a [list] of numbers with no
+// empty entry), nothing after the closing brace.
+using FlatObject = std::map<std::string, std::string>;
+
+FlatObject parse_flat_object(const std::string& t, const std::string& source) {
+  static const char* const kKeys[] = {"num_experts", "hidden", "intermediate", "top_k", "shared_intermediate",
+                                      "ep_size", "tokens_per_rank", "precision", "swiglu_limit"};
+  std::size_t i = 0;
+  auto ws = [&] {
+    while (i < t.size() && (t[i] == ' ' || t[i] == '\t' || t[i] == '\n' || t[i] == '\r')) ++i;
+    return i < t.size() ? t[i] : '\0';
+  };
+  auto bad = [&](const std::string& what) -> Error { return Error(source + ": " + what); };
+  if (ws() != '{') throw bad("not a JSON object (no '{')");
+  ++i;
+  FlatObject out;
+  if (ws() == '}') ++i;
+  else
+    for (;;) {
+      if (ws() != '"') throw bad("expected a quoted key");
+      const auto kend = t.find('"', i + 1);
+      if (kend == std::string::npos) throw bad("unterminated key");
+      const std::string key = t.substr(i + 1, kend - i - 1);
+      i = kend + 1;
+      if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) throw bad("unknown key \"" + key + "\"");
+      if (out.count(key)) throw bad("\"" + key + "\" given twice");
+      if (ws() != ':') throw bad("no value for \"" + key + "\"");
+      ++i;
+      const char c = ws();
+      std::size_t end;
+      if (c == '"') {
+        end = t.find('"', i + 1);
+        if (end == std::string::npos) throw bad("unterminated string for \"" + key + "\"");
+        ++end;
+      } else if (c == '[') {
+        end = t.find(']', i);
+        if (end == std::string::npos) throw bad("unterminated list for \"" + key + "\"");
+        ++end;
+        // Entries separated by single commas: "[]", "[1]", "[1, 2]"; not "[1,]" or "[, ]".
+        const std::string inner = t.substr(i + 1, end - i - 2);
+        if (inner.find_first_not_of(" \t\n\r") != std::string::npos) {
+          std::size_t b0 = 0;
+          for (;;) {
+            const std::size_t comma = inner.find(',', b0);
+            const std::string item = inner.substr(b0, comma == std::string::npos ? std::string::npos : comma - b0);
+            if (item.find_first_not_of(" \t\n\r") == std::string::npos)
+              throw bad("\"" + key + "\": an empty list entry");
+            if (comma == std::string::npos) break;
+            b0 = comma + 1;
+          }
+        }
+      } else {
+        end = t.find_first_of(",}\n\r\t ", i);
+        if (end == std::string::npos || end == i) throw bad("bad value for \"" + key + "\"");
+      }
+      out[key] = t.substr(i, end - i);
+      i = end;
+      const char next = ws();
+      ++i;
+      if (next == '}') break;
+      if (next != ',') throw bad("expected ',' or '}' after \"" + key + "\"");
+    }
+  if (ws() != '\0') throw bad("text after the closing '}'");
+  return out;
+}
+
+const std::string& json_value(const FlatObject& o, const std::string& key, const std::string& source) {
+  const auto it = o.find(key);
+  if (it == o.end()) throw Error(source + ": missing key \"" + key + "\"");
+  return it->second;
 }
 
 // A problem size: an int, the whole (blank-trimmed) value (a wider one would be truncated).
@@ -64,13 +119,14 @@ int strict_int(const std::string& v, const std::string& what) {
       parse_integer(t, std::numeric_limits<int>::min(), std::numeric_limits<int>::max(), what));
 }
 
-int json_int(const std::string& text, const std::string& key, const std::string& source) {
-  return strict_int(json_value(text, key, source), source + ": \"" + key + "\"");
+int json_int(const FlatObject& o, const std::string& key, const std::string& source) {
+  return strict_int(json_value(o, key, source), source + ": \"" + key + "\"");
 }
 
 }  // namespace
 
-Problem problem_from_json(const std::string& text, const std::string& source) {
+Problem problem_from_json(const std::string& json, const std::string& source) {
+  const FlatObject text = parse_flat_object(json, source);
   Problem p;
   p.num_experts = json_int(text, "num_experts", source);
   p.hidden = json_int(text, "hidden", source);
@@ -155,8 +211,11 @@ void save_layer_data(const std::string& dir, const LayerData& data) {
 
 LayerData load_layer_data(const std::string& dir, const bool with_backward) {
   const fs::path pj = fs::path(dir) / "problem.json";
+  std::error_code ec;
+  if (!fs::exists(pj, ec)) throw Error("--load " + dir + ": no problem.json in that directory");
+  if (!fs::is_regular_file(pj, ec)) throw Error("--load " + dir + ": " + pj.string() + " is not a file");
   std::ifstream in(pj);
-  if (!in) throw Error("--load " + dir + ": no problem.json in that directory");
+  if (!in) throw Error("--load " + dir + ": " + pj.string() + " cannot be read (permissions?)");
   std::stringstream text;
   text << in.rdbuf();
   const Problem p = problem_from_json(text.str(), pj.string());

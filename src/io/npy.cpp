@@ -33,15 +33,89 @@ std::string shape_string(const std::vector<std::int64_t>& shape) {
   throw Error("npy file '" + path + "': " + what);
 }
 
-// Finds `'key': ` in the header dict and returns the position after it.
-std::size_t find_key(const std::string& header, const std::string& key, const std::string& path) {
-  const std::string needle = "'" + key + "':";
-  const auto pos = header.find(needle);
-  if (pos == std::string::npos) fail(path, "header has no '" + key + "' entry");
-  std::size_t p = pos + needle.size();
-  while (p < header.size() && header[p] == ' ') ++p;
-  return p;
-}
+// The header dict, a Python literal as NumPy writes it: {'descr': '<u2', 'fortran_order':
+// False, 'shape': (64, 256), } then blank padding. Parsed strictly: exactly these three keys,
+// once each, nothing after the closing brace but blanks.
+class HeaderParser {
+ public:
+  HeaderParser(const std::string& text, const std::string& path) : t_(text), path_(path) {}
+
+  Header parse() {
+    Header h;
+    bool seen[3] = {false, false, false};
+    expect('{');
+    for (;;) {
+      if (peek() == '}') break;
+      const std::string key = quoted("a key");
+      expect(':');
+      const int which = key == "descr" ? 0 : key == "fortran_order" ? 1 : key == "shape" ? 2 : -1;
+      if (which < 0) fail(path_, "header has an unknown key '" + key + "'");
+      if (seen[which]) fail(path_, "header gives '" + key + "' twice");
+      seen[which] = true;
+      if (which == 0) {
+        h.descr = quoted("descr");
+      } else if (which == 1) {
+        h.fortran_order = word("True") ? true : word("False") ? false
+                          : (fail(path_, "fortran_order is neither True nor False"), false);
+      } else {
+        h.shape = tuple();
+      }
+      if (peek() == ',') ++i_;
+      else if (peek() != '}') fail(path_, "header: expected ',' or '}' after '" + key + "'");
+    }
+    ++i_;
+    if (t_.find_first_not_of(" \n", i_) != std::string::npos) fail(path_, "header has text after its closing '}'");
+    for (int k = 0; k < 3; ++k)
+      if (!seen[k]) fail(path_, std::string("header has no '") + (k == 0 ? "descr" : k == 1 ? "fortran_order" : "shape") + "' entry");
+    return h;
+  }
+
+ private:
+  char peek() {
+    while (i_ < t_.size() && t_[i_] == ' ') ++i_;
+    return i_ < t_.size() ? t_[i_] : '\0';
+  }
+  void expect(char c) {
+    if (peek() != c) fail(path_, std::string("header: expected '") + c + "'");
+    ++i_;
+  }
+  bool word(const char* w) {
+    peek();
+    if (t_.compare(i_, std::strlen(w), w) != 0) return false;
+    i_ += std::strlen(w);
+    return true;
+  }
+  std::string quoted(const char* what) {
+    if (peek() != '\'') fail(path_, std::string("header: ") + what + " is not a quoted string");
+    const auto end = t_.find('\'', i_ + 1);
+    if (end == std::string::npos) fail(path_, std::string("header: unterminated ") + what);
+    std::string v = t_.substr(i_ + 1, end - i_ - 1);
+    i_ = end + 1;
+    return v;
+  }
+  // (d0, d1, ...) of non-negative integers; a trailing comma allowed (NumPy writes (64,)),
+  // an empty entry not; one 'L' suffix allowed (Python 2's NumPy wrote 64L).
+  std::vector<std::int64_t> tuple() {
+    expect('(');
+    std::vector<std::int64_t> dims;
+    while (peek() != ')') {
+      std::size_t j = i_;
+      while (j < t_.size() && t_[j] >= '0' && t_[j] <= '9') ++j;
+      if (j == i_ || j - i_ > 18) fail(path_, "shape entry at '" + t_.substr(i_, 12) + "' is not a dimension");
+      dims.push_back(std::stoll(t_.substr(i_, j - i_)));
+      i_ = j;
+      if (i_ < t_.size() && t_[i_] == 'L') ++i_;
+      if (peek() == ',') ++i_;
+      else if (peek() != ')') fail(path_, "shape: expected ',' or ')' after a dimension");
+    }
+    ++i_;
+    return dims;
+  }
+
+  const std::string& t_;
+  const std::string& path_;
+  std::size_t i_ = 0;
+};
 
 }  // namespace
 
@@ -71,39 +145,8 @@ Header read_header(const std::string& path) {
   std::string header(header_len, '\0');
   if (!in.read(header.data(), header_len)) fail(path, "truncated header");
 
-  Header h;
+  Header h = HeaderParser(header, path).parse();
   h.data_offset = prefix + header_len;
-  std::size_t p = find_key(header, "descr", path);
-  if (p >= header.size() || header[p] != '\'') fail(path, "descr is not a string");
-  const auto end = header.find('\'', p + 1);
-  if (end == std::string::npos) fail(path, "unterminated descr");
-  h.descr = header.substr(p + 1, end - p - 1);
-  p = find_key(header, "fortran_order", path);
-  if (header.compare(p, 4, "True") == 0) h.fortran_order = true;
-  else if (header.compare(p, 5, "False") == 0) h.fortran_order = false;
-  else fail(path, "fortran_order is neither True nor False");
-  p = find_key(header, "shape", path);
-  if (p >= header.size() || header[p] != '(') fail(path, "shape is not a tuple");
-  const auto close = header.find(')', p);
-  if (close == std::string::npos) fail(path, "unterminated shape tuple");
-  std::string dims = header.substr(p + 1, close - p - 1);
-  std::stringstream ds(dims);
-  std::string item;
-  while (std::getline(ds, item, ',')) {
-    std::size_t a = item.find_first_not_of(" "), b = item.find_last_not_of(" L");
-    if (a == std::string::npos) continue;
-    const std::string num = item.substr(a, b - a + 1);
-    std::int64_t v = 0;
-    try {
-      std::size_t used = 0;
-      v = std::stoll(num, &used);
-      if (used != num.size()) throw std::invalid_argument("trailing");
-    } catch (const std::exception&) {
-      fail(path, "shape entry '" + num + "' is not an integer");
-    }
-    if (v < 0) fail(path, "negative dimension in shape");
-    h.shape.push_back(v);
-  }
   return h;
 }
 
