@@ -6,6 +6,14 @@
 #include "mok/problem.h"
 
 namespace mok {
+namespace {
+// A float as written (1e-50 stays 1e-50, not std::to_string's 0.000000).
+std::string format_number(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+}  // namespace
 
 const char* to_string(Precision precision) {
   return precision == Precision::bf16 ? "bf16" : "mxfp8";
@@ -58,7 +66,7 @@ void Problem::validate() const {
   for (int w : shared_intermediate) size_rule("a shared expert's weights (width * hidden)", double(w) * hidden);
   if (swiglu_limit) {
     require(std::isfinite(*swiglu_limit) && *swiglu_limit > 0,
-            "Problem.swiglu_limit = " + std::to_string(*swiglu_limit) + ": must be finite and > 0");
+            "Problem.swiglu_limit = " + format_number(*swiglu_limit) + ": must be finite and > 0");
   }
   if (precision == Precision::mxfp8) {
     const std::string rule = "must be a multiple of " + std::to_string(kMxBlock) +

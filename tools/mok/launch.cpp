@@ -83,7 +83,17 @@ int launch_command(const std::vector<std::string>& argv) {
   std::vector<bool> done(n, false);
   for (long long r = 0; r < n; ++r) {
     const pid_t pid = fork();
-    require(pid >= 0, "mok launch: fork failed for rank " + std::to_string(r));
+    if (pid < 0) {  // the ranks already started are stopped, the rendezvous directory removed
+      const int err = errno;
+      for (long long q = 0; q < r; ++q) {
+        kill(-pids[q], SIGTERM);
+        kill(pids[q], SIGTERM);
+      }
+      std::error_code ec;
+      std::filesystem::remove_all(launch_dir, ec);
+      throw Error("mok launch: fork failed for rank " + std::to_string(r) + ": " + std::strerror(err) +
+                  " (the " + std::to_string(r) + " rank(s) started were stopped)");
+    }
     if (pid == 0) {
       setpgid(0, 0);  // one process group per rank: stopping a rank stops what it started
       // The rank goes when the launcher goes, however it goes.
@@ -148,7 +158,9 @@ int launch_command(const std::vector<std::string>& argv) {
     }
     if (failed_rank < 0 && timeout_s > 0 && elapsed > timeout_s) {
       failed_rank = n;  // no single rank to blame
-      failure = "timed out after " + std::to_string(static_cast<long long>(timeout_s)) + " s";
+      char limit[32];
+      std::snprintf(limit, sizeof limit, "%g", timeout_s);
+      failure = std::string("timed out after ") + limit + " s";
       std::fprintf(stderr, "mok launch: %s; stopping every rank\n", failure.c_str());
       stop_all(SIGTERM);
     }

@@ -94,10 +94,11 @@ int run_command(const std::vector<std::string>& argv) {
                     : ep_mode == "distributed" ? EpMode::distributed
                                                : EpMode::all_ranks;
   // Distributed: this process is one rank of the group its launcher started.
-  int my_rank = -1;
+  int my_rank = -1, group_size = 0;
   if (options.ep_mode == EpMode::distributed) {
     const auto env = comm::GroupEnvironment::from_environment();
     my_rank = env.rank;
+    group_size = env.world_size;
     options.cuda_device = env.local_rank;  // the group's device for this process (the data goes there too)
   }
   const auto active_rank_text = args.take("active-rank");
@@ -157,6 +158,10 @@ int run_command(const std::vector<std::string>& argv) {
   } else {
     ProblemArgs pa = parse_problem(args, gpu && on_cuda ? "qwen3.5-397b-a17b" : "small", gpu);
     args.finish();
+    if (group_size > 0 && group_size != pa.problem.ep_size)
+      throw Error("--ep-mode distributed: the group has " + std::to_string(group_size) + " processes but --ep is " +
+                  std::to_string(pa.problem.ep_size) + " (one process per rank: mok launch -n " +
+                  std::to_string(pa.problem.ep_size) + ")");
     claim_save_dir();
     if (ep_mode == "auto" && on_cuda && pa.problem.ep_size > 8) options.ep_mode = EpMode::rank_slice;
     shape_name = pa.shape_name.empty() ? "custom" : pa.shape_name;
