@@ -159,6 +159,8 @@ elseif(MODE STREQUAL "bad_input")
     message(FATAL_ERROR "mok --help must list the commands:\n${so}")
   endif()
   expect_refused("-n N (the number of ranks) is required" launch -- true)
+  # A clamp the layer's float cannot hold is refused as written.
+  expect_refused("option --swiglu-limit: 1e-50 is outside float's range" run --shape tiny --swiglu-limit 1e-50)
   file(REMOVE_RECURSE "${WORK}")
 elseif(MODE STREQUAL "bad_active_rank")
   # Out of range and not a number: each must fail normally, naming the option and its rule.

@@ -1,6 +1,7 @@
 #include "mok/cli_args.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <sstream>
@@ -8,6 +9,13 @@
 #include "core/numbers.h"
 
 namespace mok::cli {
+namespace {
+std::string args_text(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+}  // namespace
 
 Args::Args(const std::vector<std::string>& argv, const std::vector<std::string>& flags) {
   for (std::size_t i = 0; i < argv.size(); ++i) {
@@ -141,7 +149,14 @@ ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool /*g
     }
   }
   p.precision = precision_from_string(args.take_or("dtype", "bf16"));
-  if (auto limit = args.take_double("swiglu-limit")) p.swiglu_limit = static_cast<float>(*limit);
+  if (auto limit = args.take_double("swiglu-limit")) {
+    // The layer keeps it as a float: a value that does not survive the conversion is refused
+    // as written, not validated as the 0 or inf it would become.
+    const float f = static_cast<float>(*limit);
+    if (!std::isfinite(f) || (f == 0.0f && *limit != 0.0))
+      throw Error("option --swiglu-limit: " + args_text(*limit) + " is outside float's range");
+    p.swiglu_limit = f;
+  }
   p.validate();
   return out;
 }
