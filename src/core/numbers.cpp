@@ -1,6 +1,7 @@
 #include "core/numbers.h"
 
 #include <cmath>
+#include <sstream>
 #include <stdexcept>
 
 #include "mok/error.h"
@@ -32,6 +33,12 @@ double parse_finite(const std::string& text, const std::string& what) {
   }
   if (!std::isfinite(d)) throw Error(what + ": must be a finite number, got '" + text + "'");
   return d;
+}
+
+std::string format_number(double value) {
+  std::ostringstream s;
+  s << value;
+  return s.str();
 }
 
 }  // namespace mok

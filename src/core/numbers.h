@@ -14,4 +14,8 @@ long long parse_integer(const std::string& text, long long lo, long long hi, con
 // "<what>: must be a finite number, got '<text>'".
 double parse_finite(const std::string& text, const std::string& what);
 
+// A number as a person wrote it in an error message (1e-50, 0.5, 7), not std::to_string's
+// six fixed decimals (which print 1e-50 as 0.000000).
+std::string format_number(double value);
+
 }  // namespace mok

@@ -1,19 +1,12 @@
 #include <cmath>
 #include <sstream>
 
+#include "core/numbers.h"
 #include "mok/config.h"
 #include "mok/error.h"
 #include "mok/problem.h"
 
 namespace mok {
-namespace {
-// A float as written (1e-50 stays 1e-50, not std::to_string's 0.000000).
-std::string format_number(double v) {
-  std::ostringstream s;
-  s << v;
-  return s.str();
-}
-}  // namespace
 
 const char* to_string(Precision precision) {
   return precision == Precision::bf16 ? "bf16" : "mxfp8";

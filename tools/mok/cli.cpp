@@ -9,13 +9,6 @@
 #include "core/numbers.h"
 
 namespace mok::cli {
-namespace {
-std::string args_text(double v) {
-  std::ostringstream s;
-  s << v;
-  return s.str();
-}
-}  // namespace
 
 Args::Args(const std::vector<std::string>& argv, const std::vector<std::string>& flags) {
   for (std::size_t i = 0; i < argv.size(); ++i) {
@@ -154,7 +147,7 @@ ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool /*g
     // as written, not validated as the 0 or inf it would become.
     const float f = static_cast<float>(*limit);
     if (!std::isfinite(f) || (f == 0.0f && *limit != 0.0))
-      throw Error("option --swiglu-limit: " + args_text(*limit) + " is outside float's range");
+      throw Error("option --swiglu-limit: " + format_number(*limit) + " is outside float's range");
     p.swiglu_limit = f;
   }
   p.validate();
