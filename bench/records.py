@@ -162,9 +162,9 @@ def forward_phases(mok):
 
 def merge_group(moks):
     """The mok part of one record for a real EP group, from every rank's mok.json (rank
-    order): per timed iteration the slowest rank (MoK's method), rows and bytes of the rank
-    that moved the most, the check passing only when every rank's does; each rank's own
-    figures are kept under "ranks"."""
+    order): per timed iteration the slowest rank (MoK's method), the rows of the rank with the
+    most and the remote rows of the rank that moved the most, the check passing only when every
+    rank's does; each rank's own figures are kept under "ranks"."""
     if not moks:
         raise ValueError("merge_group: no ranks")
     iters = [m.get("forward_iters_ms") for m in moks]
@@ -176,8 +176,11 @@ def merge_group(moks):
     out["active_rank"] = None
     out["forward"] = {"median_ms": worst[len(worst) // 2], "min_ms": worst[0], "max_ms": worst[-1]}
     out["forward_iters_ms"] = [max(col) for col in zip(*iters)]
-    busiest = max(moks, key=lambda m: int(m["rows"].get("remote", 0)))
+    # Rows (and so the performed FLOPs and HBM bytes) of the rank with the most rows, the one
+    # that sets the pace; link bytes of the rank that moved the most rows over NVLink.
+    busiest = max(moks, key=lambda m: int(m["rows"].get("real", 0)))
     out["rows"] = dict(busiest["rows"])
+    out["rows"]["remote"] = max(int(m["rows"].get("remote", 0)) for m in moks)
     rank_checks = [((m.get("check") or {}).get("forward") or {}) for m in moks]
     out["check"] = {"forward": {"passes": all(bool(c.get("passes")) for c in rank_checks),
                                 "max_abs": max(float(c.get("max_abs", float("inf"))) for c in rank_checks),
@@ -215,6 +218,9 @@ def make_record(mok, peer, env):
     for entry in (mok_fwd, pipe_fwd):
         if entry:
             entry["tflops_performed"] = tflops(perf_fwd, entry["median_ms"])
+    for entry in (mok_bwd, pipe_bwd):  # backward: twice the forward's GEMM FLOPs
+        if entry:
+            entry["tflops_performed"] = tflops(2 * perf_fwd, entry["median_ms"])
 
     ceilings = peer.get("ceilings") or {}
     dense = (ceilings.get("dense_bf16") or {}).get("tflops")
@@ -231,7 +237,10 @@ def make_record(mok, peer, env):
     pipe_gbps = gbps(hbm, ms(pipe_fwd))
 
     mok_pass = None if mok_check is None else bool(mok_check.get("passes"))
-    peer_pass = None if peer_check is None else bool(peer_check.get("passes"))
+    # A peer that ran but has no check, or reported errors (its check or a timing raised), is
+    # incomplete: the record fails rather than showing PASS beside missing figures.
+    peer_incomplete = bool(peer) and (peer_check is None or bool(peer.get("errors")))
+    peer_pass = None if not peer else False if peer_incomplete else bool(peer_check.get("passes"))
     commit = env["commit"]
     return {
         "schema": SCHEMA,

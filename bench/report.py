@@ -10,6 +10,7 @@ then by file name) wins.
 """
 import argparse
 import glob
+import json
 import os
 import re
 import sys
@@ -35,7 +36,16 @@ def routing_spec(rec):
 
 
 def record_key(rec):
-    return (rec["shape"], rec["ep_mode"], routing_spec(rec), int(rec["tokens_per_rank"]), rec["precision"])
+    """What makes two records measurements of the same thing: shape, EP mode and size, routing,
+    tokens, precision and GPU (a slice of EP 8 is not one of EP 64; an H100 is not an H200)."""
+    return (rec["shape"], rec["ep_mode"], int((rec.get("problem") or {}).get("ep_size") or 0), routing_spec(rec),
+            int(rec["tokens_per_rank"]), rec["precision"], (rec.get("gpu") or {}).get("name") or "?")
+
+
+def series_key(rec):
+    """record_key without the tokens: one line of a sweep, one bar group."""
+    shape, mode, ep, routing, _, precision, gpu = record_key(rec)
+    return (shape, mode, ep, routing, precision, gpu)
 
 
 def _shape_rank(shape):
@@ -43,8 +53,8 @@ def _shape_rank(shape):
 
 
 def sort_key(rec):
-    shape, mode, routing, tokens, precision = record_key(rec)
-    return (_shape_rank(shape), mode, routing, precision, tokens)
+    shape, mode, ep, routing, tokens, precision, gpu = record_key(rec)
+    return (_shape_rank(shape), mode, ep, routing, precision, gpu, tokens)
 
 
 def load_records(paths):
@@ -74,8 +84,7 @@ def bar_records(recs):
     the shape's default tokens per rank if present, else the one with the most tokens."""
     groups = {}
     for rec in recs:
-        shape, mode, routing, tokens, precision = record_key(rec)
-        groups.setdefault((shape, mode, routing, precision), []).append(rec)
+        groups.setdefault(series_key(rec), []).append(rec)
     chosen = []
     for (shape, *_), group in groups.items():
         at_default = [r for r in group if int(r["tokens_per_rank"]) == DEFAULT_TOKENS.get(shape)]
@@ -83,14 +92,29 @@ def bar_records(recs):
     return sorted(chosen, key=sort_key)
 
 
-def sweep_groups(recs):
-    """{(shape, mode, routing, precision): records sorted by tokens} where >= 2 token counts exist."""
-    groups = {}
-    for rec in recs:
-        shape, mode, routing, tokens, precision = record_key(rec)
-        groups.setdefault((shape, mode, routing, precision), []).append(rec)
-    return {k: sorted(v, key=lambda r: int(r["tokens_per_rank"])) for k, v in groups.items()
-            if len({int(r["tokens_per_rank"]) for r in v}) >= 2}
+def _commit_of(rec):
+    c = rec.get("commit") or {}
+    return str(c.get("sha", "?"))[:12] + ("+dirty" if c.get("dirty") else "")
+
+
+def sweep_groups(loaded):
+    """{series_key: records sorted by tokens} where >= 2 token counts exist, every point from
+    ONE commit (the one that measured the most token counts; ties: the newest), so a line never
+    joins two binaries; per token count that commit's newest record."""
+    by_series = {}
+    for path, rec in loaded:
+        by_series.setdefault(series_key(rec), []).append((path, rec))
+    out = {}
+    for key, items in by_series.items():
+        by_commit = {}
+        for path, rec in items:
+            by_commit.setdefault(_commit_of(rec), []).append((path, rec))
+        def coverage(entries):
+            return (len({int(r["tokens_per_rank"]) for _, r in entries}), max(r.get("date", "") for _, r in entries))
+        best = newest_per_key(max(by_commit.values(), key=coverage))
+        if len(best) >= 2:
+            out[key] = sorted(best, key=lambda r: int(r["tokens_per_rank"]))
+    return out
 
 
 def group_lines(recs):
@@ -124,9 +148,8 @@ def repeat_groups(loaded):
     runs whose agreement says how far a single figure can be trusted."""
     groups = {}
     for _, rec in loaded:
-        c = rec.get("commit") or {}
-        commit = str(c.get("sha", "?"))[:12] + ("+dirty" if c.get("dirty") else "")
-        groups.setdefault(record_key(rec) + (commit,), []).append(rec)
+        config = json.dumps(rec.get("config"), sort_keys=True)  # a different --mok-arg is not a repeat
+        groups.setdefault(record_key(rec) + (_commit_of(rec), config), []).append(rec)
     return {k: sorted(v, key=lambda r: r.get("date", "")) for k, v in groups.items() if len(v) >= 2}
 
 
@@ -152,7 +175,8 @@ def repeat_lines(loaded):
         pt = [values(r)["pt_ms"] for r in recs]
         dense = [values(r)["dense"] for r in recs]
         sm, sp, sd = spread(mok), spread(pt), spread(dense)
-        cells = [key[0], key[1], key[3], key[5], len(recs), " / ".join(_f(v, ".3f") for v in mok),
+        shape, _, _, _, tokens, _, _, commit, _ = key
+        cells = [shape, ep_text(recs[0]), tokens, commit, len(recs), " / ".join(_f(v, ".3f") for v in mok),
                  _pct(sm), " / ".join(_f(v, ".3f") for v in pt),
                  _pct(sp), " / ".join(_f(v, ".0f") for v in dense),
                  _pct(sd)]
@@ -196,6 +220,12 @@ def values(rec):
         "mok_frac_performed": records.ratio(_get(rec, "mok", "forward", "tflops_performed"),
                                             _get(rec, "ceilings", "dense_bf16_tflops")),
         "speedup_at_ceiling": speedup_at_ceiling(rec),
+        # Backward FLOPs really done (twice the forward's GEMMs): MoK's count puts shapes without
+        # a shared expert above the dense ceiling. Worked out here: older records lack it.
+        "pt_bwd_tflops_performed": records.ratio(
+            None if _get(rec, "flops", "performed_forward") is None else 2 * _get(rec, "flops", "performed_forward"),
+            None if _get(rec, *pipe, "backward", "median_ms") is None
+            else _get(rec, *pipe, "backward", "median_ms") * 1e9),
     }
 
 
@@ -346,8 +376,8 @@ def markdown(recs, plots, out_dir, repeats=None):
              "(the speedup of a layer that ran at cuBLAS's dense rate and did nothing else: beyond it "
              "only by out-running cuBLAS); % ceiling = mok TFLOP/s over the dense bf16 GEMM "
              "measured in the same run (MoK's formula; 'performed': the FLOPs really done, which is the "
-             "honest fraction for shapes without a shared expert). When several records share shape, EP mode, routing, tokens and "
-             "precision, the newest is shown.", ""]
+             "honest fraction for shapes without a shared expert). When several records share shape, EP mode and size, routing, "
+             "tokens, precision and GPU, the newest is shown.", ""]
     if not recs:
         lines += ["No records yet: run `python3 bench/run.py` on a GPU machine.", ""]
         return "\n".join(lines)
@@ -371,14 +401,16 @@ def markdown(recs, plots, out_dir, repeats=None):
     lines.append("")
     bwd = [r for r in recs if values(r)["mok_bwd_ms"] is not None or values(r)["pt_bwd_ms"] is not None]
     if bwd:
-        lines += ["## Backward", "", "| shape | EP mode | routing | tokens | mok ms | mok TFLOP/s | PyTorch ms "
-                  "| PyTorch TFLOP/s | speedup |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += ["## Backward", "", "TFLOP/s by MoK's formula (twice the forward's); performed: the FLOPs "
+                  "really done (for shapes without a shared expert MoK's count is (k+1)/k too high).", "",
+                  "| shape | EP mode | routing | tokens | mok ms | mok TFLOP/s | PyTorch ms "
+                  "| PyTorch TFLOP/s | PyTorch TFLOP/s performed | speedup |", "|---|---|---|---|---|---|---|---|---|---|"]
         for rec in bwd:
             v = values(rec)
             sp = records.ratio(v["pt_bwd_ms"], v["mok_bwd_ms"])
             cells = [rec["shape"], ep_text(rec), routing_spec(rec), rec["tokens_per_rank"],
                      _f(v["mok_bwd_ms"], ".3f"), _f(v["mok_bwd_tflops"], ".1f"), _f(v["pt_bwd_ms"], ".3f"),
-                     _f(v["pt_bwd_tflops"], ".1f"), _f(sp, ".2f", "x")]
+                     _f(v["pt_bwd_tflops"], ".1f"), _f(v["pt_bwd_tflops_performed"], ".1f"), _f(sp, ".2f", "x")]
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         lines.append("")
     lines += routing_lines(recs)
@@ -486,7 +518,7 @@ def _safe(text):
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")
 
 
-def make_plots(recs, plots_dir):
+def make_plots(recs, plots_dir, loaded=None):
     """Writes the PNGs; returns [(title, path)]. Removes sweep plots left by an earlier run."""
     os.makedirs(plots_dir, exist_ok=True)
     for old in glob.glob(os.path.join(plots_dir, "sweep_*.png")) + \
@@ -513,10 +545,13 @@ def make_plots(recs, plots_dir):
         p = os.path.join(plots_dir, PLOT_FILES[2])
         _phase_plot(p, phased)
         out.append(("Where mok's forward time goes", p))
-    for key, group in sorted(sweep_groups(recs).items(), key=lambda kv: sort_key(kv[1][0])):
-        p = os.path.join(plots_dir, "sweep_" + _safe("_".join(key)) + ".png")
-        _sweep_plot(p, key, group)
-        out.append((f"Tokens-per-rank sweep: {key[0]} {key[1]} ({key[2]}, {key[3]})", p))
+    loaded = loaded if loaded is not None else [("", r) for r in recs]
+    for key, group in sorted(sweep_groups(loaded).items(), key=lambda kv: sort_key(kv[1][0])):
+        shape, mode, ep, routing, precision, gpu = key
+        p = os.path.join(plots_dir, "sweep_" + _safe(f"{shape}_{mode}{ep}_{routing}_{precision}_{gpu}") + ".png")
+        _sweep_plot(p, (shape, mode, routing, precision), group)
+        out.append((f"Tokens-per-rank sweep: {shape} {mode} EP={ep} ({routing}, {precision}, {gpu}, "
+                    f"commit {group[0]['commit']['short']})", p))
     return out
 
 
@@ -524,7 +559,7 @@ def generate(paths, out_path=DEFAULT_OUT, plots_dir=DEFAULT_PLOTS):
     """Reads the records at `paths`, writes the markdown and the plots; returns the records shown."""
     loaded = load_records(paths)
     recs = newest_per_key(loaded)
-    plots = make_plots(recs, plots_dir)
+    plots = make_plots(recs, plots_dir, loaded)
     text = markdown(recs, plots, os.path.dirname(os.path.abspath(out_path)), repeat_lines(loaded))
     with open(out_path, "w") as f:
         f.write(text + "\n")

@@ -70,6 +70,22 @@ class MakeRecord(unittest.TestCase):
         self.peer = fixture("fixture_peer_qwen35_slice.json")
         self.rec = records.make_record(self.mok, self.peer, env())
 
+    def test_a_peer_without_a_check_or_with_errors_fails_the_record(self):
+        for change in ({"check": None}, {"errors": {"forward": "RuntimeError: CUDA out of memory"}}):
+            peer = dict(copy.deepcopy(self.peer), **change)
+            rec = records.make_record(self.mok, peer, env())
+            self.assertIs(rec["check"]["pytorch"], False, change)
+            self.assertFalse(rec["check"]["passes"], change)
+        # No peer at all (--no-peer): mok's own check decides.
+        self.assertTrue(records.make_record(self.mok, None, env())["check"]["passes"])
+
+    def test_backward_performed_tflops(self):
+        peer = dict(copy.deepcopy(self.peer), backward={"median_ms": 4.0, "min_ms": 4.0, "max_ms": 4.0})
+        rec = records.make_record(self.mok, peer, env())
+        perf = rec["flops"]["performed_forward"]
+        self.assertAlmostEqual(rec["peers"]["pytorch_pipeline"]["backward"]["tflops_performed"],
+                               2 * perf / 4e-3 / 1e12)
+
     def test_identity_fields(self):
         r = self.rec
         self.assertEqual(r["schema"], records.SCHEMA)
@@ -212,6 +228,13 @@ class Group(unittest.TestCase):
         self.assertEqual(merged["rows"]["remote"], 30)
         self.assertTrue(merged["check"]["forward"]["passes"])
         self.assertEqual(len(merged["ranks"]), 2)
+
+    def test_rows_come_from_the_rank_with_the_most_rows_remote_from_the_most_remote(self):
+        a, b = self.rank([1.0], 500), self.rank([1.0], 100)
+        a["rows"]["real"], b["rows"]["real"] = 1000, 3000
+        merged = records.merge_group([a, b])
+        self.assertEqual(merged["rows"]["real"], 3000)   # b sets the pace (performed FLOPs, HBM bytes)
+        self.assertEqual(merged["rows"]["remote"], 500)  # a moved the most over the link
 
     def test_merge_fails_when_any_rank_fails_or_lacks_times(self):
         merged = records.merge_group([self.rank([1.0], 1), self.rank([1.0], 1, passes=False, max_abs=3.0)])

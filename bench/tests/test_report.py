@@ -89,12 +89,13 @@ class Report(unittest.TestCase):
             self.assertIn("tflops_per_shape.png", names)
             self.assertIn("dense_ceiling_fraction.png", names)
             sweeps = [n for n in names if n.startswith("sweep_")]
-            self.assertEqual(sweeps, ["sweep_qwen3.5-397b-a17b_slice_gaussian_bf16.png"])
+            self.assertEqual(sweeps, ["sweep_qwen3.5-397b-a17b_slice64_gaussian_bf16_FIXTURE-GPU.png"])
             for n in names:
                 assert_png(self, os.path.join(plots, n))
                 self.assertIn(f"(plots/{n})", text)
             self.assertIn("## Backward", text)
-            self.assertIn("| qwen3.5-397b-a17b | slice (EP=64) | gaussian | 2048 | 4.000 | 283.5 | 8.000 | 141.7 | 2.00x |",
+            self.assertIn("| qwen3.5-397b-a17b | slice (EP=64) | gaussian | 2048 | 4.000 | 283.5 | 8.000 | 141.7 | 141.7 "
+                          "| 2.00x |",
                           text)
             self.assertIn("| qwen3.5-397b-a17b | 2048 | 1 / 2 | 1000 | 2000 / 1250 | 4000 |", text)
             # The routing and how unbalanced it was, per record.
@@ -144,6 +145,24 @@ class Report(unittest.TestCase):
             m = [r for r in recs if r["shape"] == "mixtral-8x7b"]
             self.assertEqual(m[0]["mok"]["forward"]["median_ms"], 7.0)
 
+    def test_keys_separate_ep_sizes_and_gpus_and_sweeps_keep_one_commit(self):
+        with tempfile.TemporaryDirectory() as d:
+            loaded = report.load_records(fixture_records(d))
+            q = [r for _, r in loaded if r["shape"] == "qwen3.5-397b-a17b" and r["tokens_per_rank"] == 2048][-1]
+            ep8, h100 = copy.deepcopy(q), copy.deepcopy(q)
+            ep8["problem"]["ep_size"] = 8
+            h100["gpu"]["name"] = "NVIDIA H100"
+            keys = {report.record_key(r) for r in (q, ep8, h100)}
+            self.assertEqual(len(keys), 3, "EP size and GPU are part of what a record measures")
+            # A newer commit's single 1024-token point does not join the fixture commit's sweep.
+            newer = copy.deepcopy([r for _, r in loaded if r["tokens_per_rank"] == 1024][0])
+            newer["commit"] = {"sha": "fedcba9876543", "short": "fedcba9", "dirty": False}
+            newer["date"] = "2099-01-01T00:00:00Z"
+            newer["mok"]["forward"]["median_ms"] = 99.0
+            (series, group), = report.sweep_groups(loaded + [("newer", newer)]).items()
+            self.assertEqual({r["commit"]["short"] for r in group}, {q["commit"]["short"]})
+            self.assertNotIn(99.0, [r["mok"]["forward"]["median_ms"] for r in group])
+
     def test_repeat_runs_of_one_commit(self):
         with tempfile.TemporaryDirectory() as d:
             paths = fixture_records(d)
@@ -152,7 +171,11 @@ class Report(unittest.TestCase):
             # The two qwen 2048-token records share a commit; nothing else repeats.
             self.assertEqual(len(groups), 1)
             (key, recs), = groups.items()
-            self.assertEqual((key[0], key[3]), ("qwen3.5-397b-a17b", 2048))
+            self.assertEqual((key[0], key[2], key[4]), ("qwen3.5-397b-a17b", 64, 2048))
+            # Another config (a --mok-arg) of the same commit is not a repeat.
+            other = copy.deepcopy(loaded[1][1])
+            other["config"] = dict(other["config"] or {}, task_band_tiles=8)
+            self.assertEqual(len(report.repeat_groups(loaded + [("x", other)])), 1)
             self.assertEqual([r["mok"]["forward"]["median_ms"] for r in recs], [10.0, 1.0])
             self.assertAlmostEqual(report.spread([10.0, 1.0]), 9.0)
             self.assertIsNone(report.spread([1.0]))
