@@ -77,6 +77,11 @@ LayerData make_layer_data(const Problem& problem, const Routing& routing, std::u
 // The host bytes a routing plus make_layer_data's tensors take for these arguments.
 std::uint64_t layer_data_host_bytes(const Problem& problem, bool with_backward, int weights_rank = -1);
 
+// A lower bound of what the CPU reference backend holds besides those tensors: every rank's
+// combine slots (bf16 [T*k, H]) and one rank's fp32 working matrices at the mean row count
+// (ranks run one after another). Erring low, it never refuses a run that fits.
+std::uint64_t reference_host_bytes(const Problem& problem, bool with_backward);
+
 // Throws mok::Error when `bytes` exceed the memory the machine has available now (Linux
 // MemAvailable; no check where that is unknown), naming `what` needs them: a run too large
 // for the host is refused up front instead of being killed by the kernel part way.

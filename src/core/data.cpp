@@ -121,6 +121,17 @@ std::uint64_t layer_data_host_bytes(const Problem& p, bool with_backward, int we
   return total >= 1.8e19L ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(total);
 }
 
+std::uint64_t reference_host_bytes(const Problem& p, bool with_backward) {
+  const long double T = p.tokens_per_rank, H = p.hidden, I = p.intermediate, k = p.top_k, R = p.ep_size;
+  const long double rows = T * k;  // one rank's mean routed rows
+  const long double combine = R * T * k * H * 2;
+  // Forward: gathered rows and results [n,H], gate|up [n,2I], activations [n,I], in fp32; the
+  // backward adds dy rows and its gradients of the SwiGLU (about six [n,I] matrices).
+  const long double work = rows * (2 * H + 3 * I) * 4 + (with_backward ? rows * (H + 6 * I) * 4 : 0);
+  const long double total = combine + work;
+  return total >= 1.8e19L ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(total);
+}
+
 void require_host_memory(std::uint64_t bytes, const std::string& what) {
   std::ifstream meminfo("/proc/meminfo");
   std::string key;

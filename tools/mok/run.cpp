@@ -166,9 +166,12 @@ int run_command(const std::vector<std::string>& argv) {
     if (ep_mode == "auto" && on_cuda && pa.problem.ep_size > 8) options.ep_mode = EpMode::rank_slice;
     shape_name = pa.shape_name.empty() ? "custom" : pa.shape_name;
     // Checked before the routing is drawn: it alone is R*T*k ids and weights.
-    require_host_memory(layer_data_host_bytes(pa.problem, do_bwd,
-                                              options.ep_mode == EpMode::rank_slice ? 0 : my_rank),
-                        "this run (" + pa.problem.describe() + ")");
+    // The CPU reference (the backend, or --check's comparison) holds its slots and work too.
+    const bool reference_runs = !on_cuda || check;
+    const std::uint64_t bytes =
+        layer_data_host_bytes(pa.problem, do_bwd, options.ep_mode == EpMode::rank_slice ? 0 : my_rank) +
+        (reference_runs ? reference_host_bytes(pa.problem, do_bwd) : 0);
+    require_host_memory(bytes, "this run (" + pa.problem.describe() + ")");
     const Routing routing = generate_routing(pa.problem, routing_spec, seed);
     options.active_rank =
         resolve_active_rank(active_rank_text, options.ep_mode == EpMode::rank_slice, pa.problem, routing);
