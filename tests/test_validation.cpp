@@ -126,6 +126,38 @@ TEST_F(BadInput, PlacementOfTheTensorsMovedInBulk) {
   EXPECT_THAT(check(bad, here), AllOf(HasSubstr("w_up[rank 1][shared 0]"), HasSubstr("must be on cuda:0")));
 }
 
+// An output sharing bytes with any input or another output is refused before any work: the
+// layer reads inputs while it writes outputs, so the result would depend on that order (the
+// CPU backend returned wrong numbers for these, silently).
+TEST_F(BadInput, OutputsMustNotOverlapOtherTensors) {
+  auto fwd = [&](auto&& change) {
+    auto args = data_.forward_args();
+    change(args);
+    return forward_error(args);
+  };
+  EXPECT_THAT(fwd([](auto& a) { a[0].y.data = a[1].inputs.x.data; }),
+              AllOf(HasSubstr("y[rank 0] overlaps x[rank 1]"), HasSubstr("must not share bytes")));
+  EXPECT_THAT(fwd([](auto& a) { a[1].y.data = a[0].y.data; }), HasSubstr("overlaps y[rank"));
+  EXPECT_THAT(fwd([](auto& a) { a[0].y.data = a[1].weights.w_gate.data; }), HasSubstr("overlaps w_gate[rank 1]"));
+  // Partly: y starting half-way into another rank's y.
+  EXPECT_THAT(fwd([&](auto& a) { a[1].y.data = static_cast<std::uint16_t*>(a[0].y.data) + 8 * 64 / 2; }),
+              HasSubstr("overlaps y[rank"));
+  // Inputs may share memory: one shared-expert weight buffer for both ranks is fine.
+  auto shared_once = data_.forward_args();
+  shared_once[1].weights.shared = shared_once[0].weights.shared;
+  EXPECT_NO_THROW(layer_.forward(shared_once));
+  // Backward: dx over another rank's dy, and two ranks' weight gradients in one buffer.
+  auto bwd = data_.backward_args();
+  bwd[0].dx.data = bwd[1].dy.data;
+  EXPECT_THAT(backward_error(bwd), HasSubstr("dx[rank 0] overlaps dy[rank 1]"));
+  bwd = data_.backward_args();
+  bwd[1].d_w_gate.data = bwd[0].d_w_gate.data;
+  EXPECT_THAT(backward_error(bwd), HasSubstr("overlaps d_w_gate[rank"));
+  // After the refusals a valid call still runs.
+  EXPECT_NO_THROW(layer_.forward(data_.forward_args()));
+  EXPECT_NO_THROW(layer_.backward(data_.backward_args()));
+}
+
 TEST_F(BadInput, WrongDtypes) {
   const HostTensor xf(DType::f32, {8, 64}), ids64(DType::i64, {8, 2}), wbf(DType::bf16, {8, 2});
   auto args = data_.forward_args();
@@ -315,6 +347,37 @@ TEST(BadData, MakeLayerDataArguments) {
   Routing bad = r;
   bad.router_weights[1][3] = std::numeric_limits<float>::quiet_NaN();
   EXPECT_THAT(error_message([&] { make_layer_data(p, bad, 1, false); }), HasSubstr("router_weights[rank 1]"));
+}
+
+// Misuse of the API around the layer call (found by probing it): each is a named error, not a
+// crash, a silently changed value or an unnamed standard exception.
+TEST(ApiMisuse, EachIsANamedError) {
+  const Problem p = test::make_problem(8, 64, 32, 2, {32}, 2, 8);
+  // A moved-from Layer.
+  Layer a(p, test::roomy_config(), test::cpu_options(1));
+  Layer b(std::move(a));
+  LayerData data = test::make_data(p, 3, false);
+  EXPECT_THAT(error_message([&] { a.forward(data.forward_args()); }), HasSubstr("moved from"));
+  EXPECT_NO_THROW(b.forward(data.forward_args()));
+  // Routing statistics of a routing that is not one of this problem's.
+  Routing r = generate_routing(p, RoutingSpec::parse("gaussian"), 1);
+  Routing short_one = r;
+  short_one.top_experts.pop_back();
+  EXPECT_THAT(error_message([&] { routing_balance(p, short_one); }), HasSubstr("ep_size is 2"));
+  r.top_experts[1][5] = 99;
+  EXPECT_THAT(error_message([&] { routing_balance(p, r); }), HasSubstr("top_experts[rank 1][token 2, slot 1] = 99"));
+  // A RoutingSpec built directly is checked like a parsed one.
+  RoutingSpec zipf = RoutingSpec::parse("zipf");
+  zipf.zipf_exponent = std::nan("");
+  EXPECT_THAT(error_message([&] { generate_routing(p, zipf, 1); }), HasSubstr("zipf exponent"));
+  RoutingSpec hot = RoutingSpec::parse("hot");
+  hot.hot_fraction = 5;
+  EXPECT_THAT(error_message([&] { generate_routing(p, hot, 1); }), HasSubstr("hot fraction must be in [0, 1], got 5"));
+  // An enum value outside its range; a negative tensor dimension.
+  Problem q = p;
+  q.precision = static_cast<Precision>(7);
+  EXPECT_THAT(error_message([&] { q.validate(); }), HasSubstr("Problem.precision = 7"));
+  EXPECT_THAT(error_message([&] { HostTensor(DType::bf16, {-1, 4}); }), HasSubstr("dimension 0 = -1"));
 }
 
 }  // namespace

@@ -130,6 +130,7 @@ class Layer {
 
  private:
   friend struct LayerInternals;
+  Impl& impl() const;  // throws mok::Error on a moved-from Layer
   std::unique_ptr<Impl> impl_;
 };
 

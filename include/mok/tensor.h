@@ -13,7 +13,7 @@ enum class DType : std::uint8_t {
   bf16,    // bfloat16, stored as the upper 16 bits of an IEEE float32
   f32,     // IEEE float32
   i32,     // int32
-  i64,     // int64 (accepted for expert ids; converted on the host)
+  i64,     // int64 (.npy routing files may hold it: converted to i32 on load; the layer takes i32)
   e4m3,    // OCP FP8 E4M3 (MXFP8 element)
   e8m0,    // OCP E8M0 power-of-two scale (MXFP8 block scale)
 };

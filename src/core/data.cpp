@@ -15,6 +15,9 @@
 namespace mok {
 
 HostTensor::HostTensor(DType dtype, std::vector<std::int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
+  for (std::size_t d = 0; d < shape_.size(); ++d)
+    require(shape_[d] >= 0, "HostTensor: dimension " + std::to_string(d) + " = " + std::to_string(shape_[d]) +
+                                " must be >= 0");
   storage_.resize(static_cast<std::size_t>(numel()) * dtype_size(dtype_));
 }
 

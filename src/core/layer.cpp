@@ -54,19 +54,25 @@ Layer::~Layer() = default;
 Layer::Layer(Layer&&) noexcept = default;
 Layer& Layer::operator=(Layer&&) noexcept = default;
 
-const Problem& Layer::problem() const { return impl_->problem; }
-const Config& Layer::config() const { return impl_->config; }
-const LayerOptions& Layer::options() const { return impl_->options; }
-std::size_t Layer::workspace_bytes() const { return impl_->backend->workspace_bytes(); }
-void Layer::forward(std::span<const RankForward> ranks) { impl_->backend->forward(ranks); }
-void Layer::backward(std::span<const RankBackward> ranks) { impl_->backend->backward(ranks); }
-std::vector<ScheduleStats> Layer::last_schedule_stats() const { return impl_->backend->last_schedule_stats(); }
-void Layer::synchronize() const { impl_->backend->synchronize(); }
+// A moved-from Layer holds nothing: every use is an error, not a null dereference.
+Layer::Impl& Layer::impl() const {
+  require(impl_ != nullptr, "Layer: used after it was moved from");
+  return *impl_;
+}
 
-BackendImpl& LayerInternals::backend(const Layer& layer) { return *layer.impl_->backend; }
+const Problem& Layer::problem() const { return impl().problem; }
+const Config& Layer::config() const { return impl().config; }
+const LayerOptions& Layer::options() const { return impl().options; }
+std::size_t Layer::workspace_bytes() const { return impl().backend->workspace_bytes(); }
+void Layer::forward(std::span<const RankForward> ranks) { impl().backend->forward(ranks); }
+void Layer::backward(std::span<const RankBackward> ranks) { impl().backend->backward(ranks); }
+std::vector<ScheduleStats> Layer::last_schedule_stats() const { return impl().backend->last_schedule_stats(); }
+void Layer::synchronize() const { impl().backend->synchronize(); }
+
+BackendImpl& LayerInternals::backend(const Layer& layer) { return *layer.impl().backend; }
 
 TensorView Layer::combine_slots(int rank) const {
-  require(rank >= 0 && rank < impl_->problem.ep_size,
+  require(rank >= 0 && rank < impl().problem.ep_size,
           "combine_slots: rank " + std::to_string(rank) + " must be in [0, ep_size)");
   return impl_->backend->combine_slots(rank);
 }

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "core/numbers.h"
 #include "mok/error.h"
 
 namespace mok {
@@ -48,7 +49,7 @@ RankSchedule build_schedule(const Problem& problem, const Config& config,
   if (pos > capacity) {
     throw Error("schedule: rank " + std::to_string(dest_rank) + " receives " + std::to_string(pos) +
                 " padded rows, more than its capacity of " + std::to_string(capacity) +
-                " (Config.schedule_capacity_factor = " + std::to_string(config.schedule_capacity_factor) +
+                " (Config.schedule_capacity_factor = " + format_number(config.schedule_capacity_factor) +
                 "); raise schedule_capacity_factor (1.0 covers every routing). No token was dropped: "
                 "nothing ran.");
   }

@@ -1,5 +1,6 @@
 #include "core/validate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -56,21 +57,68 @@ void check_placement(const TensorView& t, const std::string& name, const Placeme
               "-byte aligned for the cuda backend, got " + t.describe());
 }
 
-void check_weight_placement(const RankWeights& w, int r, const Placement& where) {
-  check_placement(w.w_gate, rank_name("w_gate", r), where);
-  check_placement(w.w_up, rank_name("w_up", r), where);
-  check_placement(w.w_down, rank_name("w_down", r), where);
+// fn(view, name) for each of a rank's weight tensors, routed then shared, named as errors name them.
+template <typename Fn>
+void for_each_weight(const RankWeights& w, int r, Fn fn) {
+  fn(w.w_gate, rank_name("w_gate", r));
+  fn(w.w_up, rank_name("w_up", r));
+  fn(w.w_down, rank_name("w_down", r));
   for (std::size_t s = 0; s < w.shared.size(); ++s) {
     const std::string n = "[shared " + std::to_string(s) + "]";
-    check_placement(w.shared[s].w_gate, rank_name("w_gate", r) + n, where);
-    check_placement(w.shared[s].w_up, rank_name("w_up", r) + n, where);
-    check_placement(w.shared[s].w_down, rank_name("w_down", r) + n, where);
+    fn(w.shared[s].w_gate, rank_name("w_gate", r) + n);
+    fn(w.shared[s].w_up, rank_name("w_up", r) + n);
+    fn(w.shared[s].w_down, rank_name("w_down", r) + n);
   }
+}
+
+void check_weight_placement(const RankWeights& w, int r, const Placement& where) {
+  for_each_weight(w, r, [&](const TensorView& t, const std::string& name) { check_placement(t, name, where); });
 }
 
 bool is_active(const LayerOptions& o, int r) {
   return o.ep_mode != EpMode::rank_slice || r == o.active_rank;
 }
+
+// Memory the call reads or writes, to find outputs that share bytes with any other tensor
+// (the layer reads inputs while it writes outputs, in an order no caller should depend on).
+// Inputs may overlap each other (one shared-expert weight buffer for every rank, say).
+struct MemorySpan {
+  std::uintptr_t begin, end;
+  std::string name;
+  bool output;
+};
+
+class SpanList {
+ public:
+  void add(const TensorView& t, std::string name, bool output) {
+    if (t.data == nullptr || t.numel() <= 0) return;  // (check_tensor has refused what matters)
+    const auto b = reinterpret_cast<std::uintptr_t>(t.data);
+    spans_.push_back({b, b + static_cast<std::uintptr_t>(t.numel()) * dtype_size(t.dtype), std::move(name), output});
+  }
+  void add_inputs(const RankInputs& in, int r) {
+    add(in.x, rank_name("x", r), false);
+    add(in.top_experts, rank_name("top_experts", r), false);
+    add(in.router_weights, rank_name("router_weights", r), false);
+  }
+  void add_weights(const RankWeights& w, int r) {
+    for_each_weight(w, r, [&](const TensorView& t, const std::string& name) { add(t, name, false); });
+  }
+  // Throws naming the first output that shares memory with another tensor.
+  void require_outputs_apart() {
+    std::sort(spans_.begin(), spans_.end(), [](const MemorySpan& a, const MemorySpan& b) { return a.begin < b.begin; });
+    for (std::size_t i = 0; i < spans_.size(); ++i)
+      for (std::size_t j = i + 1; j < spans_.size() && spans_[j].begin < spans_[i].end; ++j)
+        if (spans_[i].output || spans_[j].output) {
+          const MemorySpan& out = spans_[i].output ? spans_[i] : spans_[j];
+          const MemorySpan& other = spans_[i].output ? spans_[j] : spans_[i];
+          throw Error(out.name + " overlaps " + other.name +
+                      " in memory: an output must not share bytes with an input or another output");
+        }
+  }
+
+ private:
+  std::vector<MemorySpan> spans_;
+};
 
 }  // namespace
 
@@ -111,6 +159,14 @@ void check_forward_args(const Problem& p, const LayerOptions& o, std::span<const
       check_placement(ranks[r].y, rank_name("y", r), *placement);
     }
   }
+  SpanList spans;
+  for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
+    spans.add_inputs(ranks[r].inputs, r);
+    if (!is_active(o, r)) continue;
+    spans.add_weights(ranks[r].weights, r);
+    spans.add(ranks[r].y, rank_name("y", r), true);
+  }
+  spans.require_outputs_apart();
 }
 
 void check_backward_args(const Problem& p, const LayerOptions& o, std::span<const RankBackward> ranks,
@@ -140,6 +196,26 @@ void check_backward_args(const Problem& p, const LayerOptions& o, std::span<cons
       check_tensor(b.d_shared[s].d_w_down, rank_name("d_w_down", r) + n, DType::f32, {H, Is}, dev);
     }
   }
+  SpanList spans;
+  for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
+    const auto& b = ranks[r];
+    spans.add_inputs(b.inputs, r);
+    spans.add(b.dy, rank_name("dy", r), false);
+    if (!is_active(o, r)) continue;
+    spans.add_weights(b.weights, r);
+    spans.add(b.dx, rank_name("dx", r), true);
+    spans.add(b.d_router_weights, rank_name("d_router_weights", r), true);
+    spans.add(b.d_w_gate, rank_name("d_w_gate", r), true);
+    spans.add(b.d_w_up, rank_name("d_w_up", r), true);
+    spans.add(b.d_w_down, rank_name("d_w_down", r), true);
+    for (std::size_t s = 0; s < b.d_shared.size(); ++s) {
+      const std::string n = "[shared " + std::to_string(s) + "]";
+      spans.add(b.d_shared[s].d_w_gate, rank_name("d_w_gate", r) + n, true);
+      spans.add(b.d_shared[s].d_w_up, rank_name("d_w_up", r) + n, true);
+      spans.add(b.d_shared[s].d_w_down, rank_name("d_w_down", r) + n, true);
+    }
+  }
+  spans.require_outputs_apart();
 }
 
 }  // namespace mok

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "core/numbers.h"
 #include "core/rng.h"
 #include "core/validate.h"
 #include "io/npy.h"
@@ -90,6 +91,16 @@ Routing routing_from_files(const Problem& p, const RoutingSpec& spec) {
   return r;
 }
 
+// The spec's numbers, whichever way it was made.
+void check_spec_numbers(const RoutingSpec& s) {
+  if (s.kind == RoutingKind::zipf)
+    require(std::isfinite(s.zipf_exponent) && s.zipf_exponent >= 0,
+            "routing: zipf exponent must be finite and >= 0, got " + format_number(s.zipf_exponent));
+  if (s.kind == RoutingKind::hot)
+    require(s.hot_fraction >= 0 && s.hot_fraction <= 1,
+            "routing: hot fraction must be in [0, 1], got " + format_number(s.hot_fraction));
+}
+
 }  // namespace
 
 RoutingSpec RoutingSpec::parse(const std::string& text) {
@@ -106,15 +117,11 @@ RoutingSpec RoutingSpec::parse(const std::string& text) {
     s.kind = RoutingKind::zipf;
     want_at_most(2);
     if (parts.size() > 1) s.zipf_exponent = parse_number(parts[1], "zipf exponent");
-    require(s.zipf_exponent >= 0 && std::isfinite(s.zipf_exponent),
-            "routing: zipf exponent must be finite and >= 0, got " + std::to_string(s.zipf_exponent));
   } else if (kind == "hot") {
     s.kind = RoutingKind::hot;
     want_at_most(3);
     if (parts.size() > 1) s.hot_fraction = parse_number(parts[1], "hot fraction");
     if (parts.size() > 2) s.hot_expert = parse_int(parts[2], "hot expert");
-    require(s.hot_fraction >= 0 && s.hot_fraction <= 1,
-            "routing: hot fraction must be in [0, 1], got " + std::to_string(s.hot_fraction));
   } else if (kind == "worst") {
     s.kind = RoutingKind::worst;
     want_at_most(2);
@@ -127,6 +134,7 @@ RoutingSpec RoutingSpec::parse(const std::string& text) {
     throw Error("routing: unknown kind '" + text +
                 "'; expected gaussian, zipf[:s], hot[:fraction[:expert]], worst[:rank] or file:DIR");
   }
+  check_spec_numbers(s);
   return s;
 }
 
@@ -147,6 +155,7 @@ Routing generate_routing(const Problem& p, const RoutingSpec& spec, std::uint64_
   if (spec.kind == RoutingKind::file) return routing_from_files(p, spec);
   const int E = p.num_experts, k = p.top_k, R = p.ep_size, E_loc = p.local_experts();
   const std::int64_t T = p.tokens_per_rank;
+  check_spec_numbers(spec);  // (parse checked them too; a spec may be built directly)
   if (spec.kind == RoutingKind::hot)
     require(spec.hot_expert >= 0 && spec.hot_expert < E,
             "routing: hot expert " + std::to_string(spec.hot_expert) + " must be in [0, " + std::to_string(E) + ")");
@@ -209,6 +218,21 @@ Routing generate_routing(const Problem& p, const RoutingSpec& spec, std::uint64_
 }
 
 RoutingBalance routing_balance(const Problem& p, const Routing& routing) {
+  // Sizes and id ranges (what the counting below indexes by); the full rules are
+  // validate_routing's.
+  require(static_cast<int>(routing.top_experts.size()) == p.ep_size,
+          "routing_balance: the routing holds " + std::to_string(routing.top_experts.size()) +
+              " ranks; ep_size is " + std::to_string(p.ep_size));
+  for (int r = 0; r < p.ep_size; ++r) {
+    const auto& ids = routing.top_experts[r];
+    require(static_cast<std::int64_t>(ids.size()) == std::int64_t(p.tokens_per_rank) * p.top_k,
+            "routing_balance: rank " + std::to_string(r) + " must hold T*k ids");
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] < 0 || ids[i] >= p.num_experts)
+        throw Error("routing_balance: top_experts[rank " + std::to_string(r) + "][token " +
+                    std::to_string(i / p.top_k) + ", slot " + std::to_string(i % p.top_k) + "] = " +
+                    std::to_string(ids[i]) + ": expert id must be in [0, " + std::to_string(p.num_experts) + ")");
+  }
   RoutingBalance b;
   std::vector<std::int64_t> per_expert(p.num_experts, 0);
   b.rows_per_rank.assign(p.ep_size, 0);
