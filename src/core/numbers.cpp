@@ -35,6 +35,17 @@ double parse_finite(const std::string& text, const std::string& what) {
   return d;
 }
 
+std::vector<std::string> split_fields(const std::string& text, char sep) {
+  std::vector<std::string> out(1);
+  for (char c : text) {
+    if (c == sep)
+      out.emplace_back();
+    else
+      out.back() += c;
+  }
+  return out;
+}
+
 std::string format_number(double value) {
   std::ostringstream s;
   s << value;

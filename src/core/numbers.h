@@ -3,6 +3,7 @@
 // a number is never truncated and never partly read.
 #pragma once
 #include <string>
+#include <vector>
 
 namespace mok {
 
@@ -17,5 +18,9 @@ double parse_finite(const std::string& text, const std::string& what);
 // A number as a person wrote it in an error message (1e-50, 0.5, 7), not std::to_string's
 // six fixed decimals (which print 1e-50 as 0.000000).
 std::string format_number(double value);
+
+// The fields of `text` between `sep`s, empty ones included ("a,,b" is three fields, "" is
+// one): whoever parses the list decides that an empty field is an error, never the splitter.
+std::vector<std::string> split_fields(const std::string& text, char sep);
 
 }  // namespace mok

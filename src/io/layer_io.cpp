@@ -6,6 +6,7 @@
 #include <iomanip>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "core/numbers.h"
@@ -42,6 +43,19 @@ namespace {
 // empty entry), nothing after the closing brace.
 using FlatObject = std::map<std::string, std::string>;
 
+bool blank(const std::string& s) { return s.find_first_not_of(" \t\n\r") == std::string::npos; }
+
+// The entries of a "[...]" list's raw text: none for "[]", else every comma-separated field;
+// nullopt when a field is blank ("[1,]", "[, ]").
+std::optional<std::vector<std::string>> list_entries(const std::string& list) {
+  const std::string inner = list.substr(1, list.size() - 2);
+  if (blank(inner)) return std::vector<std::string>{};
+  std::vector<std::string> fields = split_fields(inner, ',');
+  for (const auto& f : fields)
+    if (blank(f)) return std::nullopt;
+  return fields;
+}
+
 FlatObject parse_flat_object(const std::string& t, const std::string& source) {
   static const char* const kKeys[] = {"num_experts", "hidden", "intermediate", "top_k", "shared_intermediate",
                                       "ep_size", "tokens_per_rank", "precision", "swiglu_limit"};
@@ -77,18 +91,7 @@ FlatObject parse_flat_object(const std::string& t, const std::string& source) {
         if (end == std::string::npos) throw bad("unterminated list for \"" + key + "\"");
         ++end;
         // Entries separated by single commas: "[]", "[1]", "[1, 2]"; not "[1,]" or "[, ]".
-        const std::string inner = t.substr(i + 1, end - i - 2);
-        if (inner.find_first_not_of(" \t\n\r") != std::string::npos) {
-          std::size_t b0 = 0;
-          for (;;) {
-            const std::size_t comma = inner.find(',', b0);
-            const std::string item = inner.substr(b0, comma == std::string::npos ? std::string::npos : comma - b0);
-            if (item.find_first_not_of(" \t\n\r") == std::string::npos)
-              throw bad("\"" + key + "\": an empty list entry");
-            if (comma == std::string::npos) break;
-            b0 = comma + 1;
-          }
-        }
+        if (!list_entries(t.substr(i, end - i))) throw bad("\"" + key + "\": an empty list entry");
       } else {
         end = t.find_first_of(",}\n\r\t ", i);
         if (end == std::string::npos || end == i) throw bad("bad value for \"" + key + "\"");
@@ -137,12 +140,9 @@ Problem problem_from_json(const std::string& json, const std::string& source) {
   const std::string shared = json_value(text, "shared_intermediate", source);
   if (shared.size() < 2 || shared.front() != '[' || shared.back() != ']')
     throw Error(source + ": \"shared_intermediate\" must be a list");
-  std::stringstream ss(shared.substr(1, shared.size() - 2));
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (item.find_first_not_of(" \n") == std::string::npos) continue;
+  const auto widths = list_entries(shared);  // (parse_flat_object refused blank entries)
+  for (const std::string& item : *widths)
     p.shared_intermediate.push_back(strict_int(item, source + ": \"shared_intermediate\" entry"));
-  }
   std::string prec = json_value(text, "precision", source);
   if (prec.size() < 2 || prec.front() != '"') throw Error(source + ": \"precision\" must be a string");
   try {

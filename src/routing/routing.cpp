@@ -35,17 +35,6 @@ int parse_int(const std::string& text, const std::string& what) {
   return static_cast<int>(v);
 }
 
-// Every field, empty ones included ("zipf:" has an empty exponent: an error, not the default).
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out(1);
-  for (char c : s) {
-    if (c == sep)
-      out.emplace_back();
-    else
-      out.back() += c;
-  }
-  return out;
-}
 
 // Writes the k chosen experts of one token in descending key order (ties: lower id first)
 // and their router weights: the softmax of their Gaussian logits.
@@ -105,7 +94,7 @@ void check_spec_numbers(const RoutingSpec& s) {
 
 RoutingSpec RoutingSpec::parse(const std::string& text) {
   RoutingSpec s;
-  const auto parts = split(text, ':');
+  const auto parts = split_fields(text, ':');  // "zipf:" has an empty exponent: an error
   const std::string kind = parts.empty() ? "" : parts[0];
   auto want_at_most = [&](std::size_t n) {
     if (parts.size() > n) throw Error("routing: too many ':' fields in '" + text + "'");

@@ -130,15 +130,9 @@ ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool /*g
     if (*shared != "none") {
       // Every comma-separated field is a width: an empty one ("", "256,", ",256") is an error,
       // never silently dropped.
-      std::size_t begin = 0;
-      for (;;) {
-        const std::size_t comma = shared->find(',', begin);
-        const std::string item = shared->substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
+      for (const std::string& item : split_fields(*shared, ','))
         p.shared_intermediate.push_back(static_cast<int>(
             parse_integer(item, 0, std::numeric_limits<int>::max(), "option --shared (a comma list or 'none')")));
-        if (comma == std::string::npos) break;
-        begin = comma + 1;
-      }
     }
   }
   p.precision = precision_from_string(args.take_or("dtype", "bf16"));
