@@ -109,8 +109,15 @@ void fill_normal(ref::ThreadPool& pool, HostTensor& t, std::uint64_t seed, std::
 
 }  // namespace
 
+// Byte counts are worked out in long double and saturate: absurd problems must compare as
+// too large, not wrap around.
+namespace {
+std::uint64_t saturating_bytes(long double bytes) {
+  return bytes >= 1.8e19L ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(bytes);
+}
+}  // namespace
+
 std::uint64_t layer_data_host_bytes(const Problem& p, bool with_backward, int weights_rank) {
-  // Saturating: absurd problems must compare as too large, not wrap around.
   const long double T = p.tokens_per_rank, H = p.hidden, I = p.intermediate, k = p.top_k;
   const long double E_loc = p.num_experts / std::max(1, p.ep_size);
   long double shared = 0;
@@ -120,8 +127,7 @@ std::uint64_t layer_data_host_bytes(const Problem& p, bool with_backward, int we
   const long double per_weighted_rank = (3 * E_loc * I * H + shared) * 2 + T * H * 2 /* y */ +
                                         (with_backward ? T * H * 2 + T * k * 4 + (3 * E_loc * I * H + shared) * 4 : 0);
   const long double ranks = p.ep_size, weighted = weights_rank >= 0 ? 1 : ranks;
-  const long double total = ranks * per_rank_inputs + weighted * per_weighted_rank;
-  return total >= 1.8e19L ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(total);
+  return saturating_bytes(ranks * per_rank_inputs + weighted * per_weighted_rank);
 }
 
 std::uint64_t reference_host_bytes(const Problem& p, bool with_backward) {
@@ -131,8 +137,7 @@ std::uint64_t reference_host_bytes(const Problem& p, bool with_backward) {
   // Forward: gathered rows and results [n,H], gate|up [n,2I], activations [n,I], in fp32; the
   // backward adds dy rows and its gradients of the SwiGLU (about six [n,I] matrices).
   const long double work = rows * (2 * H + 3 * I) * 4 + (with_backward ? rows * (H + 6 * I) * 4 : 0);
-  const long double total = combine + work;
-  return total >= 1.8e19L ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(total);
+  return saturating_bytes(combine + work);
 }
 
 void require_host_memory(std::uint64_t bytes, const std::string& what) {

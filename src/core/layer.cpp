@@ -74,7 +74,7 @@ BackendImpl& LayerInternals::backend(const Layer& layer) { return *layer.impl().
 TensorView Layer::combine_slots(int rank) const {
   require(rank >= 0 && rank < impl().problem.ep_size,
           "combine_slots: rank " + std::to_string(rank) + " must be in [0, ep_size)");
-  return impl_->backend->combine_slots(rank);
+  return impl().backend->combine_slots(rank);
 }
 
 }  // namespace mok

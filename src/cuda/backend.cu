@@ -169,8 +169,8 @@ bool switch_from_env(const char* name, bool default_on) {
 bool store_warp_from_env() { return switch_from_env("MOK_STORE_WARP", true); }
 
 // MOK_COOPERATIVE=1 launches the megakernel cooperatively: the driver starts it only when
-// every CTA can be resident at once (a kernel on another stream holding SMs delays the whole
-// grid instead of letting part of it start and spin on rows the rest would produce).
+// every CTA can be resident at once. Off by default: a partial grid is safe and overlaps a
+// kernel on another stream (DESIGN.md, "Residency").
 bool cooperative_from_env() { return switch_from_env("MOK_COOPERATIVE", false); }
 
 // The limit of the phase waits inside a CTA, in units of 2^20 ns: twice the cross-CTA limit
