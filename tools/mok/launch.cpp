@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/numbers.h"
 #include "mok/cli_args.h"
 
 namespace mok::cli {
@@ -158,9 +159,7 @@ int launch_command(const std::vector<std::string>& argv) {
     }
     if (failed_rank < 0 && timeout_s > 0 && elapsed > timeout_s) {
       failed_rank = n;  // no single rank to blame
-      char limit[32];
-      std::snprintf(limit, sizeof limit, "%g", timeout_s);
-      failure = std::string("timed out after ") + limit + " s";
+      failure = "timed out after " + format_number(timeout_s) + " s";
       std::fprintf(stderr, "mok launch: %s; stopping every rank\n", failure.c_str());
       stop_all(SIGTERM);
     }
