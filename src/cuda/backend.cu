@@ -199,6 +199,15 @@ int pull_ahead_from_env() {
   return static_cast<int>(parse_integer(env, 0, kMaxPullSlots, "MOK_PULL_AHEAD"));
 }
 
+// Row tiles a communication CTA pulls at once (tuning; 0 = the default, chosen per shape:
+// up to kDefaultPullGroups while each pipeline keeps enough row slots).
+constexpr int kDefaultPullGroups = 2;
+int pull_groups_from_env() {
+  const char* env = std::getenv("MOK_PULL_GROUPS");
+  if (env == nullptr || *env == '\0') return 0;
+  return static_cast<int>(parse_integer(env, 0, kMaxPullGroups, "MOK_PULL_GROUPS"));
+}
+
 int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
 
 // One kernel launch through cudaLaunchKernelEx, with the attributes the forward uses:
@@ -334,9 +343,24 @@ class CudaBackend final : public BackendImpl {
     const long long stream_ids = static_cast<long long>(R) * p.tokens_per_rank * p.top_k;
     require(stream_ids < (1ll << 31), "problem: ep_size * tokens_per_rank * top_k = " + std::to_string(stream_ids) +
                                           " routed ids; the cuda backend's schedule takes fewer than 2^31");
-    require(pull_pipeline_bytes() / (static_cast<std::size_t>(p.hidden) * 2) >= 2,
+    const std::size_t row_bytes = static_cast<std::size_t>(p.hidden) * 2;
+    require(pull_pipeline_bytes(1) / row_bytes >= 2,
             "problem: hidden = " + std::to_string(p.hidden) + " is too wide for the cuda backend's row pulls (at most " +
-                std::to_string(pull_pipeline_bytes() / 4) + ")");
+                std::to_string(pull_pipeline_bytes(1) / 4) + ")");
+    // Tile groups per communication CTA: as many as keep kMinGroupSlots row slots per
+    // pipeline (fewer slots and each pipeline has too few loads in flight).
+    constexpr int kMinGroupSlots = 4;
+    if (pull_groups_ == 0) {
+      pull_groups_ = 1;
+      while (pull_groups_ < kDefaultPullGroups &&
+             pull_pipeline_bytes(pull_groups_ + 1) / row_bytes >= static_cast<std::size_t>(kMinGroupSlots))
+        ++pull_groups_;
+    } else {
+      require(pull_pipeline_bytes(pull_groups_) / row_bytes >= 2,
+              "MOK_PULL_GROUPS = " + std::to_string(pull_groups_) + ": leaves fewer than 2 row slots per pull pipeline "
+              "at hidden = " + std::to_string(p.hidden) + " (at most " +
+                  std::to_string(pull_pipeline_bytes(pull_groups_) / 4) + ")");
+    }
     const int dest_experts = num_ranks_ * p.local_experts();
     require(dest_experts <= kScheduleMaxExperts,
             "problem: " + std::to_string(dest_experts) + " experts computed on this GPU; the cuda backend's schedule "
@@ -542,6 +566,7 @@ class CudaBackend final : public BackendImpl {
     fp.task_counter = counters_.as<int>() + counters_.bytes() / sizeof(int) - 1;
     fp.ring_wraps = ring_tiles_ < cap_tiles_ ? 1 : 0;
     fp.pull_ahead = pull_ahead_;
+    fp.pull_groups = pull_groups_;
     fp.store_warp = store_warp_ ? 1 : 0;
     fp.test_fault = test_fault_;
     fp.phase_trap = phase_trap_dev_;
@@ -941,6 +966,7 @@ class CudaBackend final : public BackendImpl {
   bool pairs_ = false;  // Config::task_pairs: 2-CTA clusters
   PlanShape plan_shape_{};  // the task order's parameters (plan_order.h)
   int pull_ahead_ = pull_ahead_from_env();
+  int pull_groups_ = pull_groups_from_env();  // 0 until the constructor chooses
   bool store_warp_ = store_warp_from_env();
   bool cooperative_ = cooperative_from_env();
   int test_fault_ = test_fault_from_env();

@@ -21,13 +21,21 @@ __device__ __forceinline__ ParamsPhaseLimit phase_limit(const ForwardParams& p) 
 // per pull warp issues a whole row per instruction, so the bytes in flight (shared memory),
 // not the instruction rate, set the dispatch bandwidth. (Plain 16-byte loads and stores were
 // instruction-bound: ~22 GB/s per SM measured on the H200.)
-constexpr int kPullWarps = 4;       // independent copy pipelines per communication CTA
+// A CTA pulls up to kMaxPullGroups row tiles at once, one per tile group of kPullWarps warps
+// (ForwardParams::pull_groups): while one group starts a tile (row addresses, the first
+// loads) or drains it (the last stores, the release), the others are in full flight.
+constexpr int kPullWarps = 4;       // copy pipelines per tile group (a tile's rows split 4 ways)
+constexpr int kMaxPullGroups = 3;   // tile groups per communication CTA: its 12 warps
 constexpr int kMaxPullSlots = 16;   // row buffers per pipeline (mbarriers)
+static_assert(kMaxPullGroups * kPullWarps * 32 <= kComputeThreads, "a pull warp per pipeline");
 
-// Shared memory of one pipeline's row slots (the communication CTA's dynamic shared memory,
-// less alignment slack and the barriers, split kPullWarps ways, in 128-byte units).
-__host__ __device__ constexpr std::size_t pull_pipeline_bytes() {
-  return ((kSmemBytes - 128 - kPullWarps * kMaxPullSlots * sizeof(std::uint64_t)) / kPullWarps) & ~std::size_t(127);
+// Shared memory of one pipeline's row slots with `groups` tile groups (the communication
+// CTA's dynamic shared memory, less alignment slack and the barriers, split among the
+// pipelines, in 128-byte units).
+__host__ __device__ constexpr std::size_t pull_pipeline_bytes(int groups) {
+  return ((kSmemBytes - 128 - kMaxPullGroups * kPullWarps * kMaxPullSlots * sizeof(std::uint64_t)) /
+          (groups * kPullWarps)) &
+         ~std::size_t(127);
 }
 
 struct PullPipeline {
@@ -111,53 +119,61 @@ __device__ __forceinline__ void pull_rows(const ForwardParams& p, PullPipeline& 
 }
 
 __device__ void dispatch_role(const ForwardParams& p, std::uint8_t* smem_raw) {
-  __shared__ int s_ok;
-  __shared__ const void* s_sources[kPullWarps][32];
+  __shared__ int s_ok[kMaxPullGroups];
+  __shared__ const void* s_sources[kMaxPullGroups * kPullWarps][32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int groups = p.pull_groups;
+  const int group = warp / kPullWarps, pipe = warp % kPullWarps;
   const int num_pulls = *p.num_pulls;
   const std::uint32_t row_bytes = static_cast<std::uint32_t>(p.hidden) * 2;
-  // Shared memory: kPullWarps * kMaxPullSlots mbarriers, then each pipeline's row slots.
+  // Shared memory: the mbarriers of every possible pipeline, then each pipeline's row slots.
   std::uint8_t* base = align_shared(smem_raw, 128);
   auto* bars = reinterpret_cast<std::uint64_t*>(base);
-  std::uint8_t* buffers = base + kPullWarps * kMaxPullSlots * sizeof(std::uint64_t);
-  const std::size_t per_pipeline = pull_pipeline_bytes();
+  std::uint8_t* buffers = base + kMaxPullGroups * kPullWarps * kMaxPullSlots * sizeof(std::uint64_t);
+  const std::size_t per_pipeline = pull_pipeline_bytes(groups);
   const int slots = min(kMaxPullSlots, static_cast<int>(per_pipeline / row_bytes));  // >= 2: checked on the host
   PullPipeline pl{buffers + warp * per_pipeline, bars + warp * kMaxPullSlots, slots, row_bytes};
-  if (warp < kPullWarps && lane == 0) {
+  if (group < groups && lane == 0) {
     for (int s = 0; s < slots; ++s) sm90::mbar_init(&pl.full[s], 1);
     sm90::fence_barrier_init();
   }
   __syncthreads();
-  for (int i = blockIdx.x; i < num_pulls; i += p.num_comm_ctas) {
+  if (group >= groups) return;  // warps beyond the tile groups have no pipeline
+  // From here a group synchronises only its own warps (named barrier 1 + group, 128 threads).
+  const bool leader = threadIdx.x % (kPullWarps * 32) == 0;
+  auto group_sync = [&] { sm90::named_barrier_sync(1 + group, kPullWarps * 32); };
+  // Group g of CTA c takes pulls c + g*C, c + (G + g)*C, ...: the first G*C pulls in the
+  // plan's order are in flight together, each CTA's groups a stride C apart.
+  for (int i = blockIdx.x + group * p.num_comm_ctas; i < num_pulls; i += groups * p.num_comm_ctas) {
     const int2 pull = p.pulls[i];
     const RankPlan& plan = p.plans[pull.x];
     const int tile = pull.y;
     const int rank = p.first_rank + pull.x;
-    if (threadIdx.x == 0) {
-      s_ok = 1;
+    if (leader) {
+      s_ok[group] = 1;
       if (tile >= p.ring_tiles) {
-        s_ok = wait_at_least(plan.down_done + tile - p.ring_tiles, p.down_tiles, p.error, rank, kWaitRingFree, tile,
-                             p.timeout_ns);
+        s_ok[group] = wait_at_least(plan.down_done + tile - p.ring_tiles, p.down_tiles, p.error, rank, kWaitRingFree,
+                                    tile, p.timeout_ns);
         // The slot's previous rows were read by TMA (async proxy) on other SMs; order those
         // reads, acquired above, before this CTA's bulk writes into the slot.
         fence_proxy_async_global();
       }
     }
-    __syncthreads();
-    if (s_ok && warp < kPullWarps) {
-      stage_sources(p, plan.rows + static_cast<long long>(tile) * kTileM, warp, kPullWarps, s_sources[warp]);
+    group_sync();
+    if (s_ok[group]) {
+      stage_sources(p, plan.rows + static_cast<long long>(tile) * kTileM, pipe, kPullWarps, s_sources[warp]);
       if (lane == 0) {
         pull_rows(p, pl, s_sources[warp],
                   reinterpret_cast<std::uint8_t*>(plan.ring + static_cast<long long>(tile % p.ring_tiles) * kTileM * p.hidden),
-                  warp, kPullWarps);
+                  pipe, kPullWarps);
         // The GEMM reads these rows through TMA (async proxy) on another SM.
         fence_proxy_async_global();
         __threadfence();
       }
       __syncwarp();  // s_sources[warp] is rewritten for the next tile only after lane 0 used it
     }
-    __syncthreads();
-    if (threadIdx.x == 0) red_release_gpu_add(plan.rows_ready + tile, 1);
+    group_sync();
+    if (leader) red_release_gpu_add(plan.rows_ready + tile, 1);
   }
 }
 

@@ -120,6 +120,7 @@ struct ForwardParams {
   int* task_counter;                       // next compute task to claim (zeroed per forward)
   int ring_wraps;                          // ring_tiles < capacity tiles: pulls wait for free slots
   int pull_ahead;                          // dispatch: loads ahead per pipeline (0: half its slots)
+  int pull_groups;                         // dispatch: row tiles each communication CTA pulls at once
   int pairs;                               // compute CTAs run task pairs as 2-CTA clusters (plan_order.h)
   int store_warp;                          // a warp of warpgroup 0 sends the staged tiles (megakernel.cuh)
   int test_fault;                          // TestFault: a deliberate bug for the timeout tests (0: none)

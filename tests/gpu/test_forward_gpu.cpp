@@ -374,9 +374,8 @@ TEST(GpuTaskPairs, RankSliceIsBitwiseEqualToUnpaired) {
   EXPECT_TRUE(a == b) << "rank 5's pushed rows or y differ with task pairs";
 }
 
-// The store warp (default) against consumer-issued stores (MOK_STORE_WARP=0, read when a
-// Layer is built): the same bits, with gate/up counters raised by either, a wrapping ring
-// (down_done), shared experts, pairs with phantoms, and a large single-GPU shape.
+// An environment variable set for a scope (the megakernel's knobs are read when a Layer
+// is built).
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : name_(name) {
@@ -395,6 +394,37 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
+TEST(GpuPullGroups, EveryGroupCountIsBitwiseAlikeWithAWrappingRing) {
+  MOK_REQUIRE_GPU();
+  // MOK_PULL_GROUPS changes how many row tiles a communication CTA pulls at once (and with
+  // it each pipeline's slots), never which rows land where: y is bit for bit the same for
+  // 1, 2 and 3 groups and passes the reference check, with a ring that wraps (pulls wait for
+  // slots freed by down tiles) and one that does not. Two communication CTAs: six tiles in
+  // flight at 3 groups, so tiles finish out of order.
+  const Problem p = make_problem(16, 1024, 256, 4, {256}, 2, 1024);
+  const LayerData host = make_data(p, "zipf:1.2");
+  for (int macrobatch : {256, 1 << 20}) {
+    Config c;
+    c.minibatch_rows = 128;
+    c.macrobatch_rows = macrobatch;
+    c.forward_comm_sms = 2;
+    const LayerData ref = run_reference(host, c);
+    std::vector<std::uint16_t> first;
+    for (const char* groups : {"1", "2", "3"}) {
+      ScopedEnv env("MOK_PULL_GROUPS", groups);
+      const std::string what = std::string("groups ") + groups + " macrobatch " + std::to_string(macrobatch);
+      const GpuRun gpu = run_gpu_all_ranks(host, c);
+      expect_close(gpu.data, ref, Precision::bf16, what);
+      const auto y = global_y(gpu.data);
+      if (first.empty()) first = y;
+      expect_same_bits(y, first, what);
+    }
+  }
+}
+
+// The store warp (default) against consumer-issued stores (MOK_STORE_WARP=0, read when a
+// Layer is built): the same bits, with gate/up counters raised by either, a wrapping ring
+// (down_done), shared experts, pairs with phantoms, and a large single-GPU shape.
 struct StoreCase {
   std::string name;
   Problem problem;
@@ -708,7 +738,7 @@ TEST(GpuErrors, MalformedEnvironmentKnobIsAClearError) {
   o.backend = Backend::cuda;
   for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
            {"MOK_COOPERATIVE", "maybe"}, {"MOK_STORE_WARP", "yes"}, {"MOK_PULL_AHEAD", "-1"},
-           {"MOK_PULL_AHEAD", "4x"}, {"MOK_WAIT_TIMEOUT_MS", "0"}, {"MOK_WAIT_TIMEOUT_MS", "nan"}}) {
+           {"MOK_PULL_AHEAD", "4x"}, {"MOK_PULL_GROUPS", "4"}, {"MOK_WAIT_TIMEOUT_MS", "0"}, {"MOK_WAIT_TIMEOUT_MS", "nan"}}) {
     ScopedEnv bad(name, value);
     try {
       Layer layer(p, Config{}, o);
