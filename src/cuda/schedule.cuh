@@ -278,17 +278,22 @@ struct PlanParams {
   int* num_pulls;
 };
 
-// grid ceil(max_groups / 256), 256 threads: one thread per group of the order in
-// plan_order.h, which it writes at its closed-form offset.
+// grid ceil(max_groups / kPlanGroupsPerBlock), 256 threads: one warp per group of the order
+// in plan_order.h, written at its closed-form offset. Every lane walks the group's order and
+// lane l stores its items l, l + 32, ..., so each warp store is 32 consecutive entries (with
+// a thread per group, each store instruction wrote 32 scattered lines).
+constexpr int kPlanGroupsPerBlock = 256 / 32;
+
 __global__ void __launch_bounds__(256) schedule_plan_kernel(const PlanParams p) {
   wait_previous_kernel();
   // The megakernel's CTAs may take the SMs this grid leaves free at once (one CTA per SM;
   // they all become resident as this grid's few blocks exit).
   allow_next_kernel_launch();
-  const int g = blockIdx.x * blockDim.x + threadIdx.x;
+  const int g = blockIdx.x * kPlanGroupsPerBlock + static_cast<int>(threadIdx.x / 32);
+  const int lane = threadIdx.x % 32;
   auto row_tiles = [&](int d) { return *p.plans[d].num_row_tiles; };
   const int groups = plan_groups(p.shape, row_tiles);
-  if (g == 0) {
+  if (g == 0 && lane == 0) {
     const PlanCount all = plan_prefix(p.shape, groups, row_tiles);
     *p.num_tasks = all.tasks;
     *p.num_pulls = all.pulls;
@@ -297,10 +302,17 @@ __global__ void __launch_bounds__(256) schedule_plan_kernel(const PlanParams p) 
   const PlanCount before = plan_prefix(p.shape, g, row_tiles);
   Task* tasks = p.tasks + before.tasks;
   int2* pulls = p.pulls + before.pulls;
+  int task_index = 0, pull_index = 0;
   plan_group(
       p.shape, g, row_tiles,
-      [&](std::uint32_t kind, int d, int s, int n, int t) { *tasks++ = Task::make(kind, d, s, n, t); },
-      [&](int d, int t) { *pulls++ = make_int2(d, t); });
+      [&](std::uint32_t kind, int d, int s, int n, int t) {
+        if (task_index % 32 == lane) tasks[task_index] = Task::make(kind, d, s, n, t);
+        ++task_index;
+      },
+      [&](int d, int t) {
+        if (pull_index % 32 == lane) pulls[pull_index] = make_int2(d, t);
+        ++pull_index;
+      });
 }
 
 }  // namespace mok::cuda

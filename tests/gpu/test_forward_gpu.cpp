@@ -423,7 +423,7 @@ TEST(GpuPullGroups, EveryGroupCountIsBitwiseAlikeWithAWrappingRing) {
 }
 
 // The store warp (default) against consumer-issued stores (MOK_STORE_WARP=0, read when a
-// Layer is built): the same bits, with gate/up counters raised by either, a wrapping ring
+// Layer is built) and against its bulk-copy path (MOK_STORE_BULK=1): the same bits, with gate/up counters raised by either, a wrapping ring
 // (down_done), shared experts, pairs with phantoms, and a large single-GPU shape.
 struct StoreCase {
   std::string name;
@@ -446,8 +446,14 @@ TEST_P(GpuStoreWarp, BitwiseEqualToConsumerStoresAndMatchReference) {
     ScopedEnv off("MOK_STORE_WARP", "0");
     consumers = global_y(run_gpu_all_ranks(host, c.config).data);
   }
+  std::vector<std::uint16_t> bulk;  // the store warp with a bulk copy per row
+  {
+    ScopedEnv on("MOK_STORE_BULK", "1");
+    bulk = global_y(run_gpu_all_ranks(host, c.config).data);
+  }
   expect_close(with_warp.data, run_reference(host, c.config), Precision::bf16, c.name);
-  expect_same_bits(global_y(with_warp.data), consumers, c.name);
+  expect_same_bits(global_y(with_warp.data), consumers, c.name + " vs consumer stores");
+  expect_same_bits(global_y(with_warp.data), bulk, c.name + " vs bulk copies");
 }
 
 Config ring_wrap_config() {
@@ -467,7 +473,9 @@ std::vector<StoreCase> variant_cases() {
   return {StoreCase{"ep2_two_shared_zipf", make_problem(16, 512, 256, 4, {256, 128}, 2, 700), "zipf:1.2", {}},
           StoreCase{"ring_wraps", make_problem(16, 1024, 1024, 4, {1024}, 2, 2048), "zipf:1.2", ring_wrap_config()},
           StoreCase{"pairs_phantoms", make_problem(16, 512, 256, 4, {256}, 2, 700), "zipf:1.2", pairs_config()},
-          StoreCase{"qwen3_30b_a3b_ep1", make_problem(128, 2048, 768, 8, {}, 1, 2048), "gaussian", {}}};
+          StoreCase{"qwen3_30b_a3b_ep1", make_problem(128, 2048, 768, 8, {}, 1, 2048), "gaussian", {}},
+          // Partial column tiles (64 and 192 of 256 columns: 4 and 1 rows per store pass).
+          StoreCase{"partial_columns", make_problem(8, 320, 192, 2, {192, 64}, 2, 200), "gaussian", {}}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuStoreWarp, ::testing::ValuesIn(variant_cases()),
@@ -737,7 +745,7 @@ TEST(GpuErrors, MalformedEnvironmentKnobIsAClearError) {
   LayerOptions o;
   o.backend = Backend::cuda;
   for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
-           {"MOK_COOPERATIVE", "maybe"}, {"MOK_STORE_WARP", "yes"}, {"MOK_PULL_AHEAD", "-1"},
+           {"MOK_COOPERATIVE", "maybe"}, {"MOK_STORE_WARP", "yes"}, {"MOK_STORE_BULK", "2"}, {"MOK_PULL_AHEAD", "-1"},
            {"MOK_PULL_AHEAD", "4x"}, {"MOK_PULL_GROUPS", "4"}, {"MOK_WAIT_TIMEOUT_MS", "0"}, {"MOK_WAIT_TIMEOUT_MS", "nan"}}) {
     ScopedEnv bad(name, value);
     try {
