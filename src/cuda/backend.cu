@@ -168,10 +168,6 @@ bool switch_from_env(const char* name, bool default_on) {
 // tiles' rows themselves, as before it existed).
 bool store_warp_from_env() { return switch_from_env("MOK_STORE_WARP", true); }
 
-// MOK_STORE_BULK=1: the store warp sends rows with one bulk copy each (the TMA engine, which
-// the producer's operand loads also queue on) instead of its own 16-byte stores.
-bool store_bulk_from_env() { return switch_from_env("MOK_STORE_BULK", false); }
-
 // MOK_COOPERATIVE=1 launches the megakernel cooperatively: the driver starts it only when
 // every CTA can be resident at once. Off by default: a partial grid is safe and overlaps a
 // kernel on another stream (DESIGN.md, "Residency").
@@ -573,7 +569,6 @@ class CudaBackend final : public BackendImpl {
     fp.pull_ahead = pull_ahead_;
     fp.pull_groups = pull_groups_;
     fp.store_warp = store_warp_ ? 1 : 0;
-    fp.store_bulk = store_bulk_ ? 1 : 0;
     fp.test_fault = test_fault_;
     fp.phase_trap = phase_trap_dev_;
     fp.phase_trap_claim = phase_trap_claim_.as<int>();
@@ -974,7 +969,6 @@ class CudaBackend final : public BackendImpl {
   int pull_ahead_ = pull_ahead_from_env();
   int pull_groups_ = pull_groups_from_env();  // 0 until the constructor chooses
   bool store_warp_ = store_warp_from_env();
-  bool store_bulk_ = store_bulk_from_env();
   bool cooperative_ = cooperative_from_env();
   int test_fault_ = test_fault_from_env();
   std::uint64_t timeout_ns_ = wait_timeout_ns();

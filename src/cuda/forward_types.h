@@ -123,7 +123,6 @@ struct ForwardParams {
   int pull_groups;                         // dispatch: row tiles each communication CTA pulls at once
   int pairs;                               // compute CTAs run task pairs as 2-CTA clusters (plan_order.h)
   int store_warp;                          // a warp of warpgroup 0 sends the staged tiles (megakernel.cuh)
-  int store_bulk;                          // ...with a bulk copy per row (else 16-byte stores per lane)
   int test_fault;                          // TestFault: a deliberate bug for the timeout tests (0: none)
   PhaseWaitTrap* phase_trap;               // host-mapped record of a timed-out phase wait (nullptr: none)
   int* phase_trap_claim;                   // device flag: who writes that record

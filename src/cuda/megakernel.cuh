@@ -242,8 +242,8 @@ __device__ __forceinline__ __nv_bfloat16* tile_row_destination(const ForwardPara
 }
 
 // The store warp (warp 1 of warpgroup 0, ForwardParams::store_warp): sends each staged tile's
-// rows (whole rows per instruction with 16-byte stores; MOK_STORE_BULK: a bulk copy per row,
-// lane l: rows l, l + 32, ...), frees the staging tile as soon as they are read, and raises the tile's counter once they are visible, while the consumers already
+// rows with bulk copies (lane l: rows l, l + 32, ...), frees the staging tile as soon as they
+// are read, and raises the tile's counter once they are visible, while the consumers already
 // run the next tile's wgmmas. It waits only for the consumers' hand-over and for its own
 // copies, so it can hold no other role back (and the counters it raises only wait for
 // stores already issued: no deferral a later task could depend on).
@@ -261,20 +261,12 @@ __device__ __forceinline__ void store_loop(const ForwardParams& p, const Compute
     if (bits == kNoStoreJob) break;
     const Task task{bits};
     const TileStore st = tile_store(p, task);
-    if (p.store_bulk) {
-      store_rows_async(sm.staging, st.cols, lane, 32, [&](int r) { return tile_row_destination(p, task, r); });
-      sm90::bulk_wait_read_all();
-    } else {
-      store_rows_warp(sm.staging, st.cols, lane, [&](int r) { return tile_row_destination(p, task, r); });
-    }
-    // Every lane's staging reads are done: their values are in the stores issued above.
+    store_rows_async(sm.staging, st.cols, lane, 32, [&](int r) { return tile_row_destination(p, task, r); });
+    sm90::bulk_wait_read_all();
     __syncwarp();
     if (lane == 0 && p.test_fault != kFaultLoseStagingRead) sm90::mbar_arrive(sm.staging_empty);
     if (st.signal != nullptr) {
-      // The rows are read by TMA (async proxy) on other SMs once the counter is seen.
-      if (p.store_bulk) sm90::bulk_wait_all();
-      fence_proxy_async_global();
-      __threadfence();
+      own_stores_visible();
       __syncwarp();
       if (lane == 0) red_release_gpu_add(st.signal, 1);
     }

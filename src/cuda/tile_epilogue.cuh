@@ -80,36 +80,6 @@ __device__ __forceinline__ void store_rows_async(const __nv_bfloat16* staging, i
   sm90::bulk_commit();
 }
 
-// The store warp's copy of a staged tile: whole rows per instruction, lane c of a row moving
-// bytes 16c..16c+15 with a generic 16-byte load and store, row r to dst_row(r) (nullptr:
-// skip), `cols` columns (a multiple of 8, at most 256). Generic stores leave the SM's TMA
-// engine to the operand loads: as 128 bulk copies per tile (one per row) the stores queued
-// with those loads in the engine. Rows go 32 / (cols / 8) at a time (a power of two, so a
-// pass never straddles the 32-row groups whose destinations one lane holds).
-template <typename DstRow>
-__device__ __forceinline__ void store_rows_warp(const __nv_bfloat16* staging, int cols, int lane, DstRow dst_row) {
-  const int chunks = cols / 8;                    // 16-byte pieces of a row, 1..32
-  int rows_per_pass = 1;
-  while (rows_per_pass * 2 * chunks <= 32) rows_per_pass *= 2;
-  const int sub = lane / chunks, c = lane % chunks;  // this lane: row r0 + sub, piece c
-  const bool active = sub < rows_per_pass;
-  // Lane l holds the destination of row 32k + l for the group k being sent, and loads the
-  // next group's while this one is sent.
-  __nv_bfloat16* dst = dst_row(lane);
-  for (int k = 0; k < kTileM / 32; ++k) {
-    __nv_bfloat16* next = k + 1 < kTileM / 32 ? dst_row(32 * (k + 1) + lane) : nullptr;
-    for (int r0 = 0; r0 < 32; r0 += rows_per_pass) {
-      const int r = r0 + sub;
-      auto* d = reinterpret_cast<__nv_bfloat16*>(
-          __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(dst), r % 32));
-      if (active && d != nullptr)
-        *reinterpret_cast<int4*>(d + 8 * c) =
-            *reinterpret_cast<const int4*>(staging + (32 * k + r) * kStagingPitch + 8 * c);
-    }
-    dst = next;
-  }
-}
-
 // (Consumer-issued stores: consumer threads 0..127 each sent one row.)
 __device__ __forceinline__ void staging_reusable() {
   if (threadIdx.x - 128 < kTileM) sm90::bulk_wait_read_all();

@@ -423,7 +423,7 @@ TEST(GpuPullGroups, EveryGroupCountIsBitwiseAlikeWithAWrappingRing) {
 }
 
 // The store warp (default) against consumer-issued stores (MOK_STORE_WARP=0, read when a
-// Layer is built) and against its bulk-copy path (MOK_STORE_BULK=1): the same bits, with gate/up counters raised by either, a wrapping ring
+// Layer is built): the same bits, with gate/up counters raised by either, a wrapping ring
 // (down_done), shared experts, pairs with phantoms, and a large single-GPU shape.
 struct StoreCase {
   std::string name;
@@ -446,14 +446,8 @@ TEST_P(GpuStoreWarp, BitwiseEqualToConsumerStoresAndMatchReference) {
     ScopedEnv off("MOK_STORE_WARP", "0");
     consumers = global_y(run_gpu_all_ranks(host, c.config).data);
   }
-  std::vector<std::uint16_t> bulk;  // the store warp with a bulk copy per row
-  {
-    ScopedEnv on("MOK_STORE_BULK", "1");
-    bulk = global_y(run_gpu_all_ranks(host, c.config).data);
-  }
   expect_close(with_warp.data, run_reference(host, c.config), Precision::bf16, c.name);
-  expect_same_bits(global_y(with_warp.data), consumers, c.name + " vs consumer stores");
-  expect_same_bits(global_y(with_warp.data), bulk, c.name + " vs bulk copies");
+  expect_same_bits(global_y(with_warp.data), consumers, c.name);
 }
 
 Config ring_wrap_config() {
@@ -474,7 +468,7 @@ std::vector<StoreCase> variant_cases() {
           StoreCase{"ring_wraps", make_problem(16, 1024, 1024, 4, {1024}, 2, 2048), "zipf:1.2", ring_wrap_config()},
           StoreCase{"pairs_phantoms", make_problem(16, 512, 256, 4, {256}, 2, 700), "zipf:1.2", pairs_config()},
           StoreCase{"qwen3_30b_a3b_ep1", make_problem(128, 2048, 768, 8, {}, 1, 2048), "gaussian", {}},
-          // Partial column tiles (64 and 192 of 256 columns: 4 and 1 rows per store pass).
+          // Partial column tiles (64 and 192 of 256 columns).
           StoreCase{"partial_columns", make_problem(8, 320, 192, 2, {192, 64}, 2, 200), "gaussian", {}}};
 }
 
@@ -745,7 +739,7 @@ TEST(GpuErrors, MalformedEnvironmentKnobIsAClearError) {
   LayerOptions o;
   o.backend = Backend::cuda;
   for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
-           {"MOK_COOPERATIVE", "maybe"}, {"MOK_STORE_WARP", "yes"}, {"MOK_STORE_BULK", "2"}, {"MOK_PULL_AHEAD", "-1"},
+           {"MOK_COOPERATIVE", "maybe"}, {"MOK_STORE_WARP", "yes"}, {"MOK_PULL_AHEAD", "-1"},
            {"MOK_PULL_AHEAD", "4x"}, {"MOK_PULL_GROUPS", "4"}, {"MOK_WAIT_TIMEOUT_MS", "0"}, {"MOK_WAIT_TIMEOUT_MS", "nan"}}) {
     ScopedEnv bad(name, value);
     try {
