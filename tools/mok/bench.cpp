@@ -29,10 +29,7 @@
 #include "reference/reference.h"
 #endif
 
-#ifndef MOK_GIT_COMMIT
-#define MOK_GIT_COMMIT "unknown"
-#define MOK_GIT_DIRTY 1
-#endif
+#include "mok_commit.h"  // MOK_GIT_COMMIT, MOK_GIT_DIRTY (generated at build time)
 
 namespace mok::cli {
 
