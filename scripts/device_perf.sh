@@ -10,6 +10,8 @@
 #                                       DEEP_KERNEL=schedule_count_kernel profiles another kernel)
 #                          [--store-warp-off]  (also time MOK_STORE_WARP=0: consumers send the rows)
 #                          [--cooperative]     (also time MOK_COOPERATIVE=1: cooperative megakernel launch)
+#                          [--env NAME=v1,v2]  (also time each value of an environment knob, e.g.
+#                                               MOK_PULL_GROUPS=1,2,3; repeatable)
 #
 # Output: $OUT/perf_<shape>_kernels.txt (ncu), $OUT/perf_<shape>_deep.txt (--deep),
 # $OUT/perf.log; a short table last.
@@ -26,6 +28,7 @@ DEEP=0
 DEEP_KERNEL=${DEEP_KERNEL:-forward_megakernel}
 STORE_WARP_OFF=0
 COOPERATIVE=0
+ENV_AB=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) BIN=$2; shift 2 ;;
@@ -37,6 +40,9 @@ while [ $# -gt 0 ]; do
     --deep) DEEP=1; shift ;;
     --store-warp-off) STORE_WARP_OFF=1; shift ;;
     --cooperative) COOPERATIVE=1; shift ;;
+    --env)
+      [[ "${2:-}" =~ ^MOK_[A-Z_]+=[^=]+$ ]] || { echo "device_perf: --env wants MOK_NAME=v1,v2 (got '${2:-}')" >&2; exit 2; }
+      ENV_AB+=("$2"); shift 2 ;;
     *) echo "device_perf: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -98,6 +104,11 @@ for shape in ${SHAPES//,/ }; do
   for a in ${AHEAD//,/ }; do line+=" ahead$a=$(MOK_PULL_AHEAD=$a forward_ms "$args")"; done
   [ $PAIRS = 1 ] && line+=" pairs_band8=$(forward_ms "$args --pairs --band 8")"
   [ $STORE_WARP_OFF = 1 ] && line+=" store_warp_off=$(MOK_STORE_WARP=0 forward_ms "$args")"
+  for ab in ${ENV_AB[@]+"${ENV_AB[@]}"}; do
+    name=${ab%%=*}
+    # (The export lives in the command substitution's subshell: one timing only.)
+    for v in $(echo "${ab#*=}" | tr ',' ' '); do line+=" $name=$v:$(export "$name=$v"; forward_ms "$args")"; done
+  done
   # Again after the variants: the default timed twice brackets any drift between them.
   [ $COOPERATIVE = 1 ] && line+=" cooperative=$(MOK_COOPERATIVE=1 forward_ms "$args") default_again=$(forward_ms "$args")"
   table+=("$line")
