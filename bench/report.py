@@ -92,6 +92,15 @@ def bar_records(recs):
     return sorted(chosen, key=sort_key)
 
 
+def commit_text(rec):
+    """The commit, '+dirty' for a modified tree, and the megakernel's environment knobs the run
+    set (config.env: a record made with MOK_X=1 did not time the commit's default)."""
+    c = rec["commit"]
+    text = c["short"] + ("+dirty" if c.get("dirty") else "")
+    knobs = ((rec.get("config") or {}).get("env")) or {}
+    return " ".join([text] + [f"{k}={v}" for k, v in sorted(knobs.items())])
+
+
 def _commit_of(rec):
     c = rec.get("commit") or {}
     return str(c.get("sha", "?"))[:12] + ("+dirty" if c.get("dirty") else "")
@@ -388,7 +397,7 @@ def markdown(recs, plots, out_dir, repeats=None):
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for rec in recs:
         v = values(rec)
-        commit = rec["commit"]["short"] + ("+dirty" if rec["commit"].get("dirty") else "")
+        commit = commit_text(rec)
         cells = [rec["shape"], ep_text(rec), routing_spec(rec), rec["tokens_per_rank"], rec["precision"],
                  _f(v["mok_ms"], ".3f"), _f(v["mok_tflops"], ".1f"), _f(v["mok_tflops_performed"], ".1f"),
                  _f(v["pt_ms"], ".3f"),

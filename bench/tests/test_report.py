@@ -163,6 +163,21 @@ class Report(unittest.TestCase):
             self.assertEqual({r["commit"]["short"] for r in group}, {q["commit"]["short"]})
             self.assertNotIn(99.0, [r["mok"]["forward"]["median_ms"] for r in group])
 
+    def test_commit_cell_names_the_environment_knobs_a_run_set(self):
+        mok, peer = fixture("fixture_mok_qwen35_slice.json"), fixture("fixture_peer_qwen35_slice.json")
+        mok = copy.deepcopy(mok)
+        mok.setdefault("config", {})["env"] = {"MOK_STORE_BULK": "1", "MOK_PULL_GROUPS": "3"}
+        rec = records.make_record(mok, peer, env())
+        self.assertEqual(report.commit_text(rec), "0123456 MOK_PULL_GROUPS=3 MOK_STORE_BULK=1")
+        plain = records.make_record(fixture("fixture_mok_qwen35_slice.json"), peer, env())
+        self.assertEqual(report.commit_text(plain), "0123456")
+        with tempfile.TemporaryDirectory() as d:
+            results = os.path.join(d, "results")
+            records.write_record(rec, results)
+            out = os.path.join(d, "REPORT.md")
+            report.main(["--results-dir", results, "--out", out, "--plots-dir", os.path.join(d, "plots")])
+            self.assertIn("| 0123456 MOK_PULL_GROUPS=3 MOK_STORE_BULK=1 |", helpers.read_text(out))
+
     def test_repeat_runs_of_one_commit(self):
         with tempfile.TemporaryDirectory() as d:
             paths = fixture_records(d)
