@@ -168,6 +168,10 @@ bool switch_from_env(const char* name, bool default_on) {
 // tiles' rows themselves, as before it existed).
 bool store_warp_from_env() { return switch_from_env("MOK_STORE_WARP", true); }
 
+// MOK_HALF_TILES=0: a routed tile whose rows 64..127 are all padding (an expert's last tile,
+// 64 rows or fewer) is computed whole, as before, instead of by its lower warpgroup alone.
+bool half_tiles_from_env() { return switch_from_env("MOK_HALF_TILES", true); }
+
 // MOK_COOPERATIVE=1 launches the megakernel cooperatively: the driver starts it only when
 // every CTA can be resident at once. Off by default: a partial grid is safe and overlaps a
 // kernel on another stream (DESIGN.md, "Residency").
@@ -569,6 +573,7 @@ class CudaBackend final : public BackendImpl {
     fp.pull_ahead = pull_ahead_;
     fp.pull_groups = pull_groups_;
     fp.store_warp = store_warp_ ? 1 : 0;
+    fp.half_tiles = half_tiles_ && !pairs_ ? 1 : 0;
     fp.test_fault = test_fault_;
     fp.phase_trap = phase_trap_dev_;
     fp.phase_trap_claim = phase_trap_claim_.as<int>();
@@ -969,6 +974,7 @@ class CudaBackend final : public BackendImpl {
   int pull_ahead_ = pull_ahead_from_env();
   int pull_groups_ = pull_groups_from_env();  // 0 until the constructor chooses
   bool store_warp_ = store_warp_from_env();
+  bool half_tiles_ = half_tiles_from_env();
   bool cooperative_ = cooperative_from_env();
   int test_fault_ = test_fault_from_env();
   std::uint64_t timeout_ns_ = wait_timeout_ns();

@@ -90,7 +90,7 @@ __device__ __forceinline__ TileJob describe_task(const ForwardParams& p, Task ta
 constexpr int kTaskSlots = 4;
 
 // The barriers, the task ring and the store job fit the 256 bytes kSmemBytes keeps for them.
-static_assert((2 * kStages + 2 * kTaskSlots + 2) * 8 + kTaskSlots * 4 + 8 <= 256, "megakernel smem: barrier area");
+static_assert((2 * kStages + 2 * kTaskSlots + 2) * 8 + 8 + (kTaskSlots + kStages) * 4 <= 256, "megakernel smem: barrier area");
 
 // A position in a ring of N mbarrier-guarded slots: the slot index and the parity of the
 // barrier phase to wait for. Producer and consumers walk the same sequence.
@@ -127,7 +127,14 @@ struct ComputeSmem {
   std::uint64_t* staging_empty;  // [1] ...the store warp has read them (staging reusable)
   volatile std::uint64_t* store_job;  // [1] Task::bits of the staged tile, kNoStoreJob = stop
   volatile int* task_ring;    // [kTaskSlots] claimed task index, -1 = no more tasks
+  // [kStages] 1: the stage's task is a routed tile whose rows 64..127 are all padding, so
+  // consumer warpgroup 2 skips its wgmmas and staging (ForwardParams::half_tiles). Written
+  // by the producer before its arrival on the stage's full barrier, read after the wait.
+  volatile int* stage_lower_half;
 };
+
+// Named barrier of consumer warpgroup 2 alone (kConsumerBarrier is both warpgroups).
+constexpr int kIdleWarpgroupBarrier = 2;
 
 constexpr std::uint64_t kNoStoreJob = ~std::uint64_t(0);
 
@@ -144,6 +151,7 @@ __device__ __forceinline__ ComputeSmem carve_smem(std::uint8_t* raw) {
   s.staging_empty = s.staging_full + 1;
   s.store_job = s.staging_empty + 1;  // 8-byte aligned: it follows the 8-byte barriers
   s.task_ring = reinterpret_cast<volatile int*>(s.store_job + 1);
+  s.stage_lower_half = s.task_ring + kTaskSlots;
   return s;
 }
 
@@ -305,6 +313,11 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
     const Task task = item_task(p, pr, idx);
     const TileJob job = describe_task(p, task);
     const bool share_b = pr.on && same_weight_tile(p, task, p.tasks[2 * idx + static_cast<int>(pr.peer)]);
+    // Padding sits at the end of each expert's rows: if row 64 of a routed tile is padding,
+    // so are rows 65..127, and the tile's lower half is all the work there is.
+    const bool lower_half = p.half_tiles && !pr.on &&
+                            (task.kind() == kRoutedGateUp || task.kind() == kRoutedDown) &&
+                            p.plans[task.rank()].rows[static_cast<long long>(task.row_tile()) * kTileM + kTileM / 2].x < 0;
     if (!aborted && job.wait_flag != nullptr)
       aborted = !wait_at_least(job.wait_flag, job.wait_target, p.error, p.first_rank + task.rank(), job.wait_site,
                                task.row_tile(), p.timeout_ns);
@@ -313,6 +326,7 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
     for (int kb = 0; kb < job.k_tiles; ++kb) {
       const int st = stage.slot;
       sm90::mbar_wait(&sm.empty[st], stage.phase ^ 1, kPhaseStageFree, phase_limit(p));
+      sm.stage_lower_half[st] = lower_half ? 1 : 0;
       if (aborted && !pr.on) {
         sm90::mbar_arrive(&sm.full[st]);  // keep the consumers moving; outputs are poisoned
       } else {
@@ -365,26 +379,42 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
     const TileJob job = describe_task(p, task);
 #pragma unroll
     for (int r = 0; r < 128; ++r) acc[r] = 0.0f;
-    int prev = 0;
-    for (int kb = 0; kb < job.k_tiles; ++kb) {
-      sm90::mbar_wait(&sm.full[stage.slot], stage.phase, kPhaseStageLoaded, phase_limit(p));
-      sm90::wgmma_fence();
+    // The first stage's flag says whether this warpgroup computes the task at all (a vote,
+    // so the branch is warp-uniform to the compiler: wgmma must not sit on a divergent path).
+    sm90::mbar_wait(&sm.full[stage.slot], stage.phase, kPhaseStageLoaded, phase_limit(p));
+    const bool idle = __all_sync(0xffffffffu, wg_idx == 1 && sm.stage_lower_half[stage.slot] != 0);
+    if (idle) {  // rows 64..127 are padding: hand every stage straight back
+      // Every warp of the warpgroup has read the flag before its leader frees the stage (the
+      // producer rewrites the flag for the slot's next task; in the computing path the
+      // warpgroup-wide wgmma orders this).
+      sm90::named_barrier_sync(kIdleWarpgroupBarrier, 128);
+      for (int kb = 0; kb < job.k_tiles; ++kb) {
+        if (kb > 0) sm90::mbar_wait(&sm.full[stage.slot], stage.phase, kPhaseStageLoaded, phase_limit(p));
+        release_stage(stage.slot);
+        stage.advance();
+      }
+    } else {
+      int prev = 0;
+      for (int kb = 0; kb < job.k_tiles; ++kb) {
+        sm90::mbar_wait(&sm.full[stage.slot], stage.phase, kPhaseStageLoaded, phase_limit(p));
+        sm90::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kTileK / 16; ++kk) {
-        const std::uint64_t da = sm90::make_smem_desc(sm.a(stage.slot) + wg_idx * 64 * kTileK + kk * 16);
-        const std::uint64_t db = sm90::make_smem_desc(sm.b(stage.slot) + kk * 16);
-        sm90::wgmma_m64n256k16(acc, da, db, 1);
+        for (int kk = 0; kk < kTileK / 16; ++kk) {
+          const std::uint64_t da = sm90::make_smem_desc(sm.a(stage.slot) + wg_idx * 64 * kTileK + kk * 16);
+          const std::uint64_t db = sm90::make_smem_desc(sm.b(stage.slot) + kk * 16);
+          sm90::wgmma_m64n256k16(acc, da, db, 1);
+        }
+        sm90::wgmma_commit();
+        if (kb > 0) {
+          sm90::wgmma_wait<1>();
+          release_stage(prev);
+        }
+        prev = stage.slot;
+        stage.advance();
       }
-      sm90::wgmma_commit();
-      if (kb > 0) {
-        sm90::wgmma_wait<1>();
-        release_stage(prev);
-      }
-      prev = stage.slot;
-      stage.advance();
+      sm90::wgmma_wait<0>();
+      release_stage(prev);
     }
-    sm90::wgmma_wait<0>();
-    release_stage(prev);
     sm90::fence_accumulators(acc);
 
     // ---- epilogue: registers -> staging (bf16) -> bulk row stores ----
@@ -402,10 +432,15 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
       staging_reusable();  // the previous task's row stores have read the staging tile
       consumers_sync();
     }
-    if (gate_up)
+    // (An idle warpgroup leaves its half of the staging tile as it was: those rows are padding,
+    // sent nowhere for down tiles and, for gate/up tiles, read only by the same row tile's
+    // down tiles, whose warpgroup 2 is idle too.)
+    if (idle) {
+    } else if (gate_up) {
       stage_swiglu(acc, sm.staging, wg_idx * 64, limit);
-    else
+    } else {
       stage_output(acc, sm.staging, wg_idx * 64);
+    }
     sm90::fence_proxy_async_shared();  // the bulk copies (async proxy) read what we wrote
     consumers_sync();
     if (p.store_warp) {

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -422,6 +423,40 @@ TEST(GpuPullGroups, EveryGroupCountIsBitwiseAlikeWithAWrappingRing) {
   }
 }
 
+// Half tiles (default): a routed tile whose rows 64..127 are all padding is computed by its
+// lower consumer warpgroup alone. The same bits as whole tiles (MOK_HALF_TILES=0) on shapes
+// where many experts end in such a tile (counted, so the test cannot pass vacuously): one
+// and two ranks, a wrapping ring, shared experts beside them.
+int experts_ending_in_half_tile(const Problem& p, const std::string& routing) {
+  std::vector<std::int64_t> rows(p.num_experts, 0);
+  for (const auto& rank : generate_routing(p, RoutingSpec::parse(routing), kSeed).top_experts)
+    for (const std::int32_t e : rank) ++rows[e];
+  return static_cast<int>(std::count_if(rows.begin(), rows.end(), [](std::int64_t n) { return n % 128 >= 1 && n % 128 <= 64; }));
+}
+
+TEST(GpuHalfTiles, BitwiseEqualToWholeTilesAndMatchReference) {
+  MOK_REQUIRE_GPU();
+  Config wraps;
+  wraps.minibatch_rows = 128;
+  wraps.macrobatch_rows = 512;
+  for (const auto& [name, problem, routing, config] : std::vector<std::tuple<std::string, Problem, std::string, Config>>{
+           {"one_rank_zipf", make_problem(32, 512, 256, 4, {256}, 1, 500), "zipf:1.2", Config{}},
+           {"one_rank_gaussian", make_problem(64, 1024, 512, 2, {}, 1, 700), "gaussian", Config{}},
+           {"two_ranks", make_problem(16, 512, 384, 2, {128}, 2, 300), "gaussian", Config{}},
+           {"ring_wraps", make_problem(16, 1024, 256, 4, {256}, 1, 1024), "zipf:1.2", wraps}}) {
+    EXPECT_GE(experts_ending_in_half_tile(problem, routing), 2) << name;
+    const LayerData host = make_data(problem, routing);
+    const GpuRun half = run_gpu_all_ranks(host, config);
+    std::vector<std::uint16_t> whole;
+    {
+      ScopedEnv off("MOK_HALF_TILES", "0");
+      whole = global_y(run_gpu_all_ranks(host, config).data);
+    }
+    expect_close(half.data, run_reference(host, config), Precision::bf16, name);
+    expect_same_bits(global_y(half.data), whole, name + " vs whole tiles");
+  }
+}
+
 // The store warp (default) against consumer-issued stores (MOK_STORE_WARP=0, read when a
 // Layer is built): the same bits, with gate/up counters raised by either, a wrapping ring
 // (down_done), shared experts, pairs with phantoms, and a large single-GPU shape.
@@ -739,7 +774,7 @@ TEST(GpuErrors, MalformedEnvironmentKnobIsAClearError) {
   LayerOptions o;
   o.backend = Backend::cuda;
   for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
-           {"MOK_COOPERATIVE", "maybe"}, {"MOK_STORE_WARP", "yes"}, {"MOK_PULL_AHEAD", "-1"},
+           {"MOK_COOPERATIVE", "maybe"}, {"MOK_STORE_WARP", "yes"}, {"MOK_HALF_TILES", "2"}, {"MOK_PULL_AHEAD", "-1"},
            {"MOK_PULL_AHEAD", "4x"}, {"MOK_PULL_GROUPS", "4"}, {"MOK_WAIT_TIMEOUT_MS", "0"}, {"MOK_WAIT_TIMEOUT_MS", "nan"}}) {
     ScopedEnv bad(name, value);
     try {
