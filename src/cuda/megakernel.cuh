@@ -133,8 +133,9 @@ struct ComputeSmem {
   volatile int* stage_lower_half;
 };
 
-// Named barrier of consumer warpgroup 2 alone (kConsumerBarrier is both warpgroups).
-constexpr int kIdleWarpgroupBarrier = 2;
+// Named barriers of one consumer warpgroup each: kWarpgroupBarrier + 0 and + 1
+// (kConsumerBarrier is both warpgroups).
+constexpr int kWarpgroupBarrier = 2;
 
 constexpr std::uint64_t kNoStoreJob = ~std::uint64_t(0);
 
@@ -311,13 +312,15 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
     tslot.advance();
     if (idx < 0) break;
     const Task task = item_task(p, pr, idx);
+    // Padding sits at the end of each expert's rows: if row 64 of a routed tile is padding,
+    // so are rows 65..127, and the tile's lower half is all the work there is. (Loaded
+    // before the task's other reads and waits, so its latency overlaps theirs: the producer
+    // must issue the task's first loads before the consumers finish the previous task.)
+    const bool probe = p.half_tiles && !pr.on && (task.kind() == kRoutedGateUp || task.kind() == kRoutedDown);
+    const int row64_source =
+        probe ? p.plans[task.rank()].rows[static_cast<long long>(task.row_tile()) * kTileM + kTileM / 2].x : 0;
     const TileJob job = describe_task(p, task);
     const bool share_b = pr.on && same_weight_tile(p, task, p.tasks[2 * idx + static_cast<int>(pr.peer)]);
-    // Padding sits at the end of each expert's rows: if row 64 of a routed tile is padding,
-    // so are rows 65..127, and the tile's lower half is all the work there is.
-    const bool lower_half = p.half_tiles && !pr.on &&
-                            (task.kind() == kRoutedGateUp || task.kind() == kRoutedDown) &&
-                            p.plans[task.rank()].rows[static_cast<long long>(task.row_tile()) * kTileM + kTileM / 2].x < 0;
     if (!aborted && job.wait_flag != nullptr)
       aborted = !wait_at_least(job.wait_flag, job.wait_target, p.error, p.first_rank + task.rank(), job.wait_site,
                                task.row_tile(), p.timeout_ns);
@@ -326,7 +329,7 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
     for (int kb = 0; kb < job.k_tiles; ++kb) {
       const int st = stage.slot;
       sm90::mbar_wait(&sm.empty[st], stage.phase ^ 1, kPhaseStageFree, phase_limit(p));
-      sm.stage_lower_half[st] = lower_half ? 1 : 0;
+      sm.stage_lower_half[st] = row64_source < 0 ? 1 : 0;
       if (aborted && !pr.on) {
         sm90::mbar_arrive(&sm.full[st]);  // keep the consumers moving; outputs are poisoned
       } else {
@@ -382,12 +385,12 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
     // The first stage's flag says whether this warpgroup computes the task at all (a vote,
     // so the branch is warp-uniform to the compiler: wgmma must not sit on a divergent path).
     sm90::mbar_wait(&sm.full[stage.slot], stage.phase, kPhaseStageLoaded, phase_limit(p));
-    const bool idle = __all_sync(0xffffffffu, wg_idx == 1 && sm.stage_lower_half[stage.slot] != 0);
+    const bool lower_half = sm.stage_lower_half[stage.slot] != 0;
+    // Every warp of the warpgroup has read the flag before its leader can free the stage (the
+    // producer rewrites the flag for the slot's next task after that).
+    sm90::named_barrier_sync(kWarpgroupBarrier + wg_idx, 128);
+    const bool idle = __all_sync(0xffffffffu, wg_idx == 1 && lower_half);
     if (idle) {  // rows 64..127 are padding: hand every stage straight back
-      // Every warp of the warpgroup has read the flag before its leader frees the stage (the
-      // producer rewrites the flag for the slot's next task; in the computing path the
-      // warpgroup-wide wgmma orders this).
-      sm90::named_barrier_sync(kIdleWarpgroupBarrier, 128);
       for (int kb = 0; kb < job.k_tiles; ++kb) {
         if (kb > 0) sm90::mbar_wait(&sm.full[stage.slot], stage.phase, kPhaseStageLoaded, phase_limit(p));
         release_stage(stage.slot);
