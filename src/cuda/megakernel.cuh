@@ -385,10 +385,11 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
     // The first stage's flag says whether this warpgroup computes the task at all (a vote,
     // so the branch is warp-uniform to the compiler: wgmma must not sit on a divergent path).
     sm90::mbar_wait(&sm.full[stage.slot], stage.phase, kPhaseStageLoaded, phase_limit(p));
-    const bool lower_half = sm.stage_lower_half[stage.slot] != 0;
-    // Every warp of the warpgroup has read the flag before its leader can free the stage (the
-    // producer rewrites the flag for the slot's next task after that).
-    sm90::named_barrier_sync(kWarpgroupBarrier + wg_idx, 128);
+    // Only the leader reads the flag: its own arrival frees the stage (and lets the producer
+    // rewrite the flag), so no other thread's read may be outstanding then; the warpgroup's
+    // named barrier hands the value to the others.
+    const bool lower_half = sm90::named_barrier_or(kWarpgroupBarrier + wg_idx, 128,
+                                                   wg_leader && sm.stage_lower_half[stage.slot] != 0);
     const bool idle = __all_sync(0xffffffffu, wg_idx == 1 && lower_half);
     if (idle) {  // rows 64..127 are padding: hand every stage straight back
       for (int kb = 0; kb < job.k_tiles; ++kb) {
