@@ -91,6 +91,9 @@ struct ScheduleStats {
   std::int64_t real_rows = 0;
   std::int64_t padded_rows = 0;
   std::int64_t capacity_rows = 0;
+  // cuda backend: routed tasks (gate/up and down) of tiles whose rows 64..127 are padding,
+  // computed by one consumer warpgroup (MOK_HALF_TILES); 0 on the cpu backend.
+  std::int64_t half_tile_tasks = 0;
 };
 
 class Layer {

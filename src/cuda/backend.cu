@@ -608,9 +608,10 @@ class CudaBackend final : public BackendImpl {
     const int E_loc = problem_.local_experts();
     for (int d = 0; d < num_ranks_; ++d) {
       std::vector<int> counts(static_cast<std::size_t>(E_loc) * chunks_);
-      int tiles = 0;
+      int tiles = 0, half_tile_tasks = 0;
       MOK_CUDA_CHECK(cudaMemcpy(counts.data(), plans_host_[d].expert_counts, counts.size() * 4, cudaMemcpyDeviceToHost));
       MOK_CUDA_CHECK(cudaMemcpy(&tiles, plans_host_[d].num_row_tiles, 4, cudaMemcpyDeviceToHost));
+      MOK_CUDA_CHECK(cudaMemcpy(&half_tile_tasks, plans_host_[d].half_tile_tasks, 4, cudaMemcpyDeviceToHost));
       ScheduleStats s;
       s.rows_per_local_expert.assign(E_loc, 0);
       for (int e = 0; e < E_loc; ++e)
@@ -618,6 +619,7 @@ class CudaBackend final : public BackendImpl {
       for (auto n : s.rows_per_local_expert) s.real_rows += n;
       s.padded_rows = static_cast<std::int64_t>(tiles) * kTileM;
       s.capacity_rows = capacity_;
+      s.half_tile_tasks = half_tile_tasks;
       out.push_back(std::move(s));
     }
     return out;
@@ -744,8 +746,10 @@ class CudaBackend final : public BackendImpl {
       workspace_bytes_ += b.bytes();
       return b;
     };
-    // Counters zeroed per forward: rows_ready, act_ready, down_done per rank, then shared.
-    const std::size_t per_rank_counters = 3 * static_cast<std::size_t>(cap_tiles_) + p.num_shared() * shared_row_tiles_;
+    // Counters zeroed per forward: rows_ready, act_ready, down_done per rank, then shared,
+    // then the rank's half-tile task count.
+    const std::size_t per_rank_counters =
+        3 * static_cast<std::size_t>(cap_tiles_) + p.num_shared() * shared_row_tiles_ + 1;
     // ... and the megakernel's task counter last.
     counters_ = track(DeviceBuffer((num_ranks_ * per_rank_counters + 1) * sizeof(int)));
     error_ = track(DeviceBuffer(sizeof(DeviceError)));
@@ -804,6 +808,7 @@ class CudaBackend final : public BackendImpl {
       plan.rows_ready = counters;
       plan.act_ready = counters + cap_tiles_;
       plan.down_done = counters + 2 * cap_tiles_;
+      plan.half_tile_tasks = counters + per_rank_counters - 1;
       rank_buffers_.push_back(track(DeviceBuffer(static_cast<std::size_t>(capacity_) * sizeof(int2))));
       plan.rows = rank_buffers_.back().as<int2>();
       rank_buffers_.push_back(track(DeviceBuffer(std::max(1, cap_tiles_) * sizeof(int))));

@@ -84,6 +84,7 @@ struct RankPlan {
   int* rows_ready;         // [capacity / 128] 1 when the tile's rows are in the ring
   int* act_ready;          // [capacity / 128] gate/up tiles done
   int* down_done;          // [capacity / 128] down tiles done (frees the ring slot)
+  int* half_tile_tasks;    // [1] routed tasks computed by one consumer warpgroup (half tiles)
   // Buffers.
   __nv_bfloat16* ring;     // [ring_rows, H]
   __nv_bfloat16* act;      // [ring_rows, I]

@@ -440,6 +440,7 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
     // sent nowhere for down tiles and, for gate/up tiles, read only by the same row tile's
     // down tiles, whose warpgroup 2 is idle too.)
     if (idle) {
+      if (wg_leader) atomicAdd(p.plans[task.rank()].half_tile_tasks, 1);  // ScheduleStats, tests
     } else if (gate_up) {
       stage_swiglu(acc, sm.staging, wg_idx * 64, limit);
     } else {

@@ -17,6 +17,7 @@ GpuRun run_gpu_all_ranks(const LayerData& host, const Config& config, int repeat
   layer.synchronize();
   mirror.copy_outputs_to(out.data);
   out.schedules = LayerInternals::backend(layer).last_schedules();
+  out.stats = layer.last_schedule_stats();
   return out;
 }
 

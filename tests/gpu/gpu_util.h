@@ -21,6 +21,7 @@ namespace mok::test {
 struct GpuRun {
   LayerData data;                                // y filled from the GPU
   std::vector<std::vector<ScheduleRow>> schedules;
+  std::vector<ScheduleStats> stats;  // of the last forward, per rank
 };
 
 

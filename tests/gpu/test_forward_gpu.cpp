@@ -424,17 +424,41 @@ TEST(GpuPullGroups, EveryGroupCountIsBitwiseAlikeWithAWrappingRing) {
 }
 
 // Half tiles (default): a routed tile whose rows 64..127 are all padding is computed by its
-// lower consumer warpgroup alone. The same bits as whole tiles (MOK_HALF_TILES=0) on shapes
-// where many experts end in such a tile (counted, so the test cannot pass vacuously): one
-// and two ranks, a wrapping ring, shared experts beside them.
-int experts_ending_in_half_tile(const Problem& p, const std::string& routing) {
-  std::vector<std::int64_t> rows(p.num_experts, 0);
-  for (const auto& rank : generate_routing(p, RoutingSpec::parse(routing), kSeed).top_experts)
-    for (const std::int32_t e : rank) ++rows[e];
-  return static_cast<int>(std::count_if(rows.begin(), rows.end(), [](std::int64_t n) { return n % 128 >= 1 && n % 128 <= 64; }));
+// lower consumer warpgroup alone. The same bits as whole tiles (MOK_HALF_TILES=0), and the
+// kernel's own count of such tasks (ScheduleStats::half_tile_tasks) is exactly the number
+// the schedule implies, so the test fails if the path never runs or runs on a wrong tile:
+// one and two ranks, a wrapping ring, shared experts beside them, and expert counts at the
+// edges (1, 63, 64, 65, 127, 128, 129, 0 rows mod 128).
+std::int64_t expected_half_tile_tasks(const Problem& p, const ScheduleStats& s) {
+  const std::int64_t tasks_per_tile = (p.intermediate + 127) / 128 + (p.hidden + 255) / 256;  // gate/up + down
+  std::int64_t n = 0;
+  for (const std::int64_t rows : s.rows_per_local_expert)
+    if (rows % 128 >= 1 && rows % 128 <= 64) n += tasks_per_tile;
+  return n;
 }
 
-TEST(GpuHalfTiles, BitwiseEqualToWholeTilesAndMatchReference) {
+void expect_half_tiles_match_whole(const std::string& name, const LayerData& host, const Config& config) {
+  const Problem& problem = host.problem;
+  const GpuRun half = run_gpu_all_ranks(host, config);
+  GpuRun whole;
+  {
+    ScopedEnv off("MOK_HALF_TILES", "0");
+    whole = run_gpu_all_ranks(host, config);
+  }
+  std::int64_t total = 0;
+  ASSERT_EQ(half.stats.size(), whole.stats.size()) << name;
+  for (std::size_t d = 0; d < half.stats.size(); ++d) {
+    const std::int64_t want = expected_half_tile_tasks(problem, half.stats[d]);
+    EXPECT_EQ(half.stats[d].half_tile_tasks, want) << name << " rank " << d;
+    EXPECT_EQ(whole.stats[d].half_tile_tasks, 0) << name << " rank " << d << " (MOK_HALF_TILES=0)";
+    total += want;
+  }
+  EXPECT_GT(total, 0) << name << ": no expert ends in a half tile, the test shows nothing";
+  expect_close(half.data, run_reference(host, config), Precision::bf16, name);
+  expect_same_bits(global_y(half.data), global_y(whole.data), name + " vs whole tiles");
+}
+
+TEST(GpuHalfTiles, BitwiseEqualToWholeTilesAndCountedExactly) {
   MOK_REQUIRE_GPU();
   Config wraps;
   wraps.minibatch_rows = 128;
@@ -443,18 +467,22 @@ TEST(GpuHalfTiles, BitwiseEqualToWholeTilesAndMatchReference) {
            {"one_rank_zipf", make_problem(32, 512, 256, 4, {256}, 1, 500), "zipf:1.2", Config{}},
            {"one_rank_gaussian", make_problem(64, 1024, 512, 2, {}, 1, 700), "gaussian", Config{}},
            {"two_ranks", make_problem(16, 512, 384, 2, {128}, 2, 300), "gaussian", Config{}},
-           {"ring_wraps", make_problem(16, 1024, 256, 4, {256}, 1, 1024), "zipf:1.2", wraps}}) {
-    EXPECT_GE(experts_ending_in_half_tile(problem, routing), 2) << name;
-    const LayerData host = make_data(problem, routing);
-    const GpuRun half = run_gpu_all_ranks(host, config);
-    std::vector<std::uint16_t> whole;
-    {
-      ScopedEnv off("MOK_HALF_TILES", "0");
-      whole = global_y(run_gpu_all_ranks(host, config).data);
-    }
-    expect_close(half.data, run_reference(host, config), Precision::bf16, name);
-    expect_same_bits(global_y(half.data), whole, name + " vs whole tiles");
-  }
+           {"ring_wraps", make_problem(16, 1024, 256, 4, {256}, 1, 1024), "zipf:1.2", wraps}})
+    expect_half_tiles_match_whole(name, make_data(problem, routing), config);
+
+  // k = 1 and expert e receiving exactly counts[e] tokens: tiles whose row 64 is padding
+  // (1, 63, 64 and the second tile of 129) and tiles whose row 64 is real (65, 127, 128).
+  const std::vector<int> counts = {1, 63, 64, 65, 127, 128, 129, 0};
+  int tokens = 0;
+  for (const int n : counts) tokens += n;
+  const Problem p = make_problem(8, 512, 256, 1, {}, 1, tokens);
+  Routing routing;
+  routing.top_experts.assign(1, {});
+  routing.router_weights.assign(1, std::vector<float>(tokens, 1.0f));
+  for (int e = 0; e < static_cast<int>(counts.size()); ++e) routing.top_experts[0].insert(routing.top_experts[0].end(), counts[e], e);
+  const LayerData host = make_layer_data(p, routing, kSeed, false, -1);
+  expect_half_tiles_match_whole("edge_counts", host, Config{});
+  EXPECT_EQ(expected_half_tile_tasks(p, run_gpu_all_ranks(host).stats[0]), 4 * (2 + 2)) << "4 half tiles, 4 tasks each";
 }
 
 // The store warp (default) against consumer-issued stores (MOK_STORE_WARP=0, read when a
