@@ -49,7 +49,7 @@ done
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 [ -x "$BIN/mok" ] || { echo "device_perf: $BIN/mok is missing (build first, or --bin DIR)" >&2; exit 1; }
 table=()
-KERNELS_PER_FORWARD=6  # count, offsets, scatter, plan, megakernel, epilogue (one GPU)
+KERNELS_PER_FORWARD=5  # count, offsets, scatter+plan, megakernel, epilogue (one GPU)
 
 # The shape's own EP mode: MoK's shapes as one rank's EP-64 slice, the others at EP 1.
 shape_args() {

@@ -430,7 +430,7 @@ class CudaBackend final : public BackendImpl {
     // a later, smaller Layer cannot lower it under an earlier one.
     MOK_CUDA_CHECK(cudaFuncSetAttribute(schedule_count_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         kScheduleWarps * kScheduleMaxExperts * sizeof(int)));
-    MOK_CUDA_CHECK(cudaFuncSetAttribute(schedule_scatter_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    MOK_CUDA_CHECK(cudaFuncSetAttribute(schedule_scatter_plan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         kScheduleWarps * kScheduleMaxExperts * sizeof(int)));
     MOK_CUDA_CHECK(cudaFuncSetAttribute(schedule_offsets_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         2 * kScheduleMaxExperts * sizeof(int)));
@@ -527,19 +527,19 @@ class CudaBackend final : public BackendImpl {
         "schedule_count_kernel", schedule_count_kernel, sp);
     Launch(dim3(1), dim3(1024), schedule_offsets_smem_, stream_)
         .after_kernel(pdl)("schedule_offsets_kernel", schedule_offsets_kernel, sp);
-    Launch(dim3(sched_blocks), dim3(kScheduleThreads), schedule_warp_smem_, stream_)
-        .after_kernel(pdl)("schedule_scatter_kernel", schedule_scatter_kernel, sp);
-
-    PlanParams pp{};
-    pp.plans = plans_dev_.as<RankPlan>();
-    pp.shape = plan_shape_;
-    pp.tasks = tasks_.as<Task>();
-    pp.num_tasks = task_counts_.as<int>();
-    pp.pulls = pulls_.as<int2>();
-    pp.num_pulls = task_counts_.as<int>() + 1;
+    ScatterPlanParams spp{};
+    spp.schedule = sp;
+    spp.scatter_blocks = sched_blocks;
+    spp.plan.plans = plans_dev_.as<RankPlan>();
+    spp.plan.shape = plan_shape_;
+    spp.plan.tasks = tasks_.as<Task>();
+    spp.plan.num_tasks = task_counts_.as<int>();
+    spp.plan.pulls = pulls_.as<int2>();
+    spp.plan.num_pulls = task_counts_.as<int>() + 1;
     const int max_groups = ceil_div(std::max(cap_tiles_, shared_row_tiles_), band_) + lag_;
-    Launch(dim3(ceil_div(max_groups, kPlanGroupsPerBlock)), dim3(256), 0, stream_)
-        .after_kernel(pdl)("schedule_plan_kernel", schedule_plan_kernel, pp);
+    const int plan_blocks = ceil_div(max_groups, kPlanGroupsPerBlock);
+    Launch(dim3(sched_blocks + plan_blocks), dim3(kScheduleThreads), schedule_warp_smem_, stream_)
+        .after_kernel(pdl)("schedule_scatter_plan_kernel", schedule_scatter_plan_kernel, spp);
 
     ForwardParams fp{};
     fp.ep_size = p.ep_size;
@@ -1032,8 +1032,7 @@ std::vector<std::pair<const void*, std::string>> cuda_forward_kernels() {
   return {{reinterpret_cast<const void*>(stage_x_kernel), "stage_x_kernel"},
           {reinterpret_cast<const void*>(schedule_count_kernel), "schedule_count_kernel"},
           {reinterpret_cast<const void*>(schedule_offsets_kernel), "schedule_offsets_kernel"},
-          {reinterpret_cast<const void*>(schedule_scatter_kernel), "schedule_scatter_kernel"},
-          {reinterpret_cast<const void*>(schedule_plan_kernel), "schedule_plan_kernel"},
+          {reinterpret_cast<const void*>(schedule_scatter_plan_kernel), "schedule_scatter_plan_kernel"},
           {reinterpret_cast<const void*>(forward_megakernel), "forward_megakernel"},
           {reinterpret_cast<const void*>(combine_epilogue_kernel), "combine_epilogue_kernel"}};
 }

@@ -7,7 +7,8 @@
 //   offsets:  each expert's segment padded to 128 rows, the capacity check, the first row
 //             of every (expert, chunk), padding rows and each row tile's expert;
 //   scatter:  each chunk's warp writes its rows in stream order from those offsets;
-//   plan:     the compute task list and the pull list, in dependency order.
+//   plan:     the compute task list and the pull list, in dependency order (in the
+//             scatter's launch, on blocks of its own: it needs only the row-tile counts).
 // The id stream is source-rank major: position g = s*T*k + t*k + j, so stream order is
 // MoK's order (source ranks in rank order, tokens in index order).
 #pragma once
@@ -101,9 +102,9 @@ struct WarpChunk {
   int* per_expert;
 };
 
-__device__ __forceinline__ WarpChunk warp_chunk(const ScheduleParams& p, int* smem) {
+__device__ __forceinline__ WarpChunk warp_chunk(const ScheduleParams& p, int block, int* smem) {
   const int warp = threadIdx.x / 32;
-  WarpChunk w{static_cast<int>(threadIdx.x % 32), static_cast<int>(blockIdx.x) * kScheduleWarps + warp, nullptr};
+  WarpChunk w{static_cast<int>(threadIdx.x % 32), block * kScheduleWarps + warp, nullptr};
   if (w.chunk >= p.chunks) {
     w.chunk = -1;
     return w;
@@ -123,7 +124,7 @@ __global__ void __launch_bounds__(kScheduleThreads, 4) schedule_count_kernel(con
   wait_previous_kernel();
   allow_next_kernel_launch();
   extern __shared__ int hist_all[];
-  const WarpChunk w = warp_chunk(p, hist_all);
+  const WarpChunk w = warp_chunk(p, static_cast<int>(blockIdx.x), hist_all);
   if (w.chunk < 0) return;
   const int lane = w.lane, chunk = w.chunk, Q = p.num_ranks * p.local_experts;
   int* hist = w.per_expert;
@@ -233,14 +234,11 @@ __global__ void __launch_bounds__(1024) schedule_offsets_kernel(const SchedulePa
   }
 }
 
-// grid ceil(chunks / kScheduleWarps), kScheduleThreads; dynamic smem: per warp, rows written
-// so far per destination expert. Each warp writes its chunk's rows in stream order: the
-// lanes holding the same expert are ranked by lane (match_any), 32 ids at a time.
-__global__ void __launch_bounds__(kScheduleThreads, 4) schedule_scatter_kernel(const ScheduleParams p) {
-  wait_previous_kernel();
-  allow_next_kernel_launch();
-  extern __shared__ int written_all[];
-  const WarpChunk w = warp_chunk(p, written_all);
+// Scatter block `block` of ceil(chunks / kScheduleWarps); `written_all`: per warp, rows
+// written so far per destination expert. Each warp writes its chunk's rows in stream order:
+// the lanes holding the same expert are ranked by lane (match_any), 32 ids at a time.
+__device__ __forceinline__ void scatter_block(const ScheduleParams& p, int block, int* written_all) {
+  const WarpChunk w = warp_chunk(p, block, written_all);
   if (w.chunk < 0) return;
   const int lane = w.lane, chunk = w.chunk, E = p.local_experts;
   int* written = w.per_expert;
@@ -284,12 +282,8 @@ struct PlanParams {
 // a thread per group, each store instruction wrote 32 scattered lines).
 constexpr int kPlanGroupsPerBlock = 256 / 32;
 
-__global__ void __launch_bounds__(256) schedule_plan_kernel(const PlanParams p) {
-  wait_previous_kernel();
-  // The megakernel's CTAs may take the SMs this grid leaves free at once (one CTA per SM;
-  // they all become resident as this grid's few blocks exit).
-  allow_next_kernel_launch();
-  const int g = blockIdx.x * kPlanGroupsPerBlock + static_cast<int>(threadIdx.x / 32);
+__device__ __forceinline__ void plan_block(const PlanParams& p, int block) {
+  const int g = block * kPlanGroupsPerBlock + static_cast<int>(threadIdx.x / 32);
   const int lane = threadIdx.x % 32;
   auto row_tiles = [&](int d) { return *p.plans[d].num_row_tiles; };
   const int groups = plan_groups(p.shape, row_tiles);
@@ -313,6 +307,31 @@ __global__ void __launch_bounds__(256) schedule_plan_kernel(const PlanParams p) 
         if (pull_index % 32 == lane) pulls[pull_index] = make_int2(d, t);
         ++pull_index;
       });
+}
+
+// grid scatter_blocks + plan blocks, kScheduleThreads: blocks below scatter_blocks scatter
+// the rows, the rest write the task and pull lists. The plan needs only the row-tile counts
+// (written by the offsets kernel), not the rows, so it runs beside the scatter instead of
+// after it, one launch and the plan's time off the chain before the megakernel. Dynamic
+// smem: the scatter's per-warp counters.
+struct ScatterPlanParams {
+  ScheduleParams schedule;
+  PlanParams plan;
+  int scatter_blocks;
+};
+
+static_assert(kScheduleThreads == 32 * kPlanGroupsPerBlock, "the plan's blocks are the scatter's size");
+__global__ void __launch_bounds__(kScheduleThreads, 4) schedule_scatter_plan_kernel(const ScatterPlanParams p) {
+  wait_previous_kernel();
+  // The megakernel's CTAs may take the SMs this grid leaves free at once (one CTA per SM;
+  // they all become resident as this grid's blocks exit).
+  allow_next_kernel_launch();
+  extern __shared__ int scatter_smem[];
+  const int block = static_cast<int>(blockIdx.x);
+  if (block < p.scatter_blocks)
+    scatter_block(p.schedule, block, scatter_smem);
+  else
+    plan_block(p.plan, block - p.scatter_blocks);
 }
 
 }  // namespace mok::cuda
