@@ -1,7 +1,7 @@
 // mok: the CUDA backend behind mok::Layer (Backend::cuda), Hopper sm_90a.
 //
-// A forward is seven stream-ordered launches (more in a real group) and no host synchronisation:
-//   memset(counters) -> [group: stage x, all-gather ids] -> schedule count (+ validation) -> offsets -> scatter -> plan
+// A forward is six stream-ordered launches (more in a real group) and no host synchronisation:
+//   memset(counters) -> [group: stage x, all-gather ids] -> schedule count (+ validation) -> offsets -> scatter + plan
 //   -> megakernel (dispatch + every expert FFN + combine push) -> combine epilogue.
 // The grid and every buffer are sized from the schedule capacity on the host; the device
 // reads the real row counts. Device-side input errors (bad expert ids, capacity) are
@@ -527,17 +527,18 @@ class CudaBackend final : public BackendImpl {
         "schedule_count_kernel", schedule_count_kernel, sp);
     Launch(dim3(1), dim3(1024), schedule_offsets_smem_, stream_)
         .after_kernel(pdl)("schedule_offsets_kernel", schedule_offsets_kernel, sp);
+    const int max_groups = ceil_div(std::max(cap_tiles_, shared_row_tiles_), band_) + lag_;
+    const int plan_blocks = ceil_div(max_groups, kPlanGroupsPerBlock);
     ScatterPlanParams spp{};
     spp.schedule = sp;
     spp.scatter_blocks = sched_blocks;
+    spp.plan_blocks = plan_blocks;
     spp.plan.plans = plans_dev_.as<RankPlan>();
     spp.plan.shape = plan_shape_;
     spp.plan.tasks = tasks_.as<Task>();
     spp.plan.num_tasks = task_counts_.as<int>();
     spp.plan.pulls = pulls_.as<int2>();
     spp.plan.num_pulls = task_counts_.as<int>() + 1;
-    const int max_groups = ceil_div(std::max(cap_tiles_, shared_row_tiles_), band_) + lag_;
-    const int plan_blocks = ceil_div(max_groups, kPlanGroupsPerBlock);
     Launch(dim3(sched_blocks + plan_blocks), dim3(kScheduleThreads), schedule_warp_smem_, stream_)
         .after_kernel(pdl)("schedule_scatter_plan_kernel", schedule_scatter_plan_kernel, spp);
 

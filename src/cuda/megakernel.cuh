@@ -509,7 +509,7 @@ __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const _
   }
   __syncthreads();
   if (pr.on) sm90::cluster_sync();  // the peer's barriers exist before anyone arrives on them
-  wait_previous_kernel();  // the plan kernel's tasks (PDL: the set-up above overlapped it)
+  wait_previous_kernel();  // the schedule's rows, tasks and pulls (PDL: the set-up above overlapped it)
   const int num_tasks = *p.num_tasks;
   if (threadIdx.x < 128) {
     sm90::setmaxnreg_dec<40>();

@@ -309,15 +309,16 @@ __device__ __forceinline__ void plan_block(const PlanParams& p, int block) {
       });
 }
 
-// grid scatter_blocks + plan blocks, kScheduleThreads: blocks below scatter_blocks scatter
-// the rows, the rest write the task and pull lists. The plan needs only the row-tile counts
+// grid plan_blocks + scatter_blocks, kScheduleThreads: blocks below plan_blocks write the
+// task and pull lists, the rest scatter the rows. The plan needs only the row-tile counts
 // (written by the offsets kernel), not the rows, so it runs beside the scatter instead of
-// after it, one launch and the plan's time off the chain before the megakernel. Dynamic
-// smem: the scatter's per-warp counters.
+// after it: one launch and the plan's time off the chain before the megakernel. (Plan
+// blocks first, so they start in the first wave even when the scatter's shared memory
+// takes more than one.) Dynamic smem: the scatter's per-warp counters.
 struct ScatterPlanParams {
   ScheduleParams schedule;
   PlanParams plan;
-  int scatter_blocks;
+  int plan_blocks, scatter_blocks;
 };
 
 static_assert(kScheduleThreads == 32 * kPlanGroupsPerBlock, "the plan's blocks are the scatter's size");
@@ -328,10 +329,10 @@ __global__ void __launch_bounds__(kScheduleThreads, 4) schedule_scatter_plan_ker
   allow_next_kernel_launch();
   extern __shared__ int scatter_smem[];
   const int block = static_cast<int>(blockIdx.x);
-  if (block < p.scatter_blocks)
-    scatter_block(p.schedule, block, scatter_smem);
+  if (block < p.plan_blocks)
+    plan_block(p.plan, block);
   else
-    plan_block(p.plan, block - p.scatter_blocks);
+    scatter_block(p.schedule, block - p.plan_blocks, scatter_smem);
 }
 
 }  // namespace mok::cuda
