@@ -34,7 +34,10 @@ __global__ void stage_x_kernel(const EpilogueParams p) {
   reinterpret_cast<int4*>(p.plans[d].x_staged)[i] = reinterpret_cast<const int4*>(p.calls[d].x)[i];
 }
 
-__global__ void combine_epilogue_kernel(const EpilogueParams p) {
+// Combine rows one thread reads before its first add (see combine_epilogue_kernel).
+constexpr int kEpilogueBatch = 8;
+
+__global__ void __launch_bounds__(256, 4) combine_epilogue_kernel(const EpilogueParams p) {
   wait_previous_kernel();
   const int d = blockIdx.y;
   const int chunks_per_row = p.hidden / 8;
@@ -47,18 +50,34 @@ __global__ void combine_epilogue_kernel(const EpilogueParams p) {
 #pragma unroll
   for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
   for (int s = 0; s < p.num_shared; ++s) {
-    const int4 v = *reinterpret_cast<const int4*>(plan.shared[s].out + t * p.hidden + c);
+    const int4 v = __ldcs(reinterpret_cast<const int4*>(plan.shared[s].out + t * p.hidden + c));
     const __nv_bfloat16* b = reinterpret_cast<const __nv_bfloat16*>(&v);
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], __bfloat162float(b[e]));
   }
+  // The kernel is bound by HBM bandwidth (it reads k rows per output row once). Each batch
+  // issues all its loads before the first add, so a thread has up to kEpilogueBatch 16-byte
+  // loads in flight instead of one; the adds still run in j order (the bits do not change).
   const float* w = p.calls[d].router_weights + t * p.top_k;
-  for (int j = 0; j < p.top_k; ++j) {
-    const float wj = w[j];
-    const int4 v = *reinterpret_cast<const int4*>(plan.combine + (t * p.top_k + j) * p.hidden + c);
-    const __nv_bfloat16* b = reinterpret_cast<const __nv_bfloat16*>(&v);
+  const __nv_bfloat16* slot = plan.combine + t * p.top_k * p.hidden + c;
+  for (int j0 = 0; j0 < p.top_k; j0 += kEpilogueBatch) {
+    int4 v[kEpilogueBatch];
+    float wj[kEpilogueBatch];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], __fmul_rn(wj, __bfloat162float(b[e])));
+    for (int b = 0; b < kEpilogueBatch; ++b) {
+      if (j0 + b < p.top_k) {
+        v[b] = __ldcs(reinterpret_cast<const int4*>(slot + static_cast<long long>(j0 + b) * p.hidden));
+        wj[b] = __ldg(w + j0 + b);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kEpilogueBatch; ++b) {
+      if (j0 + b < p.top_k) {
+        const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&v[b]);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], __fmul_rn(wj[b], __bfloat162float(h[e])));
+      }
+    }
   }
   // A failed forward (bad routing, capacity, timeout; here or, in a real group, on any rank:
   // its rows for these tokens may be missing) never returns plausible numbers.
