@@ -531,7 +531,6 @@ class CudaBackend final : public BackendImpl {
     const int plan_blocks = ceil_div(max_groups, kPlanGroupsPerBlock);
     ScatterPlanParams spp{};
     spp.schedule = sp;
-    spp.scatter_blocks = sched_blocks;
     spp.plan_blocks = plan_blocks;
     spp.plan.plans = plans_dev_.as<RankPlan>();
     spp.plan.shape = plan_shape_;

@@ -1,6 +1,7 @@
 // mok: the order of the megakernel's work (compute tasks and row pulls), as plain integer
-// logic shared by the device (the plan blocks of schedule_scatter_plan_kernel) and the host (choosing band and lag, and
-// the CPU tests that check the order's counts, coverage and dependencies).
+// logic shared by the device (the plan blocks of schedule_scatter_plan_kernel) and the host
+// (choosing band and lag, and the CPU tests that check the order's counts, coverage and
+// dependencies).
 //
 // Groups g = 0, 1, ... each cover the band of row tiles [g*band, (g+1)*band). In a group,
 // for each computed rank d: the shared experts' gate/up tiles of the band, the pulls of the

@@ -309,7 +309,7 @@ __device__ __forceinline__ void plan_block(const PlanParams& p, int block) {
       });
 }
 
-// grid plan_blocks + scatter_blocks, kScheduleThreads: blocks below plan_blocks write the
+// grid plan_blocks + the scatter's blocks, kScheduleThreads: blocks below plan_blocks write the
 // task and pull lists, the rest scatter the rows. The plan needs only the row-tile counts
 // (written by the offsets kernel), not the rows, so it runs beside the scatter instead of
 // after it: one launch and the plan's time off the chain before the megakernel. (Plan
@@ -318,7 +318,7 @@ __device__ __forceinline__ void plan_block(const PlanParams& p, int block) {
 struct ScatterPlanParams {
   ScheduleParams schedule;
   PlanParams plan;
-  int plan_blocks, scatter_blocks;
+  int plan_blocks;
 };
 
 static_assert(kScheduleThreads == 32 * kPlanGroupsPerBlock, "the plan's blocks are the scatter's size");

@@ -243,6 +243,7 @@ __device__ __forceinline__ bool named_barrier_or(int id, int threads, bool value
       : "memory");
   return any != 0;
 }
+
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
