@@ -7,7 +7,7 @@
 namespace mok::test {
 
 GpuRun run_gpu_all_ranks(const LayerData& host, const Config& config, int repeats) {
-  GpuRun out{host, {}};
+  GpuRun out{host, {}, {}};
   LayerOptions o;
   o.backend = Backend::cuda;
   Layer layer(host.problem, config, o);
