@@ -172,6 +172,11 @@ bool store_warp_from_env() { return switch_from_env("MOK_STORE_WARP", true); }
 // 64 rows or fewer) is computed whole, as before, instead of by its lower warpgroup alone.
 bool half_tiles_from_env() { return switch_from_env("MOK_HALF_TILES", true); }
 
+// MOK_COMM_JOIN=1 (an experiment, off until measured): communication CTAs run the compute
+// role once their last pull is done (no pairs), so the SMs dispatch takes early compute the
+// end of the layer.
+bool comm_join_from_env() { return switch_from_env("MOK_COMM_JOIN", false); }
+
 // MOK_COOPERATIVE=1 launches the megakernel cooperatively: the driver starts it only when
 // every CTA can be resident at once. Off by default: a partial grid is safe and overlaps a
 // kernel on another stream (DESIGN.md, "Residency").
@@ -574,6 +579,7 @@ class CudaBackend final : public BackendImpl {
     fp.pull_groups = pull_groups_;
     fp.store_warp = store_warp_ ? 1 : 0;
     fp.half_tiles = half_tiles_ && !pairs_ ? 1 : 0;
+    fp.comm_join = comm_join_ && !pairs_ ? 1 : 0;
     fp.test_fault = test_fault_;
     fp.phase_trap = phase_trap_dev_;
     fp.phase_trap_claim = phase_trap_claim_.as<int>();
@@ -980,6 +986,7 @@ class CudaBackend final : public BackendImpl {
   int pull_groups_ = pull_groups_from_env();  // 0 until the constructor chooses
   bool store_warp_ = store_warp_from_env();
   bool half_tiles_ = half_tiles_from_env();
+  bool comm_join_ = comm_join_from_env();
   bool cooperative_ = cooperative_from_env();
   int test_fault_ = test_fault_from_env();
   std::uint64_t timeout_ns_ = wait_timeout_ns();

@@ -175,6 +175,10 @@ __device__ void dispatch_role(const ForwardParams& p, std::uint8_t* smem_raw) {
     group_sync();
     if (leader) red_release_gpu_add(plan.rows_ready + tile, 1);
   }
+  // (Every copy of this pipeline has completed: pull_rows waited for its last stores.) The
+  // CTA may go on as a compute CTA (ForwardParams::comm_join), reusing this shared memory.
+  if (lane == 0)
+    for (int s = 0; s < slots; ++s) sm90::mbar_inval(&pl.full[s]);
 }
 
 }  // namespace mok::cuda

@@ -124,6 +124,7 @@ struct ForwardParams {
   int pull_groups;                         // dispatch: row tiles each communication CTA pulls at once
   int pairs;                               // compute CTAs run task pairs as 2-CTA clusters (plan_order.h)
   int store_warp;                          // a warp of warpgroup 0 sends the staged tiles (megakernel.cuh)
+  int comm_join;                           // communication CTAs become compute CTAs once their pulls are done
   int half_tiles;                          // routed tiles with rows 64.. all padding: one consumer warpgroup computes
   int test_fault;                          // TestFault: a deliberate bug for the timeout tests (0: none)
   PhaseWaitTrap* phase_trap;               // host-mapped record of a timed-out phase wait (nullptr: none)

@@ -487,7 +487,11 @@ __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const _
   if (static_cast<int>(blockIdx.x) < p.num_comm_ctas) {
     wait_previous_kernel();
     dispatch_role(p, smem_raw);
-    return;
+    if (!p.comm_join) return;
+    // Every pull of this CTA is complete and its pipeline barriers are invalidated: it joins
+    // the compute CTAs for the tasks still unclaimed (a late compute CTA is one that was not
+    // resident at first: it claims a task only once it runs).
+    __syncthreads();
   }
   const ComputeSmem sm = carve_smem(smem_raw);
   const PairRole pr = pair_role(p);

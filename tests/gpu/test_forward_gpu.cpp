@@ -485,6 +485,31 @@ TEST(GpuHalfTiles, BitwiseEqualToWholeTilesAndCountedExactly) {
   EXPECT_EQ(expected_half_tile_tasks(p, run_gpu_all_ranks(host).stats[0]), 4 * (2 + 2)) << "4 half tiles, 4 tasks each";
 }
 
+// MOK_COMM_JOIN=1 (an experiment): communication CTAs turn into compute CTAs after their last
+// pull. The same bits as without, on one and two ranks, with a wrapping ring (pulls wait for
+// ring slots the compute frees) and with many communication CTAs for a small problem (they
+// finish early and take most of the tasks).
+TEST(GpuCommJoin, SameBitsAsSeparateRoles) {
+  MOK_REQUIRE_GPU();
+  Config wraps;
+  wraps.minibatch_rows = 128;
+  wraps.macrobatch_rows = 512;
+  Config many_comm;
+  many_comm.forward_comm_sms = 16;
+  for (const auto& [name, problem, routing, config] : std::vector<std::tuple<std::string, Problem, std::string, Config>>{
+           {"one_rank", make_problem(32, 512, 256, 4, {256}, 1, 500), "zipf:1.2", Config{}},
+           {"two_ranks", make_problem(16, 512, 384, 2, {128}, 2, 300), "gaussian", Config{}},
+           {"ring_wraps", make_problem(16, 1024, 256, 4, {256}, 1, 1024), "zipf:1.2", wraps},
+           {"many_comm", make_problem(16, 512, 256, 4, {}, 2, 700), "gaussian", many_comm}}) {
+    const LayerData host = make_data(problem, routing);
+    const std::vector<std::uint16_t> separate = global_y(run_gpu_all_ranks(host, config).data);
+    ScopedEnv on("MOK_COMM_JOIN", "1");
+    const GpuRun joined = run_gpu_all_ranks(host, config);
+    expect_close(joined.data, run_reference(host, config), Precision::bf16, name);
+    expect_same_bits(global_y(joined.data), separate, name + " vs separate roles");
+  }
+}
+
 // The store warp (default) against consumer-issued stores (MOK_STORE_WARP=0, read when a
 // Layer is built): the same bits, with gate/up counters raised by either, a wrapping ring
 // (down_done), shared experts, pairs with phantoms, and a large single-GPU shape.
@@ -802,7 +827,7 @@ TEST(GpuErrors, MalformedEnvironmentKnobIsAClearError) {
   LayerOptions o;
   o.backend = Backend::cuda;
   for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
-           {"MOK_COOPERATIVE", "maybe"}, {"MOK_STORE_WARP", "yes"}, {"MOK_HALF_TILES", "2"}, {"MOK_PULL_AHEAD", "-1"},
+           {"MOK_COOPERATIVE", "maybe"}, {"MOK_STORE_WARP", "yes"}, {"MOK_HALF_TILES", "2"}, {"MOK_COMM_JOIN", "2"}, {"MOK_PULL_AHEAD", "-1"},
            {"MOK_PULL_AHEAD", "4x"}, {"MOK_PULL_GROUPS", "4"}, {"MOK_WAIT_TIMEOUT_MS", "0"}, {"MOK_WAIT_TIMEOUT_MS", "nan"}}) {
     ScopedEnv bad(name, value);
     try {

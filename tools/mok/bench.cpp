@@ -62,7 +62,7 @@ std::string json_timing(const Timing& t) {
 // backend.cu), so a record says how it was made.
 std::string tuning_env_json() {
   std::string out;
-  for (const char* name : {"MOK_STORE_WARP", "MOK_HALF_TILES", "MOK_COOPERATIVE", "MOK_PULL_AHEAD", "MOK_PULL_GROUPS", "MOK_WAIT_TIMEOUT_MS",
+  for (const char* name : {"MOK_STORE_WARP", "MOK_HALF_TILES", "MOK_COMM_JOIN", "MOK_COOPERATIVE", "MOK_PULL_AHEAD", "MOK_PULL_GROUPS", "MOK_WAIT_TIMEOUT_MS",
                            "MOK_TEST_FAULT"}) {
     const char* v = std::getenv(name);
     if (v == nullptr) continue;
