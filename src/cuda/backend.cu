@@ -574,6 +574,7 @@ class CudaBackend final : public BackendImpl {
     fp.num_pulls = task_counts_.as<int>() + 1;
     fp.error = error_.as<DeviceError>();
     fp.task_counter = counters_.as<int>() + counters_.bytes() / sizeof(int) - 1;
+    fp.comm_started = counters_.as<int>() + counters_.bytes() / sizeof(int) - 2;
     fp.ring_wraps = ring_tiles_ < cap_tiles_ ? 1 : 0;
     fp.pull_ahead = pull_ahead_;
     fp.pull_groups = pull_groups_;
@@ -756,8 +757,8 @@ class CudaBackend final : public BackendImpl {
     // then the rank's half-tile task count.
     const std::size_t per_rank_counters =
         3 * static_cast<std::size_t>(cap_tiles_) + p.num_shared() * shared_row_tiles_ + 1;
-    // ... and the megakernel's task counter last.
-    counters_ = track(DeviceBuffer((num_ranks_ * per_rank_counters + 1) * sizeof(int)));
+    // ... then the started communication CTAs (MOK_COMM_JOIN) and the megakernel's task counter last.
+    counters_ = track(DeviceBuffer((num_ranks_ * per_rank_counters + 2) * sizeof(int)));
     error_ = track(DeviceBuffer(sizeof(DeviceError)));
     group_error_ = track(DeviceBuffer(sizeof(int)));
     MOK_CUDA_CHECK(cudaMemset(error_.as<void>(), 0, sizeof(DeviceError)));

@@ -177,8 +177,11 @@ __device__ void dispatch_role(const ForwardParams& p, std::uint8_t* smem_raw) {
   }
   // (Every copy of this pipeline has completed: pull_rows waited for its last stores.) The
   // CTA may go on as a compute CTA (ForwardParams::comm_join), reusing this shared memory.
-  if (lane == 0)
+  if (lane == 0) {
     for (int s = 0; s < slots; ++s) sm90::mbar_inval(&pl.full[s]);
+    // The compute role's TMA writes (async proxy) may land on these barriers' bytes.
+    sm90::fence_proxy_async_shared();
+  }
 }
 
 }  // namespace mok::cuda

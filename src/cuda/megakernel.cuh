@@ -485,13 +485,19 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
 __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const __grid_constant__ ForwardParams p) {
   extern __shared__ std::uint8_t smem_raw[];
   if (static_cast<int>(blockIdx.x) < p.num_comm_ctas) {
+    __shared__ int all_comm_started;
+    if (p.comm_join && threadIdx.x == 0) atomicAdd(p.comm_started, 1);
     wait_previous_kernel();
     dispatch_role(p, smem_raw);
     if (!p.comm_join) return;
     // Every pull of this CTA is complete and its pipeline barriers are invalidated: it joins
     // the compute CTAs for the tasks still unclaimed (a late compute CTA is one that was not
-    // resident at first: it claims a task only once it runs).
+    // resident at first: it claims a task only once it runs) -- but only if every
+    // communication CTA has started: pulls are assigned statically, so a joined CTA could
+    // wait on rows of one not yet resident, which would need this SM to start (review).
+    if (threadIdx.x == 0) all_comm_started = *static_cast<volatile int*>(p.comm_started) == p.num_comm_ctas;
     __syncthreads();
+    if (!all_comm_started) return;
   }
   const ComputeSmem sm = carve_smem(smem_raw);
   const PairRole pr = pair_role(p);

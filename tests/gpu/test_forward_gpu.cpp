@@ -487,20 +487,20 @@ TEST(GpuHalfTiles, BitwiseEqualToWholeTilesAndCountedExactly) {
 
 // MOK_COMM_JOIN=1 (an experiment): communication CTAs turn into compute CTAs after their last
 // pull. The same bits as without, on one and two ranks, with a wrapping ring (pulls wait for
-// ring slots the compute frees) and with many communication CTAs for a small problem (they
-// finish early and take most of the tasks).
+// ring slots the compute frees) and with 64 communication CTAs beside few compute CTAs (they
+// finish their pulls early and take many of the tasks).
 TEST(GpuCommJoin, SameBitsAsSeparateRoles) {
   MOK_REQUIRE_GPU();
   Config wraps;
   wraps.minibatch_rows = 128;
   wraps.macrobatch_rows = 512;
   Config many_comm;
-  many_comm.forward_comm_sms = 16;
+  many_comm.forward_comm_sms = 64;
   for (const auto& [name, problem, routing, config] : std::vector<std::tuple<std::string, Problem, std::string, Config>>{
            {"one_rank", make_problem(32, 512, 256, 4, {256}, 1, 500), "zipf:1.2", Config{}},
            {"two_ranks", make_problem(16, 512, 384, 2, {128}, 2, 300), "gaussian", Config{}},
            {"ring_wraps", make_problem(16, 1024, 256, 4, {256}, 1, 1024), "zipf:1.2", wraps},
-           {"many_comm", make_problem(16, 512, 256, 4, {}, 2, 700), "gaussian", many_comm}}) {
+           {"many_comm", make_problem(16, 512, 256, 4, {}, 2, 2048), "gaussian", many_comm}}) {
     const LayerData host = make_data(problem, routing);
     const std::vector<std::uint16_t> separate = global_y(run_gpu_all_ranks(host, config).data);
     ScopedEnv on("MOK_COMM_JOIN", "1");
