@@ -94,6 +94,9 @@ struct ScheduleStats {
   // cuda backend: routed tasks (gate/up and down) of tiles whose rows 64..127 are padding,
   // computed by one consumer warpgroup (MOK_HALF_TILES); 0 on the cpu backend.
   std::int64_t half_tile_tasks = 0;
+  // cuda backend: communication CTAs of the forward's launch that went on to compute tasks
+  // once their pulls were done (MOK_COMM_JOIN; the same for every rank of one launch).
+  std::int64_t joined_comm_ctas = 0;
 };
 
 class Layer {

@@ -126,6 +126,7 @@ struct ForwardParams {
   int store_warp;                          // a warp of warpgroup 0 sends the staged tiles (megakernel.cuh)
   int comm_join;                           // communication CTAs become compute CTAs once their pulls are done
   int* comm_started;                       // communication CTAs started so far (comm_join; zeroed per forward)
+  int* comm_joined;                        // communication CTAs that went on to compute (ScheduleStats, tests)
   int half_tiles;                          // routed tiles with rows 64.. all padding: one consumer warpgroup computes
   int test_fault;                          // TestFault: a deliberate bug for the timeout tests (0: none)
   PhaseWaitTrap* phase_trap;               // host-mapped record of a timed-out phase wait (nullptr: none)

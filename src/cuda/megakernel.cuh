@@ -498,6 +498,7 @@ __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const _
     if (threadIdx.x == 0) all_comm_started = *static_cast<volatile int*>(p.comm_started) == p.num_comm_ctas;
     __syncthreads();
     if (!all_comm_started) return;
+    if (threadIdx.x == 0) atomicAdd(p.comm_joined, 1);
   }
   const ComputeSmem sm = carve_smem(smem_raw);
   const PairRole pr = pair_role(p);

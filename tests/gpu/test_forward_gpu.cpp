@@ -485,10 +485,12 @@ TEST(GpuHalfTiles, BitwiseEqualToWholeTilesAndCountedExactly) {
   EXPECT_EQ(expected_half_tile_tasks(p, run_gpu_all_ranks(host).stats[0]), 4 * (2 + 2)) << "4 half tiles, 4 tasks each";
 }
 
-// MOK_COMM_JOIN=1 (an experiment): communication CTAs turn into compute CTAs after their last
-// pull. The same bits as without, on one and two ranks, with a wrapping ring (pulls wait for
-// ring slots the compute frees) and with 64 communication CTAs beside few compute CTAs (they
-// finish their pulls early and take many of the tasks).
+// Communication CTAs turn into compute CTAs after their last pull (MOK_COMM_JOIN, default on).
+// The same bits as separate roles (MOK_COMM_JOIN=0), on one and two ranks, with a wrapping
+// ring (pulls wait for ring slots the compute frees) and with 64 communication CTAs beside few
+// compute CTAs (they finish their pulls early and take many of the tasks). The kernel counts
+// the CTAs that joined: none with separate roles; with joining, every one (the grid is one
+// resident wave here, so every communication CTA starts and may join).
 TEST(GpuCommJoin, SameBitsAsSeparateRoles) {
   MOK_REQUIRE_GPU();
   Config wraps;
@@ -502,11 +504,21 @@ TEST(GpuCommJoin, SameBitsAsSeparateRoles) {
            {"ring_wraps", make_problem(16, 1024, 256, 4, {256}, 1, 1024), "zipf:1.2", wraps},
            {"many_comm", make_problem(16, 512, 256, 4, {}, 2, 2048), "gaussian", many_comm}}) {
     const LayerData host = make_data(problem, routing);
-    const std::vector<std::uint16_t> separate = global_y(run_gpu_all_ranks(host, config).data);
+    std::vector<std::uint16_t> separate;
+    {
+      ScopedEnv off("MOK_COMM_JOIN", "0");
+      const GpuRun run = run_gpu_all_ranks(host, config);
+      separate = global_y(run.data);
+      EXPECT_EQ(run.stats.at(0).joined_comm_ctas, 0) << name;
+    }
     ScopedEnv on("MOK_COMM_JOIN", "1");
     const GpuRun joined = run_gpu_all_ranks(host, config);
     expect_close(joined.data, run_reference(host, config), Precision::bf16, name);
     expect_same_bits(global_y(joined.data), separate, name + " vs separate roles");
+    EXPECT_GT(joined.stats.at(0).joined_comm_ctas, 0) << name;
+    if (config.forward_comm_sms > 0) {
+      EXPECT_EQ(joined.stats.at(0).joined_comm_ctas, config.forward_comm_sms) << name;
+    }
   }
 }
 
