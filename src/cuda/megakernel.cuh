@@ -485,7 +485,6 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
 __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const __grid_constant__ ForwardParams p) {
   extern __shared__ std::uint8_t smem_raw[];
   if (static_cast<int>(blockIdx.x) < p.num_comm_ctas) {
-    __shared__ int all_comm_started;
     if (p.comm_join && threadIdx.x == 0) atomicAdd(p.comm_started, 1);
     wait_previous_kernel();
     dispatch_role(p, smem_raw);
@@ -495,8 +494,10 @@ __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const _
     // resident at first: it claims a task only once it runs) -- but only if every
     // communication CTA has started: pulls are assigned statically, so a joined CTA could
     // wait on rows of one not yet resident, which would need this SM to start (review).
-    if (threadIdx.x == 0) all_comm_started = *static_cast<volatile int*>(p.comm_started) == p.num_comm_ctas;
-    __syncthreads();
+    // Thread 0 reads the count once and the barrier's reduction hands every thread the same
+    // answer (a shared flag written before the barrier drew a racecheck report).
+    const bool all_comm_started =
+        __syncthreads_or(threadIdx.x == 0 && *static_cast<volatile int*>(p.comm_started) == p.num_comm_ctas);
     if (!all_comm_started) return;
     if (threadIdx.x == 0) atomicAdd(p.comm_joined, 1);
   }
