@@ -581,9 +581,9 @@ class CudaBackend final : public BackendImpl {
     fp.pulls = pulls_.as<int2>();
     fp.num_pulls = task_counts_.as<int>() + 1;
     fp.error = error_.as<DeviceError>();
-    fp.task_counter = counters_.as<int>() + counters_.bytes() / sizeof(int) - 1;
-    fp.comm_started = counters_.as<int>() + counters_.bytes() / sizeof(int) - 2;
-    fp.comm_joined = counters_.as<int>() + counters_.bytes() / sizeof(int) - 3;
+    fp.task_counter = launch_counter(kTaskCounter);
+    fp.comm_started = launch_counter(kCommStarted);
+    fp.comm_joined = launch_counter(kCommJoined);
     fp.ring_wraps = ring_tiles_ < cap_tiles_ ? 1 : 0;
     fp.pull_ahead = pull_ahead_;
     fp.pull_groups = pull_groups_;
@@ -628,8 +628,7 @@ class CudaBackend final : public BackendImpl {
       MOK_CUDA_CHECK(cudaMemcpy(counts.data(), plans_host_[d].expert_counts, counts.size() * 4, cudaMemcpyDeviceToHost));
       MOK_CUDA_CHECK(cudaMemcpy(&tiles, plans_host_[d].num_row_tiles, 4, cudaMemcpyDeviceToHost));
       MOK_CUDA_CHECK(cudaMemcpy(&half_tile_tasks, plans_host_[d].half_tile_tasks, 4, cudaMemcpyDeviceToHost));
-      MOK_CUDA_CHECK(cudaMemcpy(&joined, counters_.as<int>() + counters_.bytes() / sizeof(int) - 3, 4,
-                                cudaMemcpyDeviceToHost));
+      MOK_CUDA_CHECK(cudaMemcpy(&joined, launch_counter(kCommJoined), 4, cudaMemcpyDeviceToHost));
       ScheduleStats s;
       s.rows_per_local_expert.assign(E_loc, 0);
       for (int e = 0; e < E_loc; ++e)
@@ -771,7 +770,7 @@ class CudaBackend final : public BackendImpl {
         3 * static_cast<std::size_t>(cap_tiles_) + p.num_shared() * shared_row_tiles_ + 1;
     // ... then the joined and the started communication CTAs (MOK_COMM_JOIN) and the
     // megakernel's task counter last.
-    counters_ = track(DeviceBuffer((num_ranks_ * per_rank_counters + 3) * sizeof(int)));
+    counters_ = track(DeviceBuffer((num_ranks_ * per_rank_counters + kLaunchCounters) * sizeof(int)));
     error_ = track(DeviceBuffer(sizeof(DeviceError)));
     group_error_ = track(DeviceBuffer(sizeof(int)));
     MOK_CUDA_CHECK(cudaMemset(error_.as<void>(), 0, sizeof(DeviceError)));
@@ -1017,6 +1016,10 @@ class CudaBackend final : public BackendImpl {
   std::vector<cudaEvent_t> phase_events_;
   std::size_t phase_forwards_ = 0;
   std::vector<std::vector<std::string>> phase_names_;
+
+  // The launch-wide counters at the end of counters_ (after every rank's), counted from it.
+  enum LaunchCounter { kTaskCounter = 1, kCommStarted = 2, kCommJoined = 3, kLaunchCounters = 3 };
+  int* launch_counter(LaunchCounter c) const { return counters_.as<int>() + counters_.bytes() / sizeof(int) - c; }
 
   DeviceBuffer counters_, error_, group_error_, tasks_, pulls_, task_counts_, combine_of_dev_, plans_dev_, zero_row_;
   std::vector<DeviceBuffer> combine_, rank_buffers_;
