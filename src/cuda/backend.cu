@@ -380,8 +380,8 @@ class CudaBackend final : public BackendImpl {
                 static_cast<long long>(p.local_experts()) * chunks_ < (1ll << 31),
             "problem: " + std::to_string(stream_ids) + " routed ids over " + std::to_string(dest_experts) +
                 " experts is too large for the cuda backend's 32-bit schedule offsets");
-    schedule_warp_smem_ = static_cast<int>(kScheduleWarps * dest_experts * sizeof(int));
-    schedule_offsets_smem_ = static_cast<int>(2 * dest_experts * sizeof(int));
+    schedule_count_smem_ = static_cast<int>(kScheduleWarps * count_warp_ints(dest_experts) * sizeof(int));
+    schedule_scatter_smem_ = static_cast<int>(kScheduleWarps * dest_experts * sizeof(int));
     gateup_tiles_ = ceil_div(p.intermediate, kGateUpCols);
     down_tiles_ = ceil_div(p.hidden, kDownCols);
     shared_row_tiles_ = ceil_div(p.tokens_per_rank, kTileM);
@@ -442,11 +442,9 @@ class CudaBackend final : public BackendImpl {
     // The limit belongs to the kernel, not to this Layer: set it to what any Layer may need, so
     // a later, smaller Layer cannot lower it under an earlier one.
     MOK_CUDA_CHECK(cudaFuncSetAttribute(schedule_count_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        kScheduleWarps * kScheduleMaxExperts * sizeof(int)));
+                                        kScheduleWarps * count_warp_ints(kScheduleMaxExperts) * sizeof(int)));
     MOK_CUDA_CHECK(cudaFuncSetAttribute(schedule_scatter_plan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         kScheduleWarps * kScheduleMaxExperts * sizeof(int)));
-    MOK_CUDA_CHECK(cudaFuncSetAttribute(schedule_offsets_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        2 * kScheduleMaxExperts * sizeof(int)));
   }
 
   // cudaFree waits for the device, so buffers in use by queued work are released safely;
@@ -536,9 +534,9 @@ class CudaBackend final : public BackendImpl {
     // the launch gap; in a group the epilogue follows the group barrier instead.
     const int sched_blocks = ceil_div(chunks_, kScheduleWarps);
     phase("schedule");
-    Launch(dim3(sched_blocks), dim3(kScheduleThreads), schedule_warp_smem_, stream_)(
+    Launch(dim3(sched_blocks), dim3(kScheduleThreads), schedule_count_smem_, stream_)(
         "schedule_count_kernel", schedule_count_kernel, sp);
-    Launch(dim3(1), dim3(1024), schedule_offsets_smem_, stream_)
+    Launch(dim3(p.local_experts() * num_ranks_), dim3(kOffsetsThreads), 0, stream_)
         .after_kernel(pdl)("schedule_offsets_kernel", schedule_offsets_kernel, sp);
     const int max_groups = ceil_div(std::max(cap_tiles_, shared_row_tiles_), band_) + lag_;
     const int plan_blocks = ceil_div(max_groups, kPlanGroupsPerBlock);
@@ -551,7 +549,7 @@ class CudaBackend final : public BackendImpl {
     spp.plan.num_tasks = task_counts_.as<int>();
     spp.plan.pulls = pulls_.as<int2>();
     spp.plan.num_pulls = task_counts_.as<int>() + 1;
-    Launch(dim3(sched_blocks + plan_blocks), dim3(kScheduleThreads), schedule_warp_smem_, stream_)
+    Launch(dim3(sched_blocks + plan_blocks), dim3(kScheduleThreads), schedule_scatter_smem_, stream_)
         .after_kernel(pdl)("schedule_scatter_plan_kernel", schedule_scatter_plan_kernel, spp);
 
     ForwardParams fp{};
@@ -765,9 +763,9 @@ class CudaBackend final : public BackendImpl {
       return b;
     };
     // Counters zeroed per forward: rows_ready, act_ready, down_done per rank, then shared,
-    // then the rank's half-tile task count.
+    // then the rank's rows per local expert (the schedule's), then its half-tile task count.
     const std::size_t per_rank_counters =
-        3 * static_cast<std::size_t>(cap_tiles_) + p.num_shared() * shared_row_tiles_ + 1;
+        3 * static_cast<std::size_t>(cap_tiles_) + p.num_shared() * shared_row_tiles_ + p.local_experts() + 1;
     // ... then the joined and the started communication CTAs (MOK_COMM_JOIN) and the
     // megakernel's task counter last.
     counters_ = track(DeviceBuffer((num_ranks_ * per_rank_counters + kLaunchCounters) * sizeof(int)));
@@ -828,6 +826,7 @@ class CudaBackend final : public BackendImpl {
       plan.act_ready = counters + cap_tiles_;
       plan.down_done = counters + 2 * cap_tiles_;
       plan.half_tile_tasks = counters + per_rank_counters - 1;
+      plan.expert_rows = plan.half_tile_tasks - p.local_experts();
       rank_buffers_.push_back(track(DeviceBuffer(static_cast<std::size_t>(capacity_) * sizeof(int2))));
       plan.rows = rank_buffers_.back().as<int2>();
       rank_buffers_.push_back(track(DeviceBuffer(std::max(1, cap_tiles_) * sizeof(int))));
@@ -990,7 +989,7 @@ class CudaBackend final : public BackendImpl {
   cudaStream_t stream_ = nullptr;
   int sms_ = 0, num_ranks_ = 0, first_rank_ = 0;
   int capacity_ = 0, cap_tiles_ = 0, ring_tiles_ = 0, chunks_ = 0;
-  int schedule_warp_smem_ = 0, schedule_offsets_smem_ = 0;  // dynamic smem of the schedule kernels
+  int schedule_count_smem_ = 0, schedule_scatter_smem_ = 0;  // dynamic smem of the schedule kernels
   int gateup_tiles_ = 0, down_tiles_ = 0, shared_row_tiles_ = 0;
   int comm_ctas_ = 0, compute_ctas_ = 0, grid_ctas_ = 0, band_ = 1, lag_ = 0;
   bool pairs_ = false;  // Config::task_pairs: 2-CTA clusters

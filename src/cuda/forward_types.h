@@ -80,6 +80,7 @@ struct RankPlan {
   int* num_row_tiles;      // [1] padded rows / 128 (0 after a capacity error)
   int* expert_counts;      // [E_loc * chunks] rows per (expert, source chunk)
   int* expert_offsets;     // [E_loc * chunks] first row of each (expert, source chunk)
+  int* expert_rows;        // [E_loc] rows per local expert (count kernel's atomics; zeroed before each forward)
   // Readiness counters, zeroed before each forward.
   int* rows_ready;         // [capacity / 128] 1 when the tile's rows are in the ring
   int* act_ready;          // [capacity / 128] gate/up tiles done

@@ -1,17 +1,24 @@
 // mok: the schedule on the GPU, from the (all-gathered) top-k ids, with counts and prefix
 // sums only, bit for bit the rows of the CPU builder (src/core/schedule.cpp):
 //   count:    rows per (destination expert, chunk of the source id stream), one warp per
-//             chunk, one pass over the ids; the same warp validates the tokens that start
-//             in its chunk (ids in range, distinct per token, finite router weights; errors
-//             recorded; a bad id is never a destination, so counting needs no order);
-//   offsets:  each expert's segment padded to 128 rows, the capacity check, the first row
-//             of every (expert, chunk), padding rows and each row tile's expert;
+//             chunk, one pass over the ids, and each block's rows per expert added to the
+//             expert's total; the same warp validates its chunk's ids (in range, distinct
+//             per token, finite router weights; errors recorded; a bad id is never a
+//             destination, so counting needs no order);
+//   offsets:  one block per destination expert: its segment (experts in order, each padded
+//             to 128 rows) from its rank's totals, the capacity check, the first row of each
+//             of its (expert, chunk)s by a block scan, its padding rows and row tiles' expert;
 //   scatter:  each chunk's warp writes its rows in stream order from those offsets;
 //   plan:     the compute task list and the pull list, in dependency order (in the
 //             scatter's launch, on blocks of its own: it needs only the row-tile counts).
+// Every pass is spread over many warps with its loads issued together: these kernels are
+// latency-bound (a few microseconds of work each), and a chain of dependent loads, or one
+// block doing a whole pass, is what made them slow.
 // The id stream is source-rank major: position g = s*T*k + t*k + j, so stream order is
 // MoK's order (source ranks in rank order, tokens in index order).
 #pragma once
+#include <climits>
+
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -37,21 +44,6 @@ struct ScheduleParams {
   DeviceError* error;
 };
 
-// Validation of one token of source rank `rank`: ids in range, distinct, finite weights.
-__device__ __forceinline__ void validate_token(const ScheduleParams& p, int rank, int t) {
-  const int k = p.top_k;
-  const int* ids = p.top_experts[rank] + static_cast<long long>(t) * k;
-  const float* w = p.router_weights[rank] + static_cast<long long>(t) * k;
-  const long long base = (static_cast<long long>(rank) * p.tokens + t) * k;
-  for (int j = 0; j < k; ++j) {
-    const int e = ids[j];
-    if (e < 0 || e >= p.num_experts) report_error(p.error, kExpertOutOfRange, rank, 0, base + j, e);
-    for (int i = 0; i < j; ++i)
-      if (ids[i] == e) report_error(p.error, kDuplicateExpert, rank, 0, base + j, e);
-    if (!isfinite(w[j])) report_error(p.error, kNonFiniteWeight, rank, 0, base + j, 0);
-  }
-}
-
 // The id stream in chunks of kScheduleChunk ids, one warp per chunk. A destination expert
 // q indexes the experts computed here: rank first_rank + q / E_loc, local expert q % E_loc.
 struct StreamChunk {
@@ -74,195 +66,237 @@ __device__ __forceinline__ StreamPos stream_pos(unsigned g, unsigned per) {
   return {static_cast<int>(src), static_cast<int>(g - src * per)};
 }
 
-// Destination expert of a stream position, or -1 when another rank computes it.
-__device__ __forceinline__ int destination_expert(const ScheduleParams& p, StreamPos pos) {
-  const int q = p.top_experts[pos.src][pos.slot] - p.first_rank * p.local_experts;
+// Destination expert of expert id e, or -1 when another rank computes it (a bad id, out of
+// range, is never a destination: first_rank*E_loc + Q <= num_experts).
+__device__ __forceinline__ int local_destination(const ScheduleParams& p, int e) {
+  const int q = e - p.first_rank * p.local_experts;
   return q >= 0 && q < p.num_ranks * p.local_experts ? q : -1;
 }
 
 constexpr int kIdsPerLane = kScheduleChunk / 32;
 
-// Lane `lane`'s destination experts of its warp's chunk (stream positions begin + 32*i +
-// lane), all loaded before any is used: 32 independent loads in flight per lane instead of a
-// chain of dependent ones (the count and scatter passes are latency-bound otherwise).
+// Lane `lane`'s expert ids of its warp's chunk (stream positions begin + 32*i + lane; -1 past
+// the end), all loaded before any is used: kIdsPerLane independent loads in flight per lane
+// instead of a chain of dependent ones.
 __device__ __forceinline__ void load_chunk(const ScheduleParams& p, const StreamChunk& c, int lane,
-                                           int (&q)[kIdsPerLane]) {
+                                           int (&ids)[kIdsPerLane]) {
   const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
 #pragma unroll
   for (int i = 0; i < kIdsPerLane; ++i) {
     const unsigned g = c.begin + 32u * i + lane;
-    q[i] = g < c.end ? destination_expert(p, stream_pos(g, per)) : -1;
+    if (g < c.end) {
+      const StreamPos pos = stream_pos(g, per);
+      ids[i] = p.top_experts[pos.src][pos.slot];
+    } else {
+      ids[i] = -1;
+    }
   }
 }
 
-// The chunk a warp of count or scatter owns, and that warp's per-destination-expert
-// counters in dynamic shared memory (Q ints per warp), zeroed. chunk < 0: past the last one.
-struct WarpChunk {
-  int lane, chunk;
-  int* per_expert;
-};
-
-__device__ __forceinline__ WarpChunk warp_chunk(const ScheduleParams& p, int block, int* smem) {
-  const int warp = threadIdx.x / 32;
-  WarpChunk w{static_cast<int>(threadIdx.x % 32), block * kScheduleWarps + warp, nullptr};
-  if (w.chunk >= p.chunks) {
-    w.chunk = -1;
-    return w;
-  }
-  const int Q = p.num_ranks * p.local_experts;
-  w.per_expert = smem + warp * Q;
-  for (int q = w.lane; q < Q; q += 32) w.per_expert[q] = 0;
+// Validation of the chunk's ids that belong to a source rank validated here: each id in
+// range, not a repeat of an earlier slot of its token, its router weight finite. The chunk's
+// ids are staged in shared memory (`staged`, kScheduleChunk ints of this warp), so the
+// repeat check reads them there; only the earlier slots of a token that began in the
+// previous chunk are read from global memory. (Per token, each lane walked its tokens' ids
+// and weights one dependent global load after another: the count kernel's longest chain.)
+// The reported index is g = rank*T*k + slot (DeviceError's rule).
+__device__ __forceinline__ void validate_chunk(const ScheduleParams& p, const StreamChunk& c, int lane,
+                                               const int (&ids)[kIdsPerLane], int* staged) {
+  const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
+  const int vfirst = p.validate_first_rank, vend = p.validate_first_rank + p.validate_ranks;
+  // Warp-uniform: the chunk's first and last source ranks.
+  if (static_cast<int>((c.end - 1) / per) < vfirst || static_cast<int>(c.begin / per) >= vend) return;
+#pragma unroll
+  for (int i = 0; i < kIdsPerLane; ++i) staged[32 * i + lane] = ids[i];
   __syncwarp();
-  return w;
+  auto validated = [&](unsigned g, StreamPos pos) { return g < c.end && pos.src >= vfirst && pos.src < vend; };
+  // Weights in batches, each batch's loads issued before any check (only a validated rank's
+  // weights are read: in a group the others' are not on this GPU).
+  constexpr int kBatch = 4;
+#pragma unroll
+  for (int i0 = 0; i0 < kIdsPerLane; i0 += kBatch) {
+    float weight[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const unsigned g = c.begin + 32u * (i0 + b) + lane;
+      const StreamPos pos = stream_pos(g, per);
+      weight[b] = validated(g, pos) ? p.router_weights[pos.src][pos.slot] : 0.0f;
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int at = 32 * (i0 + b) + lane;  // position in the chunk
+      const unsigned g = c.begin + at;
+      const StreamPos pos = stream_pos(g, per);
+      if (!validated(g, pos)) continue;
+      const int e = ids[i0 + b];
+      const int j = pos.slot % p.top_k;
+      if (e < 0 || e >= p.num_experts) report_error(p.error, kExpertOutOfRange, pos.src, 0, g, e);
+      // Slots j-1 .. j-in_chunk are staged; slots 0 .. j-in_chunk-1 lie before the chunk.
+      const int in_chunk = min(j, at);
+      bool repeat = false;
+      for (int d = 1; d <= in_chunk; ++d) repeat |= staged[at - d] == e;
+      const int* token_ids = p.top_experts[pos.src] + (pos.slot - j);
+      for (int i = 0; i < j - in_chunk; ++i) repeat |= token_ids[i] == e;
+      if (repeat) report_error(p.error, kDuplicateExpert, pos.src, 0, g, e);
+      if (!isfinite(weight[b])) report_error(p.error, kNonFiniteWeight, pos.src, 0, g, 0);
+    }
+  }
 }
 
-// grid ceil(chunks / kScheduleWarps), kScheduleThreads; dynamic smem: a histogram of the
-// destination experts per warp. Writes rows per (expert, chunk).
+// Dynamic shared memory of the count kernel per warp: the histogram (Q ints), then the staged ids.
+__host__ __device__ constexpr int count_warp_ints(int dest_experts) { return dest_experts + kScheduleChunk; }
+
+// grid ceil(chunks / kScheduleWarps), kScheduleThreads; dynamic smem: count_warp_ints(Q) per
+// warp. Writes rows per (expert, chunk), and adds the block's rows per expert to
+// RankPlan::expert_rows (zeroed before each forward; the offsets kernel starts from them).
 // (Four blocks per SM in the bounds: with the thread count alone ptxas 13 capped count and
 // scatter at 32 registers and spilled; with it they need 40 and spill nothing.)
 __global__ void __launch_bounds__(kScheduleThreads, 4) schedule_count_kernel(const ScheduleParams p) {
   wait_previous_kernel();
   allow_next_kernel_launch();
-  extern __shared__ int hist_all[];
-  const WarpChunk w = warp_chunk(p, static_cast<int>(blockIdx.x), hist_all);
-  if (w.chunk < 0) return;
-  const int lane = w.lane, chunk = w.chunk, Q = p.num_ranks * p.local_experts;
-  int* hist = w.per_expert;
-  const StreamChunk c = stream_chunk(p, chunk);
-  int q[kIdsPerLane];
-  load_chunk(p, c, lane, q);
-#pragma unroll
-  for (int i = 0; i < kIdsPerLane; ++i)
-    if (q[i] >= 0) atomicAdd(&hist[q[i]], 1);
+  extern __shared__ int count_smem[];
+  const int E = p.local_experts, Q = p.num_ranks * E;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int chunk = static_cast<int>(blockIdx.x) * kScheduleWarps + warp;
+  int* hist = count_smem + warp * count_warp_ints(Q);
+  for (int q = lane; q < Q; q += 32) hist[q] = 0;
   __syncwarp();
-  for (int q = lane; q < Q; q += 32)
-    p.plans[q / p.local_experts].expert_counts[(q % p.local_experts) * p.chunks + chunk] = hist[q];
-  // The tokens whose first id is in this chunk (their ids are in L1/L2 now).
-  const unsigned k = p.top_k;
-  for (unsigned u = (c.begin + k - 1) / k + lane; u * k < c.end; u += 32) {
-    const int rank = static_cast<int>(u / p.tokens);
-    if (rank >= p.validate_first_rank && rank < p.validate_first_rank + p.validate_ranks)
-      validate_token(p, rank, static_cast<int>(u - static_cast<unsigned>(rank) * p.tokens));
+  if (chunk < p.chunks) {
+    const StreamChunk c = stream_chunk(p, chunk);
+    int ids[kIdsPerLane];
+    load_chunk(p, c, lane, ids);
+#pragma unroll
+    for (int i = 0; i < kIdsPerLane; ++i) {
+      const int q = local_destination(p, ids[i]);
+      if (q >= 0) atomicAdd(&hist[q], 1);
+    }
+    __syncwarp();
+    for (int q = lane; q < Q; q += 32) p.plans[q / E].expert_counts[(q % E) * p.chunks + chunk] = hist[q];
+    validate_chunk(p, c, lane, ids, hist + Q);
+  }
+  __syncthreads();
+  // The block's rows per expert: one global atomic per (block, expert with rows).
+  for (int q = threadIdx.x; q < Q; q += kScheduleThreads) {
+    int n = 0;
+#pragma unroll
+    for (int w = 0; w < kScheduleWarps; ++w) n += count_smem[w * count_warp_ints(Q) + q];
+    if (n != 0) atomicAdd(&p.plans[q / E].expert_rows[q % E], n);
   }
 }
 
-// One block of 1024 threads; dynamic smem: rows per destination expert. From the counts:
-// each expert's padded segment (experts in order, each padded to 128 rows), the capacity
-// check, the start row of every (expert, chunk), the padding rows and each row tile's expert.
-__global__ void __launch_bounds__(1024) schedule_offsets_kernel(const ScheduleParams p) {
+constexpr int kOffsetsThreads = 256;
+constexpr int kOffsetsItems = 8;  // chunk counts per thread per scan step, loaded together
+
+// grid Q (block q: rank d = q / E_loc, local expert e = q % E_loc), kOffsetsThreads. From the
+// rank's rows per expert: the expert's segment (the rank's experts in order, each padded to
+// 128 rows) and the rank's total; the capacity check and the row-tile count (block e = 0);
+// then, by a block scan over the expert's chunk counts, the first row of each of its (expert,
+// chunk)s; its padding rows and the expert of each of its row tiles. (One block for all
+// experts, a warp per expert, scanned each expert's chunks as a chain of dependent loads:
+// ~15 us at Qwen3-30B's 128 experts x 256 chunks.)
+__global__ void __launch_bounds__(kOffsetsThreads) schedule_offsets_kernel(const ScheduleParams p) {
   wait_previous_kernel();
   allow_next_kernel_launch();
-  constexpr int kItems = kScheduleMaxExperts / 1024;
-  using Scan = cub::BlockScan<int, 1024>;
-  __shared__ typename Scan::TempStorage tmp;
-  extern __shared__ int expert_rows[];  // [Q] real rows, then [Q] padded segment starts
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int E = p.local_experts, Q = p.num_ranks * E;
-  int* start = expert_rows + Q;
-  for (int q = warp; q < Q; q += 32) {
-    const int* counts = p.plans[q / E].expert_counts + (q % E) * p.chunks;
-    int n = 0;
-#pragma unroll 4
-    for (int c = lane; c < p.chunks; c += 32) n += counts[c];
-    for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
-    if (lane == 0) expert_rows[q] = n;
+  using Reduce = cub::BlockReduce<int, kOffsetsThreads>;
+  using Scan = cub::BlockScan<int, kOffsetsThreads>;
+  __shared__ union {
+    typename Reduce::TempStorage reduce;
+    typename Scan::TempStorage scan;
+  } tmp;
+  __shared__ int segment[2];  // the rank's padded rows before expert e, and in all
+  const int E = p.local_experts, q = static_cast<int>(blockIdx.x), d = q / E, e = q % E;
+  const RankPlan& plan = p.plans[d];
+  auto padded = [](int n) { return (n + kTileM - 1) / kTileM * kTileM; };
+  int before = 0, all = 0;
+  for (int i = threadIdx.x; i < E; i += kOffsetsThreads) {
+    const int n = padded(plan.expert_rows[i]);
+    all += n;
+    if (i < e) before += n;
+  }
+  before = Reduce(tmp.reduce).Sum(before);  // (valid in thread 0)
+  __syncthreads();
+  all = Reduce(tmp.reduce).Sum(all);
+  if (threadIdx.x == 0) {
+    segment[0] = before;
+    segment[1] = all;
   }
   __syncthreads();
-  // Padded starts: one scan over every destination expert; a rank's segment starts at its
-  // first expert's value.
-  int padded[kItems];
-#pragma unroll
-  for (int i = 0; i < kItems; ++i) {
-    const int q = threadIdx.x * kItems + i;
-    padded[i] = q < Q ? (expert_rows[q] + kTileM - 1) / kTileM * kTileM : 0;
-  }
-  Scan(tmp).ExclusiveSum(padded, padded);
-#pragma unroll
-  for (int i = 0; i < kItems; ++i) {
-    const int q = threadIdx.x * kItems + i;
-    if (q < Q) start[q] = padded[i];
-  }
-  __syncthreads();
-  for (int d = threadIdx.x; d < p.num_ranks; d += blockDim.x) {
-    const int first = start[d * E];
-    const int last = d * E + E - 1;
-    const int total = start[last] + (expert_rows[last] + kTileM - 1) / kTileM * kTileM - first;
-    const bool over = total > p.capacity_rows;
-    if (over) report_error(p.error, kCapacityExceeded, p.first_rank + d, 0, p.capacity_rows, total);
+  const int seg = segment[0], rank_rows = segment[1];
+  const bool over = rank_rows > p.capacity_rows;
+  if (e == 0 && threadIdx.x == 0) {
+    if (over) report_error(p.error, kCapacityExceeded, p.first_rank + d, 0, p.capacity_rows, rank_rows);
     // 0 row tiles: the scatter and the megakernel do nothing for this rank (no row dropped
     // silently: the error poisons y).
-    *p.plans[d].num_row_tiles = over ? 0 : total / kTileM;
+    *plan.num_row_tiles = over ? 0 : rank_rows / kTileM;
   }
-  __syncthreads();
-  for (int q = warp; q < Q; q += 32) {
-    const int d = q / E, e = q % E;
-    RankPlan& plan = p.plans[d];
-    // The capacity check above ran in this block; re-derive it rather than read the flag
-    // another thread wrote (no block-wide ordering needed beyond the barrier).
-    const int first = start[d * E], last = d * E + E - 1;
-    if (start[last] + (expert_rows[last] + kTileM - 1) / kTileM * kTileM - first > p.capacity_rows) continue;
-    const int seg = start[q] - first;
-    const int* counts = plan.expert_counts + e * p.chunks;
-    int* offsets = plan.expert_offsets + e * p.chunks;
-    int running = seg;
-    // 32 chunks per scan step, kScanBatch steps' counts loaded before any is scanned (the
-    // loop is latency-bound: one expert's chunks are scanned by one warp in order).
-    constexpr int kScanBatch = 4;
-    for (int c0 = 0; c0 < p.chunks; c0 += 32 * kScanBatch) {
-      int n[kScanBatch];
+  if (over) return;
+  const int chunks = p.chunks;
+  const int* counts = plan.expert_counts + e * chunks;
+  int* offsets = plan.expert_offsets + e * chunks;
+  int carry = seg;
+  for (int step = 0; step < chunks; step += kOffsetsThreads * kOffsetsItems) {
+    const int first = step + static_cast<int>(threadIdx.x) * kOffsetsItems;
+    int n[kOffsetsItems];
 #pragma unroll
-      for (int b = 0; b < kScanBatch; ++b) {
-        const int c = c0 + 32 * b + lane;
-        n[b] = c < p.chunks ? counts[c] : 0;
-      }
+    for (int u = 0; u < kOffsetsItems; ++u) n[u] = first + u < chunks ? counts[first + u] : 0;
+    int mine = 0;
 #pragma unroll
-      for (int b = 0; b < kScanBatch; ++b) {
-        const int c = c0 + 32 * b + lane;
-        int incl = n[b];
-        for (int o = 1; o < 32; o <<= 1) {
-          const int v = __shfl_up_sync(0xffffffffu, incl, o);
-          if (lane >= o) incl += v;
-        }
-        if (c < p.chunks) offsets[c] = running + incl - n[b];
-        running += __shfl_sync(0xffffffffu, incl, 31);
-      }
+    for (int u = 0; u < kOffsetsItems; ++u) mine += n[u];
+    int prefix = 0, step_rows = 0;
+    Scan(tmp.scan).ExclusiveSum(mine, prefix, step_rows);
+    __syncthreads();  // tmp is reused by the next step
+    int running = carry + prefix;
+#pragma unroll
+    for (int u = 0; u < kOffsetsItems; ++u) {
+      if (first + u < chunks) offsets[first + u] = running;
+      running += n[u];
     }
-    const int real_end = seg + expert_rows[q];
-    const int padded_end = seg + (expert_rows[q] + kTileM - 1) / kTileM * kTileM;
-    for (int r = real_end + lane; r < padded_end; r += 32) plan.rows[r] = make_int2(-1, -1);
-    for (int tile = seg / kTileM + lane; tile < padded_end / kTileM; tile += 32) plan.block_expert[tile] = e;
+    carry += step_rows;
   }
+  const int real_end = carry;  // seg + the expert's rows
+  const int padded_end = seg + padded(real_end - seg);
+  for (int r = real_end + threadIdx.x; r < padded_end; r += kOffsetsThreads) plan.rows[r] = make_int2(-1, -1);
+  for (int tile = seg / kTileM + threadIdx.x; tile < padded_end / kTileM; tile += kOffsetsThreads)
+    plan.block_expert[tile] = e;
 }
 
-// Scatter block `block` of ceil(chunks / kScheduleWarps); `written_all`: per warp, rows
-// written so far per destination expert. Each warp writes its chunk's rows in stream order:
-// the lanes holding the same expert are ranked by lane (match_any), 32 ids at a time.
-__device__ __forceinline__ void scatter_block(const ScheduleParams& p, int block, int* written_all) {
-  const WarpChunk w = warp_chunk(p, block, written_all);
-  if (w.chunk < 0) return;
-  const int lane = w.lane, chunk = w.chunk, E = p.local_experts;
-  int* written = w.per_expert;
+// Scatter block `block` of ceil(chunks / kScheduleWarps); `next_all`: per warp, Q ints. Each
+// warp writes its chunk's rows in stream order: the lanes holding the same expert are ranked
+// by lane (match_any), 32 ids at a time. A warp's next row per destination expert starts at
+// the chunk's offsets, all loaded before the loop (which then reads no global memory; with
+// the offsets read per id, each of its steps waited on a global load), or kNoRows for a rank over
+// capacity (kNoRows plus at most a chunk of rows stays negative: nothing is written).
+constexpr int kNoRows = INT_MIN / 2;
+
+__device__ __forceinline__ void scatter_block(const ScheduleParams& p, int block, int* next_all) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int chunk = block * kScheduleWarps + warp;
+  if (chunk >= p.chunks) return;
+  const int E = p.local_experts, Q = p.num_ranks * E;
+  int* next_row = next_all + warp * Q;
+  for (int q = lane; q < Q; q += 32) {
+    const RankPlan& plan = p.plans[q / E];
+    next_row[q] = *plan.num_row_tiles > 0 ? plan.expert_offsets[(q % E) * p.chunks + chunk] : kNoRows;
+  }
+  __syncwarp();
   const StreamChunk c = stream_chunk(p, chunk);
   const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
   const unsigned lanes_below = (1u << lane) - 1;
-  int qs[kIdsPerLane];
-  load_chunk(p, c, lane, qs);
+  int ids[kIdsPerLane];
+  load_chunk(p, c, lane, ids);
 #pragma unroll
   for (int i = 0; i < kIdsPerLane; ++i) {
     const unsigned g = c.begin + 32u * i + lane;
-    const int q = qs[i];
+    const int q = local_destination(p, ids[i]);
     const StreamPos pos = stream_pos(g, per);
     const unsigned peers = __match_any_sync(0xffffffffu, q);
     const int before = __popc(peers & lanes_below);
     if (q >= 0) {
-      RankPlan& plan = p.plans[q / E];
-      if (*plan.num_row_tiles > 0) {  // 0: over capacity (or no rows at all)
-        const int row = plan.expert_offsets[(q % E) * p.chunks + chunk] + written[q] + before;
-        plan.rows[row] = make_int2(pos.src, pos.slot);
-      }
+      const int row = next_row[q] + before;
+      if (row >= 0) p.plans[q / E].rows[row] = make_int2(pos.src, pos.slot);
     }
     __syncwarp();
-    if (q >= 0 && before == 0) written[q] += __popc(peers);
+    if (q >= 0 && before == 0) next_row[q] += __popc(peers);
     __syncwarp();
   }
 }
