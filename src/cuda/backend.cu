@@ -374,13 +374,16 @@ class CudaBackend final : public BackendImpl {
     require(dest_experts <= kScheduleMaxExperts,
             "problem: " + std::to_string(dest_experts) + " experts computed on this GPU; the cuda backend's schedule "
             "takes at most " + std::to_string(kScheduleMaxExperts) + " (use fewer virtual ranks or a rank slice)");
-    chunks_ = static_cast<int>(ceil_div(stream_ids, kScheduleChunk));
+    // Small chunks when large ones would leave SMs without a count/scatter block.
+    chunk_ids_ = ceil_div(ceil_div(stream_ids, kScheduleChunkLarge), kScheduleWarps) < sms_ ? kScheduleChunkSmall
+                                                                                             : kScheduleChunkLarge;
+    chunks_ = static_cast<int>(ceil_div(stream_ids, chunk_ids_));
     // The schedule's row offsets and (expert, chunk) indices are 32-bit on the device.
     require(stream_ids + static_cast<long long>(dest_experts) * (kTileM - 1) < (1ll << 31) &&
                 static_cast<long long>(p.local_experts()) * chunks_ < (1ll << 31),
             "problem: " + std::to_string(stream_ids) + " routed ids over " + std::to_string(dest_experts) +
                 " experts is too large for the cuda backend's 32-bit schedule offsets");
-    schedule_count_smem_ = static_cast<int>(kScheduleWarps * count_warp_ints(dest_experts) * sizeof(int));
+    schedule_count_smem_ = static_cast<int>(kScheduleWarps * count_warp_ints(dest_experts, chunk_ids_) * sizeof(int));
     schedule_scatter_smem_ = static_cast<int>(kScheduleWarps * dest_experts * sizeof(int));
     gateup_tiles_ = ceil_div(p.intermediate, kGateUpCols);
     down_tiles_ = ceil_div(p.hidden, kDownCols);
@@ -441,10 +444,12 @@ class CudaBackend final : public BackendImpl {
     allocate();
     // The limit belongs to the kernel, not to this Layer: set it to what any Layer may need, so
     // a later, smaller Layer cannot lower it under an earlier one.
-    MOK_CUDA_CHECK(cudaFuncSetAttribute(schedule_count_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        kScheduleWarps * count_warp_ints(kScheduleMaxExperts) * sizeof(int)));
-    MOK_CUDA_CHECK(cudaFuncSetAttribute(schedule_scatter_plan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        kScheduleWarps * kScheduleMaxExperts * sizeof(int)));
+    for (const int chunk : {kScheduleChunkSmall, kScheduleChunkLarge}) {
+      MOK_CUDA_CHECK(cudaFuncSetAttribute(count_kernel(chunk), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          kScheduleWarps * count_warp_ints(kScheduleMaxExperts, chunk) * sizeof(int)));
+      MOK_CUDA_CHECK(cudaFuncSetAttribute(scatter_plan_kernel(chunk), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          kScheduleWarps * kScheduleMaxExperts * sizeof(int)));
+    }
   }
 
   // cudaFree waits for the device, so buffers in use by queued work are released safely;
@@ -535,7 +540,7 @@ class CudaBackend final : public BackendImpl {
     const int sched_blocks = ceil_div(chunks_, kScheduleWarps);
     phase("schedule");
     Launch(dim3(sched_blocks), dim3(kScheduleThreads), schedule_count_smem_, stream_)(
-        "schedule_count_kernel", schedule_count_kernel, sp);
+        "schedule_count_kernel", count_kernel(chunk_ids_), sp);
     Launch(dim3(p.local_experts() * num_ranks_), dim3(kOffsetsThreads), 0, stream_)
         .after_kernel(pdl)("schedule_offsets_kernel", schedule_offsets_kernel, sp);
     const int max_groups = ceil_div(std::max(cap_tiles_, shared_row_tiles_), band_) + lag_;
@@ -550,7 +555,7 @@ class CudaBackend final : public BackendImpl {
     spp.plan.pulls = pulls_.as<int2>();
     spp.plan.num_pulls = task_counts_.as<int>() + 1;
     Launch(dim3(sched_blocks + plan_blocks), dim3(kScheduleThreads), schedule_scatter_smem_, stream_)
-        .after_kernel(pdl)("schedule_scatter_plan_kernel", schedule_scatter_plan_kernel, spp);
+        .after_kernel(pdl)("schedule_scatter_plan_kernel", scatter_plan_kernel(chunk_ids_), spp);
 
     ForwardParams fp{};
     fp.ep_size = p.ep_size;
@@ -989,6 +994,7 @@ class CudaBackend final : public BackendImpl {
   cudaStream_t stream_ = nullptr;
   int sms_ = 0, num_ranks_ = 0, first_rank_ = 0;
   int capacity_ = 0, cap_tiles_ = 0, ring_tiles_ = 0, chunks_ = 0;
+  int chunk_ids_ = kScheduleChunkLarge;  // ids per count/scatter warp
   int schedule_count_smem_ = 0, schedule_scatter_smem_ = 0;  // dynamic smem of the schedule kernels
   int gateup_tiles_ = 0, down_tiles_ = 0, shared_row_tiles_ = 0;
   int comm_ctas_ = 0, compute_ctas_ = 0, grid_ctas_ = 0, band_ = 1, lag_ = 0;
@@ -1053,9 +1059,11 @@ std::unique_ptr<BackendImpl> make_cuda_backend(const Problem& p, const Config& c
 std::vector<std::pair<const void*, std::string>> cuda_forward_kernels() {
   using namespace cuda;
   return {{reinterpret_cast<const void*>(stage_x_kernel), "stage_x_kernel"},
-          {reinterpret_cast<const void*>(schedule_count_kernel), "schedule_count_kernel"},
+          {reinterpret_cast<const void*>(count_kernel(kScheduleChunkSmall)), "schedule_count_kernel"},
+          {reinterpret_cast<const void*>(count_kernel(kScheduleChunkLarge)), "schedule_count_kernel"},
           {reinterpret_cast<const void*>(schedule_offsets_kernel), "schedule_offsets_kernel"},
-          {reinterpret_cast<const void*>(schedule_scatter_plan_kernel), "schedule_scatter_plan_kernel"},
+          {reinterpret_cast<const void*>(scatter_plan_kernel(kScheduleChunkSmall)), "schedule_scatter_plan_kernel"},
+          {reinterpret_cast<const void*>(scatter_plan_kernel(kScheduleChunkLarge)), "schedule_scatter_plan_kernel"},
           {reinterpret_cast<const void*>(forward_megakernel), "forward_megakernel"},
           {reinterpret_cast<const void*>(combine_epilogue_kernel), "combine_epilogue_kernel"}};
 }

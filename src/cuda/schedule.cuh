@@ -28,7 +28,11 @@ namespace mok::cuda {
 
 constexpr int kScheduleThreads = 256;
 constexpr int kScheduleWarps = kScheduleThreads / 32;
-constexpr int kScheduleChunk = 512;         // ids per warp in count and scatter (more, shorter warps: both passes are latency-bound)
+// Ids per warp in count and scatter (a chunk): the large chunk normally, the small one when
+// the large would leave SMs without a block (Qwen3-30B's 131k ids: 32 blocks of 512-id chunks
+// on 132 SMs), since both passes are latency-bound per warp.
+constexpr int kScheduleChunkLarge = 512;
+constexpr int kScheduleChunkSmall = 128;
 constexpr int kScheduleMaxExperts = 4096;   // destination experts one forward builds (smem histograms)
 
 struct ScheduleParams {
@@ -38,22 +42,23 @@ struct ScheduleParams {
   int first_rank, num_ranks;          // destination ranks built here
   int validate_first_rank;            // validate source ranks [this, this + validate_ranks)
   int validate_ranks;
-  int chunks;                         // ceil(R*T*k / kScheduleChunk)
+  int chunks;                         // ceil(R*T*k / chunk), chunk = kScheduleChunkLarge or Small
   int capacity_rows;
   RankPlan* plans;                    // [num_ranks]
   DeviceError* error;
 };
 
-// The id stream in chunks of kScheduleChunk ids, one warp per chunk. A destination expert
+// The id stream in chunks of kChunk ids, one warp per chunk. A destination expert
 // q indexes the experts computed here: rank first_rank + q / E_loc, local expert q % E_loc.
 struct StreamChunk {
   unsigned begin, end;  // [begin, end) positions in the stream
 };
 
+template <int kChunk>
 __device__ __forceinline__ StreamChunk stream_chunk(const ScheduleParams& p, int chunk) {
   const unsigned total = static_cast<unsigned>(p.ep_size) * p.tokens * p.top_k;
-  const unsigned begin = static_cast<unsigned>(chunk) * kScheduleChunk;
-  return {begin, min(total, begin + kScheduleChunk)};
+  const unsigned begin = static_cast<unsigned>(chunk) * kChunk;
+  return {begin, min(total, begin + kChunk)};
 }
 
 // Stream position g as (source rank, slot t*k + j); per = T*k ids per source rank.
@@ -73,11 +78,10 @@ __device__ __forceinline__ int local_destination(const ScheduleParams& p, int e)
   return q >= 0 && q < p.num_ranks * p.local_experts ? q : -1;
 }
 
-constexpr int kIdsPerLane = kScheduleChunk / 32;
-
 // Lane `lane`'s expert ids of its warp's chunk (stream positions begin + 32*i + lane; -1 past
 // the end), all loaded before any is used: kIdsPerLane independent loads in flight per lane
 // instead of a chain of dependent ones.
+template <int kIdsPerLane>
 __device__ __forceinline__ void load_chunk(const ScheduleParams& p, const StreamChunk& c, int lane,
                                            int (&ids)[kIdsPerLane]) {
   const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
@@ -93,64 +97,70 @@ __device__ __forceinline__ void load_chunk(const ScheduleParams& p, const Stream
   }
 }
 
+// A bad routing entry at stream position g (kept out of line: inlined at every check, the
+// error path multiplied the count kernel's code).
+__device__ __noinline__ void report_bad_entry(DeviceError* err, int code, int rank, unsigned g, int value) {
+  report_error(err, code, rank, 0, g, value);
+}
+
 // Validation of the chunk's ids that belong to a source rank validated here: each id in
 // range, not a repeat of an earlier slot of its token, its router weight finite. The chunk's
-// ids are staged in shared memory (`staged`, kScheduleChunk ints of this warp), so the
-// repeat check reads them there; only the earlier slots of a token that began in the
+// ids and weights are staged in shared memory first (`staged`: the chunk's ids, then its
+// weights, this warp's), all loads issued together; the checks then run as a
+// rolled loop over shared memory. Only the earlier slots of a token that began in the
 // previous chunk are read from global memory. (Per token, each lane walked its tokens' ids
-// and weights one dependent global load after another: the count kernel's longest chain.)
+// and weights one dependent global load after another; unrolled per id, the kernel's code
+// grew to 8.7k instructions, run once per warp, and the kernel ran slower still.)
 // The reported index is g = rank*T*k + slot (DeviceError's rule).
+template <int kIdsPerLane>
 __device__ __forceinline__ void validate_chunk(const ScheduleParams& p, const StreamChunk& c, int lane,
                                                const int (&ids)[kIdsPerLane], int* staged) {
+  constexpr int kChunk = 32 * kIdsPerLane;
   const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
   const int vfirst = p.validate_first_rank, vend = p.validate_first_rank + p.validate_ranks;
   // Warp-uniform: the chunk's first and last source ranks.
   if (static_cast<int>((c.end - 1) / per) < vfirst || static_cast<int>(c.begin / per) >= vend) return;
-#pragma unroll
-  for (int i = 0; i < kIdsPerLane; ++i) staged[32 * i + lane] = ids[i];
-  __syncwarp();
   auto validated = [&](unsigned g, StreamPos pos) { return g < c.end && pos.src >= vfirst && pos.src < vend; };
-  // Weights in batches, each batch's loads issued before any check (only a validated rank's
-  // weights are read: in a group the others' are not on this GPU).
-  constexpr int kBatch = 4;
+  float* staged_weight = reinterpret_cast<float*>(staged + kChunk);
+  // (Only a validated rank's weights are read: in a group the others' are not on this GPU.)
 #pragma unroll
-  for (int i0 = 0; i0 < kIdsPerLane; i0 += kBatch) {
-    float weight[kBatch];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const unsigned g = c.begin + 32u * (i0 + b) + lane;
-      const StreamPos pos = stream_pos(g, per);
-      weight[b] = validated(g, pos) ? p.router_weights[pos.src][pos.slot] : 0.0f;
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int at = 32 * (i0 + b) + lane;  // position in the chunk
-      const unsigned g = c.begin + at;
-      const StreamPos pos = stream_pos(g, per);
-      if (!validated(g, pos)) continue;
-      const int e = ids[i0 + b];
-      const int j = pos.slot % p.top_k;
-      if (e < 0 || e >= p.num_experts) report_error(p.error, kExpertOutOfRange, pos.src, 0, g, e);
-      // Slots j-1 .. j-in_chunk are staged; slots 0 .. j-in_chunk-1 lie before the chunk.
-      const int in_chunk = min(j, at);
-      bool repeat = false;
-      for (int d = 1; d <= in_chunk; ++d) repeat |= staged[at - d] == e;
-      const int* token_ids = p.top_experts[pos.src] + (pos.slot - j);
-      for (int i = 0; i < j - in_chunk; ++i) repeat |= token_ids[i] == e;
-      if (repeat) report_error(p.error, kDuplicateExpert, pos.src, 0, g, e);
-      if (!isfinite(weight[b])) report_error(p.error, kNonFiniteWeight, pos.src, 0, g, 0);
-    }
+  for (int i = 0; i < kIdsPerLane; ++i) {
+    const int at = 32 * i + lane;
+    const unsigned g = c.begin + at;
+    const StreamPos pos = stream_pos(g, per);
+    staged[at] = ids[i];
+    staged_weight[at] = validated(g, pos) ? p.router_weights[pos.src][pos.slot] : 0.0f;
+  }
+  __syncwarp();
+#pragma unroll 1
+  for (int at = lane; at < kChunk; at += 32) {
+    const unsigned g = c.begin + at;
+    const StreamPos pos = stream_pos(g, per);
+    if (!validated(g, pos)) continue;
+    const int e = staged[at];
+    const int j = pos.slot % p.top_k;
+    if (e < 0 || e >= p.num_experts) report_bad_entry(p.error, kExpertOutOfRange, pos.src, g, e);
+    // Slots j-1 .. j-in_chunk are staged; slots 0 .. j-in_chunk-1 lie before the chunk.
+    const int in_chunk = min(j, at);
+    bool repeat = false;
+    for (int d = 1; d <= in_chunk; ++d) repeat |= staged[at - d] == e;
+    const int* token_ids = p.top_experts[pos.src] + (pos.slot - j);
+    for (int i = 0; i < j - in_chunk; ++i) repeat |= token_ids[i] == e;
+    if (repeat) report_bad_entry(p.error, kDuplicateExpert, pos.src, g, e);
+    if (!isfinite(staged_weight[at])) report_bad_entry(p.error, kNonFiniteWeight, pos.src, g, 0);
   }
 }
 
-// Dynamic shared memory of the count kernel per warp: the histogram (Q ints), then the staged ids.
-__host__ __device__ constexpr int count_warp_ints(int dest_experts) { return dest_experts + kScheduleChunk; }
+// Dynamic shared memory of the count kernel per warp: the histogram (Q ints), then the staged
+// ids and weights.
+__host__ __device__ constexpr int count_warp_ints(int dest_experts, int chunk) { return dest_experts + 2 * chunk; }
 
-// grid ceil(chunks / kScheduleWarps), kScheduleThreads; dynamic smem: count_warp_ints(Q) per
+// grid ceil(chunks / kScheduleWarps), kScheduleThreads; dynamic smem: count_warp_ints(Q, kChunk) per
 // warp. Writes rows per (expert, chunk), and adds the block's rows per expert to
 // RankPlan::expert_rows (zeroed before each forward; the offsets kernel starts from them).
 // (Four blocks per SM in the bounds: with the thread count alone ptxas 13 capped count and
-// scatter at 32 registers and spilled; with it they need 40 and spill nothing.)
+// scatter at 32 registers and spilled; with it they spill nothing.)
+template <int kChunk>
 __global__ void __launch_bounds__(kScheduleThreads, 4) schedule_count_kernel(const ScheduleParams p) {
   wait_previous_kernel();
   allow_next_kernel_launch();
@@ -158,15 +168,15 @@ __global__ void __launch_bounds__(kScheduleThreads, 4) schedule_count_kernel(con
   const int E = p.local_experts, Q = p.num_ranks * E;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunk = static_cast<int>(blockIdx.x) * kScheduleWarps + warp;
-  int* hist = count_smem + warp * count_warp_ints(Q);
+  int* hist = count_smem + warp * count_warp_ints(Q, kChunk);
   for (int q = lane; q < Q; q += 32) hist[q] = 0;
   __syncwarp();
   if (chunk < p.chunks) {
-    const StreamChunk c = stream_chunk(p, chunk);
-    int ids[kIdsPerLane];
+    const StreamChunk c = stream_chunk<kChunk>(p, chunk);
+    int ids[kChunk / 32];
     load_chunk(p, c, lane, ids);
 #pragma unroll
-    for (int i = 0; i < kIdsPerLane; ++i) {
+    for (int i = 0; i < kChunk / 32; ++i) {
       const int q = local_destination(p, ids[i]);
       if (q >= 0) atomicAdd(&hist[q], 1);
     }
@@ -179,7 +189,7 @@ __global__ void __launch_bounds__(kScheduleThreads, 4) schedule_count_kernel(con
   for (int q = threadIdx.x; q < Q; q += kScheduleThreads) {
     int n = 0;
 #pragma unroll
-    for (int w = 0; w < kScheduleWarps; ++w) n += count_smem[w * count_warp_ints(Q) + q];
+    for (int w = 0; w < kScheduleWarps; ++w) n += count_smem[w * count_warp_ints(Q, kChunk) + q];
     if (n != 0) atomicAdd(&p.plans[q / E].expert_rows[q % E], n);
   }
 }
@@ -268,6 +278,7 @@ __global__ void __launch_bounds__(kOffsetsThreads) schedule_offsets_kernel(const
 // capacity (kNoRows plus at most a chunk of rows stays negative: nothing is written).
 constexpr int kNoRows = INT_MIN / 2;
 
+template <int kChunk>
 __device__ __forceinline__ void scatter_block(const ScheduleParams& p, int block, int* next_all) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunk = block * kScheduleWarps + warp;
@@ -279,13 +290,13 @@ __device__ __forceinline__ void scatter_block(const ScheduleParams& p, int block
     next_row[q] = *plan.num_row_tiles > 0 ? plan.expert_offsets[(q % E) * p.chunks + chunk] : kNoRows;
   }
   __syncwarp();
-  const StreamChunk c = stream_chunk(p, chunk);
+  const StreamChunk c = stream_chunk<kChunk>(p, chunk);
   const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
   const unsigned lanes_below = (1u << lane) - 1;
-  int ids[kIdsPerLane];
+  int ids[kChunk / 32];
   load_chunk(p, c, lane, ids);
 #pragma unroll
-  for (int i = 0; i < kIdsPerLane; ++i) {
+  for (int i = 0; i < kChunk / 32; ++i) {
     const unsigned g = c.begin + 32u * i + lane;
     const int q = local_destination(p, ids[i]);
     const StreamPos pos = stream_pos(g, per);
@@ -356,6 +367,7 @@ struct ScatterPlanParams {
 };
 
 static_assert(kScheduleThreads == 32 * kPlanGroupsPerBlock, "the plan's blocks are the scatter's size");
+template <int kChunk>
 __global__ void __launch_bounds__(kScheduleThreads, 4) schedule_scatter_plan_kernel(const ScatterPlanParams p) {
   wait_previous_kernel();
   // The megakernel's CTAs may take the SMs this grid leaves free at once (one CTA per SM;
@@ -366,7 +378,20 @@ __global__ void __launch_bounds__(kScheduleThreads, 4) schedule_scatter_plan_ker
   if (block < p.plan_blocks)
     plan_block(p.plan, block);
   else
-    scatter_block(p.schedule, block - p.plan_blocks, scatter_smem);
+    scatter_block<kChunk>(p.schedule, block - p.plan_blocks, scatter_smem);
+}
+
+// The count and the scatter+plan kernel for a chunk of `chunk` ids (kScheduleChunkSmall or
+// kScheduleChunkLarge).
+using ScheduleKernel = void (*)(ScheduleParams);
+using ScatterPlanKernel = void (*)(ScatterPlanParams);
+inline ScheduleKernel count_kernel(int chunk) {
+  return chunk == kScheduleChunkSmall ? schedule_count_kernel<kScheduleChunkSmall>
+                                      : schedule_count_kernel<kScheduleChunkLarge>;
+}
+inline ScatterPlanKernel scatter_plan_kernel(int chunk) {
+  return chunk == kScheduleChunkSmall ? schedule_scatter_plan_kernel<kScheduleChunkSmall>
+                                      : schedule_scatter_plan_kernel<kScheduleChunkLarge>;
 }
 
 }  // namespace mok::cuda
