@@ -81,7 +81,7 @@ for shape in ${SHAPES//,/ }; do
       --launch-skip $((10 * KERNELS_PER_FORWARD)) --launch-count $KERNELS_PER_FORWARD --metrics gpu__time_duration.sum \
       "$BIN/mok" run --backend cuda $args --iters 3 --warmup 10 > "$OUT/perf_${shape}_kernels.txt" 2>&1
     kernels=$(grep -E "^  [a-z_]+.*\(|gpu__time_duration" "$OUT/perf_${shape}_kernels.txt" |
-      awk '/\(/ {split($1, n, "("); name = n[1]; next} {printf "%s=%s%s ", name, $NF, $(NF-1)}')
+      awk '/\(/ {k = ($1 == "void") ? $2 : $1; split(k, n, "("); name = n[1]; next} {printf "%s=%s%s ", name, $NF, $(NF-1)}')
     table+=("$shape kernels: $kernels")
     if [ $DEEP = 1 ]; then
       # Why the megakernel takes what it takes: how busy the tensor pipe is, the L2 and HBM
