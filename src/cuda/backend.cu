@@ -502,6 +502,7 @@ class CudaBackend final : public BackendImpl {
     };
     const bool pdl = !timing;
     phase("setup");
+    // Before the schedule too: the count kernel adds each block's rows to RankPlan::expert_rows.
     MOK_CUDA_CHECK(cudaMemsetAsync(counters_.as<int>(), 0, counters_.bytes(), stream_));
 
     EpilogueParams ep{T, H, p.top_k, p.num_shared(), plans_dev_.as<RankPlan>(), a.calls, error_.as<DeviceError>(),

@@ -106,9 +106,9 @@ __device__ __noinline__ void report_bad_entry(DeviceError* err, int code, int ra
 // Validation of the chunk's ids that belong to a source rank validated here: each id in
 // range, not a repeat of an earlier slot of its token, its router weight finite. The chunk's
 // ids and weights are staged in shared memory first (`staged`: the chunk's ids, then its
-// weights, this warp's), all loads issued together; the checks then run as a
-// rolled loop over shared memory. Only the earlier slots of a token that began in the
-// previous chunk are read from global memory. (Per token, each lane walked its tokens' ids
+// weights, this warp's), all loads issued together; the checks then run as a rolled loop
+// over shared memory. Only the earlier slots of a token that began in an earlier chunk (k
+// may exceed the chunk) are read from global memory. (Per token, each lane walked its tokens' ids
 // and weights one dependent global load after another; unrolled per id, the kernel's code
 // grew to 8.7k instructions, run once per warp, and the kernel ran slower still.)
 // The reported index is g = rank*T*k + slot (DeviceError's rule).
@@ -157,7 +157,8 @@ __host__ __device__ constexpr int count_warp_ints(int dest_experts, int chunk) {
 
 // grid ceil(chunks / kScheduleWarps), kScheduleThreads; dynamic smem: count_warp_ints(Q, kChunk) per
 // warp. Writes rows per (expert, chunk), and adds the block's rows per expert to
-// RankPlan::expert_rows (zeroed before each forward; the offsets kernel starts from them).
+// RankPlan::expert_rows (the offsets kernel starts from them; they must be zero before this
+// kernel runs: the forward's memset of the counters, or they count twice).
 // (Four blocks per SM in the bounds: with the thread count alone ptxas 13 capped count and
 // scatter at 32 registers and spilled; with it they spill nothing.)
 template <int kChunk>
@@ -359,7 +360,7 @@ __device__ __forceinline__ void plan_block(const PlanParams& p, int block) {
 // (written by the offsets kernel), not the rows, so it runs beside the scatter instead of
 // after it: one launch and the plan's time off the chain before the megakernel. (Plan
 // blocks first, so they start in the first wave even when the scatter's shared memory
-// takes more than one.) Dynamic smem: the scatter's per-warp counters.
+// takes more than one.) Dynamic smem: per scatter warp, its next row per destination expert.
 struct ScatterPlanParams {
   ScheduleParams schedule;
   PlanParams plan;
