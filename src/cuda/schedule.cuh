@@ -104,14 +104,14 @@ __device__ __noinline__ void report_bad_entry(DeviceError* err, int code, int ra
 }
 
 // Validation of the chunk's ids that belong to a source rank validated here: each id in
-// range, not a repeat of an earlier slot of its token, its router weight finite. The chunk's
-// ids and weights are staged in shared memory first (`staged`: the chunk's ids, then its
-// weights, this warp's), all loads issued together; the checks then run as a rolled loop
-// over shared memory. Only the earlier slots of a token that began in an earlier chunk (k
-// may exceed the chunk) are read from global memory. (Per token, each lane walked its tokens' ids
-// and weights one dependent global load after another; unrolled per id, the kernel's code
-// grew to 8.7k instructions, run once per warp, and the kernel ran slower still.)
-// The reported index is g = rank*T*k + slot (DeviceError's rule).
+// range, not a repeat of an earlier slot of its token, its router weight finite. The
+// chunk's ids and weights are staged in shared memory first (`staged`: the chunk's ids,
+// then its weights, this warp's), all loads issued together; the checks then run as a
+// rolled loop over shared memory. Only the earlier slots of a token that began in an
+// earlier chunk (k may exceed the chunk) are read from global memory. (Per token, each lane
+// walked its tokens' ids and weights one dependent global load after another; unrolled per
+// id, the kernel's code grew to 8.7k instructions, run once per warp, and the kernel ran
+// slower still.) The reported index is g = rank*T*k + slot (DeviceError's rule).
 template <int kIdsPerLane>
 __device__ __forceinline__ void validate_chunk(const ScheduleParams& p, const StreamChunk& c, int lane,
                                                const int (&ids)[kIdsPerLane], int* staged) {
@@ -155,10 +155,10 @@ __device__ __forceinline__ void validate_chunk(const ScheduleParams& p, const St
 // ids and weights.
 __host__ __device__ constexpr int count_warp_ints(int dest_experts, int chunk) { return dest_experts + 2 * chunk; }
 
-// grid ceil(chunks / kScheduleWarps), kScheduleThreads; dynamic smem: count_warp_ints(Q, kChunk) per
-// warp. Writes rows per (expert, chunk), and adds the block's rows per expert to
-// RankPlan::expert_rows (the offsets kernel starts from them; they must be zero before this
-// kernel runs: the forward's memset of the counters, or they count twice).
+// grid ceil(chunks / kScheduleWarps), kScheduleThreads; dynamic smem: count_warp_ints(Q,
+// kChunk) per warp. Writes rows per (expert, chunk), and adds the block's rows per expert
+// to RankPlan::expert_rows (the offsets kernel starts from them; they must be zero before
+// this kernel runs: the forward's memset of the counters, or they count twice).
 // (Four blocks per SM in the bounds: with the thread count alone ptxas 13 capped count and
 // scatter at 32 registers and spilled; with it they spill nothing.)
 template <int kChunk>
@@ -271,12 +271,13 @@ __global__ void __launch_bounds__(kOffsetsThreads) schedule_offsets_kernel(const
     plan.block_expert[tile] = e;
 }
 
-// Scatter block `block` of ceil(chunks / kScheduleWarps); `next_all`: per warp, Q ints. Each
-// warp writes its chunk's rows in stream order: the lanes holding the same expert are ranked
-// by lane (match_any), 32 ids at a time. A warp's next row per destination expert starts at
-// the chunk's offsets, all loaded before the loop (which then reads no global memory; with
-// the offsets read per id, each of its steps waited on a global load), or kNoRows for a rank over
-// capacity (kNoRows plus at most a chunk of rows stays negative: nothing is written).
+// Scatter block `block` of ceil(chunks / kScheduleWarps); `next_all`: per warp, Q ints.
+// Each warp writes its chunk's rows in stream order: the lanes holding the same expert are
+// ranked by lane (match_any), 32 ids at a time. A warp's next row per destination expert
+// starts at the chunk's offsets, all loaded before the loop (which then reads no global
+// memory; with the offsets read per id, each of its steps waited on a global load), or
+// kNoRows for a rank over capacity (kNoRows plus at most a chunk of rows stays negative:
+// nothing is written).
 constexpr int kNoRows = INT_MIN / 2;
 
 template <int kChunk>

@@ -853,9 +853,10 @@ TEST(GpuErrors, MalformedEnvironmentKnobIsAClearError) {
 }
 
 // One bad routing entry, validated on the device: synchronize raises an error naming the
-// rank, token and slot, and y is NaN. Cases: a token whose ids straddle the count kernel's
-// 512-id chunk boundary (validated by the warp holding its first id), a rank past the first,
-// and a large k.
+// rank, token and slot, and y is NaN. Cases: a token whose ids straddle a chunk boundary of
+// the count kernel (position 512 ends a chunk at both chunk sizes, 128 and 512; the repeat
+// check then reads the token's earlier slots from the previous chunk), a rank past the
+// first, and a large k.
 struct RoutingErrorCase {
   const char* name;
   Problem problem;
@@ -900,7 +901,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         RoutingErrorCase{"duplicate_k4", make_problem(16, 256, 128, 4, {}, 1, 64), 0, 3, 1, false,
                          "top_experts[rank 0][token 3]:", "appears twice (slot 1)"},
-        // k = 6: token 85's ids are stream positions 510..515, across the first chunk's end.
+        // k = 6: token 85's ids are stream positions 510..515, across a chunk's end.
         RoutingErrorCase{"duplicate_across_chunks", make_problem(16, 256, 128, 6, {}, 1, 256), 0, 85, 4, false,
                          "top_experts[rank 0][token 85]:", "appears twice (slot 4)"},
         RoutingErrorCase{"weight_across_chunks", make_problem(16, 256, 128, 6, {}, 1, 256), 0, 85, 5, true,
