@@ -84,6 +84,11 @@ std::string describe_device_error(const DeviceError& e, int T, int k) {
         << " (counter stuck at " << e.value << ")";
       break;
     }
+    case kScheduleMismatch:
+      s << "internal error in the GPU schedule: rank " << e.rank << "'s local expert " << e.index << " has "
+        << e.value << " rows by its chunk counts but a different total (were the schedule counters zeroed before "
+        << "the count kernel?); the forward's output was poisoned with NaN";
+      break;
     default:
       s << "device error code " << e.code;
   }

@@ -28,6 +28,7 @@ enum DeviceErrorCode : int {
   kNonFiniteWeight = 3,      // index = rank*T*k + slot
   kCapacityExceeded = 4,     // rank, value = padded rows needed, index = capacity
   kWaitTimeout = 5,          // rank, where = which wait, index = the item waited for, value = seen
+  kScheduleMismatch = 6,     // rank, index = local expert, value = its rows by the chunk counts (a bug, not bad input)
 };
 
 enum WaitSite : int {

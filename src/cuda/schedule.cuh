@@ -74,8 +74,10 @@ __device__ __forceinline__ StreamPos stream_pos(unsigned g, unsigned per) {
 // Destination expert of expert id e, or -1 when another rank computes it (a bad id, out of
 // range, is never a destination: first_rank*E_loc + Q <= num_experts).
 __device__ __forceinline__ int local_destination(const ScheduleParams& p, int e) {
-  const int q = e - p.first_rank * p.local_experts;
-  return q >= 0 && q < p.num_ranks * p.local_experts ? q : -1;
+  // Unsigned: e is unvalidated here (another rank's id may be anything), and e - first*E_loc
+  // could overflow as a signed int; wrapped, an id below the range is past it.
+  const unsigned q = static_cast<unsigned>(e) - static_cast<unsigned>(p.first_rank * p.local_experts);
+  return q < static_cast<unsigned>(p.num_ranks * p.local_experts) ? static_cast<int>(q) : -1;
 }
 
 // Lane `lane`'s expert ids of its warp's chunk (stream positions begin + 32*i + lane; -1 past
@@ -265,6 +267,11 @@ __global__ void __launch_bounds__(kOffsetsThreads) schedule_offsets_kernel(const
     carry += step_rows;
   }
   const int real_end = carry;  // seg + the expert's rows
+  // The segments came from expert_rows, the rows from the chunk counts: they agree unless
+  // expert_rows was not zeroed before the count kernel (then segments would overlap or leave
+  // unwritten gaps: an error, never a wrong schedule presented as right).
+  if (threadIdx.x == 0 && real_end - seg != plan.expert_rows[e])
+    report_error(p.error, kScheduleMismatch, p.first_rank + d, 0, e, real_end - seg);
   const int padded_end = seg + padded(real_end - seg);
   for (int r = real_end + threadIdx.x; r < padded_end; r += kOffsetsThreads) plan.rows[r] = make_int2(-1, -1);
   for (int tile = seg / kTileM + threadIdx.x; tile < padded_end / kTileM; tile += kOffsetsThreads)
