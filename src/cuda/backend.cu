@@ -632,16 +632,17 @@ class CudaBackend final : public BackendImpl {
     std::vector<ScheduleStats> out;
     const int E_loc = problem_.local_experts();
     for (int d = 0; d < num_ranks_; ++d) {
-      std::vector<int> counts(static_cast<std::size_t>(E_loc) * chunks_);
+      // The count kernel's totals (the offsets kernel lays the segments out from them and
+      // checks them against the chunk counts: kScheduleMismatch), so the tests that compare
+      // these with the CPU schedule check the totals the layout came from.
+      std::vector<int> rows(E_loc);
       int tiles = 0, half_tile_tasks = 0, joined = 0;
-      MOK_CUDA_CHECK(cudaMemcpy(counts.data(), plans_host_[d].expert_counts, counts.size() * 4, cudaMemcpyDeviceToHost));
+      MOK_CUDA_CHECK(cudaMemcpy(rows.data(), plans_host_[d].expert_rows, rows.size() * sizeof(int), cudaMemcpyDeviceToHost));
       MOK_CUDA_CHECK(cudaMemcpy(&tiles, plans_host_[d].num_row_tiles, 4, cudaMemcpyDeviceToHost));
       MOK_CUDA_CHECK(cudaMemcpy(&half_tile_tasks, plans_host_[d].half_tile_tasks, 4, cudaMemcpyDeviceToHost));
       MOK_CUDA_CHECK(cudaMemcpy(&joined, launch_counter(kCommJoined), 4, cudaMemcpyDeviceToHost));
       ScheduleStats s;
-      s.rows_per_local_expert.assign(E_loc, 0);
-      for (int e = 0; e < E_loc; ++e)
-        for (int c = 0; c < chunks_; ++c) s.rows_per_local_expert[e] += counts[e * chunks_ + c];
+      s.rows_per_local_expert.assign(rows.begin(), rows.end());
       for (auto n : s.rows_per_local_expert) s.real_rows += n;
       s.padded_rows = static_cast<std::int64_t>(tiles) * kTileM;
       s.capacity_rows = capacity_;
