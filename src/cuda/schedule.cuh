@@ -34,6 +34,11 @@ constexpr int kScheduleWarps = kScheduleThreads / 32;
 constexpr int kScheduleChunkLarge = 512;
 constexpr int kScheduleChunkSmall = 128;
 constexpr int kScheduleMaxExperts = 4096;   // destination experts one forward builds (smem histograms)
+// Blocks per SM in count's and scatter's launch bounds (registers: 64 per thread at 4, 80 at
+// 3). With the bound from the thread count alone ptxas 13 capped them at 32 registers and
+// spilled; large chunks hold 16 ids and their loads in flight per lane and spilled at 64.
+// Large chunks are chosen only when there are enough blocks to fill the SMs anyway.
+__host__ __device__ constexpr int schedule_blocks_per_sm(int chunk) { return chunk > kScheduleChunkSmall ? 3 : 4; }
 
 struct ScheduleParams {
   const int* const* top_experts;      // [R] -> [T*k]
@@ -80,23 +85,44 @@ __device__ __forceinline__ int local_destination(const ScheduleParams& p, int e)
   return q < static_cast<unsigned>(p.num_ranks * p.local_experts) ? static_cast<int>(q) : -1;
 }
 
+// Lane `lane`'s values of a per-source-rank array (`source[s]` -> [T*k]) at its warp's chunk
+// positions begin + 32*i + lane, i < kPerLane. Each value is two dependent loads (the source
+// rank's pointer, then the value), and both are unconditional: a position past the chunk's
+// end is clamped to its last one (its value is read and not used). Under an `if (g < end)`
+// the compiler kept each pointer load and its use in one branch region, so a warp waited
+// out one full load latency per value, kPerLane of them in a row (the count kernel's 28 us
+// on the Qwen3.5 slice); unconditional, a batch's pointer loads issue together, then its
+// value loads. (Batches of 8 bound the live pointers' registers.)
+template <int kPerLane, typename T>
+__device__ __forceinline__ void load_stream(const T* const* source, const StreamChunk& c, unsigned per, int lane,
+                                            T (&out)[kPerLane]) {
+  constexpr int kBatch = kPerLane < 4 ? kPerLane : 4;
+  static_assert(kPerLane % kBatch == 0, "whole batches");
+#pragma unroll
+  for (int b = 0; b < kPerLane; b += kBatch) {
+    const T* rows[kBatch];
+    int slot[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const StreamPos pos = stream_pos(min(c.begin + 32u * (b + u) + lane, c.end - 1), per);
+      rows[u] = source[pos.src];
+      slot[u] = pos.slot;
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) out[b + u] = rows[u][slot[u]];
+  }
+}
+
 // Lane `lane`'s expert ids of its warp's chunk (stream positions begin + 32*i + lane; -1 past
-// the end), all loaded before any is used: kIdsPerLane independent loads in flight per lane
-// instead of a chain of dependent ones.
+// the end).
 template <int kIdsPerLane>
 __device__ __forceinline__ void load_chunk(const ScheduleParams& p, const StreamChunk& c, int lane,
                                            int (&ids)[kIdsPerLane]) {
   const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
+  load_stream(p.top_experts, c, per, lane, ids);
 #pragma unroll
-  for (int i = 0; i < kIdsPerLane; ++i) {
-    const unsigned g = c.begin + 32u * i + lane;
-    if (g < c.end) {
-      const StreamPos pos = stream_pos(g, per);
-      ids[i] = p.top_experts[pos.src][pos.slot];
-    } else {
-      ids[i] = -1;
-    }
-  }
+  for (int i = 0; i < kIdsPerLane; ++i)
+    if (c.begin + 32u * i + lane >= c.end) ids[i] = -1;
 }
 
 // A bad routing entry at stream position g (kept out of line: inlined at every check, the
@@ -124,30 +150,55 @@ __device__ __forceinline__ void validate_chunk(const ScheduleParams& p, const St
   if (static_cast<int>((c.end - 1) / per) < vfirst || static_cast<int>(c.begin / per) >= vend) return;
   auto validated = [&](unsigned g, StreamPos pos) { return g < c.end && pos.src >= vfirst && pos.src < vend; };
   float* staged_weight = reinterpret_cast<float*>(staged + kChunk);
-  // (Only a validated rank's weights are read: in a group the others' are not on this GPU.)
 #pragma unroll
-  for (int i = 0; i < kIdsPerLane; ++i) {
-    const int at = 32 * i + lane;
-    const unsigned g = c.begin + at;
-    const StreamPos pos = stream_pos(g, per);
-    staged[at] = ids[i];
-    staged_weight[at] = validated(g, pos) ? p.router_weights[pos.src][pos.slot] : 0.0f;
+  for (int i = 0; i < kIdsPerLane; ++i) staged[32 * i + lane] = ids[i];  // (first: frees ids' registers)
+  // The chunk's weights, all of them: in a group only the validated rank's are on this GPU
+  // (the others' pointers are null), so a chunk that spans another rank takes the rolled
+  // per-id path, which reads only validated positions.
+  const bool one_rank = c.begin / per == (c.end - 1) / per;
+  if (one_rank) {
+    float weights[kIdsPerLane];
+    load_stream(p.router_weights, c, per, lane, weights);
+#pragma unroll
+    for (int i = 0; i < kIdsPerLane; ++i) staged_weight[32 * i + lane] = weights[i];
+  } else {
+#pragma unroll 1
+    for (int at = lane; at < kChunk; at += 32) {
+      const unsigned g = c.begin + at;
+      const StreamPos pos = stream_pos(g, per);
+      staged_weight[at] = validated(g, pos) ? p.router_weights[pos.src][pos.slot] : 0.0f;
+    }
   }
   __syncwarp();
+  // The position and its slot j in the token walk forward 32 ids per step: one division
+  // each before the loop instead of two per id (per = T*k is a multiple of k, so a wrap
+  // into the next source rank leaves j as it is).
+  const int k = p.top_k, j_step = 32 % k;
+  StreamPos pos = stream_pos(c.begin + lane, per);
+  int j = pos.slot % k;
 #pragma unroll 1
   for (int at = lane; at < kChunk; at += 32) {
     const unsigned g = c.begin + at;
-    const StreamPos pos = stream_pos(g, per);
+    if (at != lane) {
+      pos.slot += 32;
+      while (pos.slot >= static_cast<int>(per)) {  // (more than once only when T*k < 32)
+        pos.slot -= static_cast<int>(per);
+        ++pos.src;
+      }
+      j += j_step;
+      if (j >= k) j -= k;
+    }
     if (!validated(g, pos)) continue;
     const int e = staged[at];
-    const int j = pos.slot % p.top_k;
     if (e < 0 || e >= p.num_experts) report_bad_entry(p.error, kExpertOutOfRange, pos.src, g, e);
     // Slots j-1 .. j-in_chunk are staged; slots 0 .. j-in_chunk-1 lie before the chunk.
     const int in_chunk = min(j, at);
     bool repeat = false;
     for (int d = 1; d <= in_chunk; ++d) repeat |= staged[at - d] == e;
-    const int* token_ids = p.top_experts[pos.src] + (pos.slot - j);
-    for (int i = 0; i < j - in_chunk; ++i) repeat |= token_ids[i] == e;
+    if (j > in_chunk) {  // (only a token that began in an earlier chunk)
+      const int* token_ids = p.top_experts[pos.src] + (pos.slot - j);
+      for (int i = 0; i < j - in_chunk; ++i) repeat |= token_ids[i] == e;
+    }
     if (repeat) report_bad_entry(p.error, kDuplicateExpert, pos.src, g, e);
     if (!isfinite(staged_weight[at])) report_bad_entry(p.error, kNonFiniteWeight, pos.src, g, 0);
   }
@@ -161,10 +212,8 @@ __host__ __device__ constexpr int count_warp_ints(int dest_experts, int chunk) {
 // kChunk) per warp. Writes rows per (expert, chunk), and adds the block's rows per expert
 // to RankPlan::expert_rows (the offsets kernel starts from them; they must be zero before
 // this kernel runs: the forward's memset of the counters, or they count twice).
-// (Four blocks per SM in the bounds: with the thread count alone ptxas 13 capped count and
-// scatter at 32 registers and spilled; with it they spill nothing.)
 template <int kChunk>
-__global__ void __launch_bounds__(kScheduleThreads, 4) schedule_count_kernel(const ScheduleParams p) {
+__global__ void __launch_bounds__(kScheduleThreads, schedule_blocks_per_sm(kChunk)) schedule_count_kernel(const ScheduleParams p) {
   wait_previous_kernel();
   allow_next_kernel_launch();
   extern __shared__ int count_smem[];
@@ -377,7 +426,7 @@ struct ScatterPlanParams {
 
 static_assert(kScheduleThreads == 32 * kPlanGroupsPerBlock, "the plan's blocks are the scatter's size");
 template <int kChunk>
-__global__ void __launch_bounds__(kScheduleThreads, 4) schedule_scatter_plan_kernel(const ScatterPlanParams p) {
+__global__ void __launch_bounds__(kScheduleThreads, schedule_blocks_per_sm(kChunk)) schedule_scatter_plan_kernel(const ScatterPlanParams p) {
   wait_previous_kernel();
   // The megakernel's CTAs may take the SMs this grid leaves free at once (one CTA per SM;
   // they all become resident as this grid's blocks exit).
