@@ -134,11 +134,12 @@ __device__ __noinline__ void report_bad_entry(DeviceError* err, int code, int ra
 // Validation of the chunk's ids that belong to a source rank validated here: each id in
 // range, not a repeat of an earlier slot of its token, its router weight finite. The
 // chunk's ids and weights are staged in shared memory first (`staged`: the chunk's ids,
-// then its weights, this warp's), the weights' loads issued together; the checks then run
-// as a rolled loop, 32 ids per step. (Per token, each lane walked its tokens' ids and
-// weights one dependent global load after another; unrolled per id, the kernel's code grew
-// to 8.7k instructions, run once per warp, and the kernel ran slower still.) The reported
-// index is g = rank*T*k + slot (DeviceError's rule).
+// then its weights, this warp's), all loads issued together; the checks then run as a
+// rolled loop over shared memory. Only the earlier slots of a token that began in an
+// earlier chunk (k may exceed the chunk) are read from global memory. (Per token, each lane
+// walked its tokens' ids and weights one dependent global load after another; unrolled per
+// id, the kernel's code grew to 8.7k instructions, run once per warp, and the kernel ran
+// slower still.) The reported index is g = rank*T*k + slot (DeviceError's rule).
 template <int kIdsPerLane>
 __device__ __forceinline__ void validate_chunk(const ScheduleParams& p, const StreamChunk& c, int lane,
                                                const int (&ids)[kIdsPerLane], int* staged) {
@@ -175,13 +176,6 @@ __device__ __forceinline__ void validate_chunk(const ScheduleParams& p, const St
   const int k = p.top_k, j_step = 32 % k;
   StreamPos pos = stream_pos(c.begin + lane, per);
   int j = pos.slot % k;
-  const unsigned lanes_below = (1u << lane) - 1;
-  // One step per 32 ids (every lane takes part: match_any). A token's earlier slots in this
-  // step are found by matching (token start, expert) across the lanes: lane - d holds slot
-  // j - d for d <= min(j, lane). Only the slots before the step (d > lane: a token that began
-  // in an earlier step, staged, or in an earlier chunk, in global memory) are compared one by
-  // one. (Comparing each id with all its token's earlier slots, up to k-1 shared-memory reads
-  // per id, was most of the count kernel's instructions on the Qwen3.5 slice.)
 #pragma unroll 1
   for (int at = lane; at < kChunk; at += 32) {
     const unsigned g = c.begin + at;
@@ -194,14 +188,17 @@ __device__ __forceinline__ void validate_chunk(const ScheduleParams& p, const St
       j += j_step;
       if (j >= k) j -= k;
     }
-    const bool check = validated(g, pos);
+    if (!validated(g, pos)) continue;
     const int e = staged[at];
-    const unsigned long long token_and_expert = (static_cast<unsigned long long>(g - j) << 32) | static_cast<unsigned>(e);
-    bool repeat = (__match_any_sync(0xffffffffu, token_and_expert) & lanes_below) != 0;
-    if (!check) continue;
     if (e < 0 || e >= p.num_experts) report_bad_entry(p.error, kExpertOutOfRange, pos.src, g, e);
-    for (int d = lane + 1; d <= j; ++d)  // (j > lane: only a token that began before this step)
-      repeat |= (at >= d ? staged[at - d] : p.top_experts[pos.src][pos.slot - d]) == e;
+    // Slots j-1 .. j-in_chunk are staged; slots 0 .. j-in_chunk-1 lie before the chunk.
+    const int in_chunk = min(j, at);
+    bool repeat = false;
+    for (int d = 1; d <= in_chunk; ++d) repeat |= staged[at - d] == e;
+    if (j > in_chunk) {  // (only a token that began in an earlier chunk)
+      const int* token_ids = p.top_experts[pos.src] + (pos.slot - j);
+      for (int i = 0; i < j - in_chunk; ++i) repeat |= token_ids[i] == e;
+    }
     if (repeat) report_bad_entry(p.error, kDuplicateExpert, pos.src, g, e);
     if (!isfinite(staged_weight[at])) report_bad_entry(p.error, kNonFiniteWeight, pos.src, g, 0);
   }

@@ -904,8 +904,7 @@ INSTANTIATE_TEST_SUITE_P(
         // k = 6: token 85's ids are stream positions 510..515, across a chunk's end.
         RoutingErrorCase{"duplicate_across_chunks", make_problem(16, 256, 128, 6, {}, 1, 256), 0, 85, 4, false,
                          "top_experts[rank 0][token 85]:", "appears twice (slot 4)"},
-        // k = 6: token 5's ids are positions 30..35, across the validation's 32-id step:
-        // slot 4 (position 34) is compared with slot 0 in shared memory, not by matching.
+        // k = 6: token 5's ids are positions 30..35, across the validation's 32-id step.
         RoutingErrorCase{"duplicate_across_steps", make_problem(16, 256, 128, 6, {}, 1, 256), 0, 5, 4, false,
                          "top_experts[rank 0][token 5]:", "appears twice (slot 4)"},
         RoutingErrorCase{"weight_across_chunks", make_problem(16, 256, 128, 6, {}, 1, 256), 0, 85, 5, true,
