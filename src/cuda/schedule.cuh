@@ -38,7 +38,9 @@ constexpr int kScheduleMaxExperts = 4096;   // destination experts one forward b
 // 3). With the bound from the thread count alone ptxas 13 capped them at 32 registers and
 // spilled; large chunks hold 16 ids and their loads in flight per lane and spilled at 64.
 // Large chunks are chosen only when there are enough blocks to fill the SMs anyway.
-__host__ __device__ constexpr int schedule_blocks_per_sm(int chunk) { return chunk > kScheduleChunkSmall ? 3 : 4; }
+__host__ __device__ constexpr int schedule_blocks_per_sm(int chunk) {
+  return chunk > kScheduleChunkSmall ? 3 : 4;
+}
 
 struct ScheduleParams {
   const int* const* top_experts;      // [R] -> [T*k]
@@ -92,7 +94,7 @@ __device__ __forceinline__ int local_destination(const ScheduleParams& p, int e)
 // the compiler kept each pointer load and its use in one branch region, so a warp waited
 // out one full load latency per value, kPerLane of them in a row (the count kernel's 28 us
 // on the Qwen3.5 slice); unconditional, a batch's pointer loads issue together, then its
-// value loads. (Batches of 8 bound the live pointers' registers.)
+// value loads. (Batches of 4 bound the live pointers' registers.)
 template <int kPerLane, typename T>
 __device__ __forceinline__ void load_stream(const T* const* source, const StreamChunk& c, unsigned per, int lane,
                                             T (&out)[kPerLane]) {
@@ -213,7 +215,8 @@ __host__ __device__ constexpr int count_warp_ints(int dest_experts, int chunk) {
 // to RankPlan::expert_rows (the offsets kernel starts from them; they must be zero before
 // this kernel runs: the forward's memset of the counters, or they count twice).
 template <int kChunk>
-__global__ void __launch_bounds__(kScheduleThreads, schedule_blocks_per_sm(kChunk)) schedule_count_kernel(const ScheduleParams p) {
+__global__ void __launch_bounds__(kScheduleThreads, schedule_blocks_per_sm(kChunk))
+    schedule_count_kernel(const ScheduleParams p) {
   wait_previous_kernel();
   allow_next_kernel_launch();
   extern __shared__ int count_smem[];
@@ -426,7 +429,8 @@ struct ScatterPlanParams {
 
 static_assert(kScheduleThreads == 32 * kPlanGroupsPerBlock, "the plan's blocks are the scatter's size");
 template <int kChunk>
-__global__ void __launch_bounds__(kScheduleThreads, schedule_blocks_per_sm(kChunk)) schedule_scatter_plan_kernel(const ScatterPlanParams p) {
+__global__ void __launch_bounds__(kScheduleThreads, schedule_blocks_per_sm(kChunk))
+    schedule_scatter_plan_kernel(const ScatterPlanParams p) {
   wait_previous_kernel();
   // The megakernel's CTAs may take the SMs this grid leaves free at once (one CTA per SM;
   // they all become resident as this grid's blocks exit).
