@@ -149,7 +149,8 @@ __device__ __forceinline__ void validate_chunk(const ScheduleParams& p, const St
   const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
   const int vfirst = p.validate_first_rank, vend = p.validate_first_rank + p.validate_ranks;
   // Warp-uniform: the chunk's first and last source ranks.
-  if (static_cast<int>((c.end - 1) / per) < vfirst || static_cast<int>(c.begin / per) >= vend) return;
+  const int first_src = static_cast<int>(c.begin / per), last_src = static_cast<int>((c.end - 1) / per);
+  if (last_src < vfirst || first_src >= vend) return;
   auto validated = [&](unsigned g, StreamPos pos) { return g < c.end && pos.src >= vfirst && pos.src < vend; };
   float* staged_weight = reinterpret_cast<float*>(staged + kChunk);
 #pragma unroll
@@ -157,8 +158,7 @@ __device__ __forceinline__ void validate_chunk(const ScheduleParams& p, const St
   // The chunk's weights, all of them: in a group only the validated rank's are on this GPU
   // (the others' pointers are null), so a chunk that spans another rank takes the rolled
   // per-id path, which reads only validated positions.
-  const bool one_rank = c.begin / per == (c.end - 1) / per;
-  if (one_rank) {
+  if (first_src == last_src) {
     float weights[kIdsPerLane];
     load_stream(p.router_weights, c, per, lane, weights);
 #pragma unroll
