@@ -210,6 +210,21 @@ TEST(PlanOrder, BandAndLagChoices) {
   EXPECT_EQ(choose_band_and_lag(0, 124, 8, 16, 1000, false).band, 1);
 }
 
+TEST(PlanOrder, DefaultBandFollowsWhetherAnExpertsWeightsStayInL2) {
+  const long long l2 = 50LL << 20;  // the H200's 50 MiB
+  auto gateup_bytes = [](long long hidden, long long intermediate) { return 2 * intermediate * hidden * 2; };
+  // Qwen3-30B-A3B: 6.3 MB of gate/up weights per expert, a quarter of L2 holds them: small bands.
+  EXPECT_EQ(default_band_tiles(false, gateup_bytes(2048, 768), l2), 4);
+  // Qwen3.5-397B-A17B (16.8 MB) and DeepSeek-V4-Pro (88 MB) do not stay: wide bands.
+  EXPECT_EQ(default_band_tiles(false, gateup_bytes(4096, 1024), l2), 12);
+  EXPECT_EQ(default_band_tiles(false, gateup_bytes(7168, 3072), l2), 12);
+  // The boundary belongs to the small bands; pairs always take 8.
+  EXPECT_EQ(default_band_tiles(false, l2 / 4, l2), 4);
+  EXPECT_EQ(default_band_tiles(false, l2 / 4 + 1, l2), 12);
+  EXPECT_EQ(default_band_tiles(true, gateup_bytes(2048, 768), l2), 8);
+  EXPECT_EQ(default_band_tiles(true, gateup_bytes(7168, 3072), l2), 8);
+}
+
 TEST(PlanOrder, BandsAreColumnMajorWithinTheBand) {
   PlanShape p{};
   p.num_ranks = 1;

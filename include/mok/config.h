@@ -19,8 +19,8 @@ struct Config {
   int tile_rows = 128;                   // each expert's row segment is padded to this
   // Compute-task order (CUDA): row tiles are taken in bands of this many, and within a band
   // column by column, so CTAs running at once share weight tiles in L2 instead of each
-  // streaming its own from HBM. 0: chosen by the library (4, or 8 with task_pairs);
-  // 1: row tile by row tile.
+  // streaming its own from HBM. 0: chosen by the library (4 when an expert's gate/up
+  // weights fit in a quarter of L2, else 12; 8 with task_pairs); 1: row tile by row tile.
   int task_band_tiles = 0;
   // Compute SMs in 2-CTA clusters running task pairs (CUDA): two row tiles of one expert and
   // column load the weight tile once, each CTA a half, multicast to both (half the weight

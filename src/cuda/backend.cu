@@ -431,11 +431,11 @@ class CudaBackend final : public BackendImpl {
     compute_ctas_ = grid_ctas_ - comm_ctas_;
     // A gate/up tile costs about two average tasks, so while one runs ~2.5 * compute CTAs
     // tasks are claimed: put a row tile's down tiles that many tasks after its gate/up tiles.
-    // Bands of 4 row tiles by default: measured on the H200 (forward ms, band 1/4/8):
-    // DeepSeek-V4-Pro slice 4.34/3.37/3.35 (weights no longer re-streamed from HBM per row
-    // tile), Qwen3-30B T=16384 2.94/2.71/2.88, Qwen3.5 slice 1.17/1.17/1.15.
-    // Pairs share a weight tile only within a band of 2 or more row tiles: 8 unless asked.
-    const int asked_band = c.task_band_tiles > 0 ? c.task_band_tiles : pairs_ ? 8 : 4;
+    // Bands: default_band_tiles says why and what was measured (row tile by row tile, band 1,
+    // re-streamed every weight tile from HBM: DeepSeek-V4-Pro slice 4.34 vs 3.37 ms at 4).
+    const long long expert_gateup_bytes = 2LL * p.intermediate * p.hidden * 2;
+    const int asked_band = c.task_band_tiles > 0 ? c.task_band_tiles
+                                                 : default_band_tiles(pairs_, expert_gateup_bytes, prop.l2CacheSize);
     const BandAndLag order = choose_band_and_lag(asked_band, compute_ctas_, gateup_tiles_, down_tiles_, ring_tiles_,
                                                  ring_tiles_ < cap_tiles_);
     band_ = order.band;

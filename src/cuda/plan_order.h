@@ -124,6 +124,21 @@ struct BandAndLag {
 // compute CTAs' worth of tasks are claimed (a gate/up tile costs about two average tasks), so
 // a row tile's down tiles go that many tasks after its gate/up tiles. With a wrapping ring
 // the band shrinks until ring_tiles / band > lag (for band 1: lag <= ring_tiles - 1).
+// The band the library picks when Config::task_band_tiles is 0. A band reads each of its
+// experts' weight tiles from HBM once (its row tiles take a column together); the next band
+// of the same expert finds them again only if they stayed in L2. So: small bands (4) when an
+// expert's gate/up weights fit in a quarter of L2 (they stay, and small bands keep the rows
+// and tasks in flight few), 12 when they do not. Measured on the H200 (forward ms, band
+// 4/8/12/16, 55275be): Qwen3-30B T=16384 (6.3 MB per expert) 2.56/2.59/2.61/2.62, T=4096
+// 0.79/0.82/0.81/0.82; Qwen3.5 slice (16.8 MB) 1.126/1.089/1.067/1.063; DeepSeek-V4-Pro
+// slice 3.36/3.25/3.18/3.18; GLM-5.2 slice 2.47/2.34/2.33/2.34; Kimi-K2.7 slice
+// 2.84/2.73/2.73/2.73; gpt-oss-20b T=8192 3.09/2.96/2.95/2.95; Mixtral 4.93/4.71/4.78/4.74.
+// Pairs share a weight tile only within a band of 2 or more row tiles: 8 with pairs.
+inline int default_band_tiles(bool pairs, long long expert_gateup_bytes, long long l2_bytes) {
+  if (pairs) return 8;
+  return 4 * expert_gateup_bytes <= l2_bytes ? 4 : 12;
+}
+
 inline BandAndLag choose_band_and_lag(int asked_band, int compute_ctas, int gateup_tiles, int down_tiles,
                                       int ring_tiles, bool ring_wraps) {
   const int per_tile = gateup_tiles + down_tiles;
