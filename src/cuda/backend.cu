@@ -213,6 +213,14 @@ int pull_ahead_from_env() {
   return static_cast<int>(parse_integer(env, 0, kMaxPullSlots, "MOK_PULL_AHEAD"));
 }
 
+// Groups a band's down tiles come after its gate/up tiles (tuning; 0 = the default from
+// choose_band_and_lag). A wrapping ring still needs ring / band > lag: refused otherwise.
+int task_lag_from_env() {
+  const char* env = std::getenv("MOK_TASK_LAG");
+  if (env == nullptr || *env == '\0') return 0;
+  return static_cast<int>(parse_integer(env, 0, 64, "MOK_TASK_LAG"));
+}
+
 // Row tiles a communication CTA pulls at once (tuning; 0 = the default, chosen per shape:
 // up to kDefaultPullGroups while each pipeline keeps enough row slots).
 constexpr int kDefaultPullGroups = 2;
@@ -440,6 +448,12 @@ class CudaBackend final : public BackendImpl {
                                                  ring_tiles_ < cap_tiles_);
     band_ = order.band;
     lag_ = order.lag;
+    if (task_lag_ > 0) {
+      require(ring_tiles_ >= cap_tiles_ || ring_tiles_ / band_ > task_lag_,
+              "MOK_TASK_LAG = " + std::to_string(task_lag_) + ": a wrapping ring of " + std::to_string(ring_tiles_) +
+                  " row tiles in bands of " + std::to_string(band_) + " needs ring / band > lag");
+      lag_ = task_lag_;
+    }
     plan_shape_ = PlanShape{num_ranks_, p.num_shared(), p.num_shared() > 0 ? shared_row_tiles_ : 0, {},
                             gateup_tiles_, down_tiles_, band_, lag_, pairs_ ? 1 : 0};
     for (int s = 0; s < p.num_shared(); ++s)
@@ -1008,6 +1022,7 @@ class CudaBackend final : public BackendImpl {
   bool pairs_ = false;  // Config::task_pairs: 2-CTA clusters
   PlanShape plan_shape_{};  // the task order's parameters (plan_order.h)
   int pull_ahead_ = pull_ahead_from_env();
+  int task_lag_ = task_lag_from_env();
   int pull_groups_ = pull_groups_from_env();  // 0 until the constructor chooses
   bool store_warp_ = store_warp_from_env();
   bool half_tiles_ = half_tiles_from_env();
