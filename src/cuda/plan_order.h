@@ -120,10 +120,6 @@ struct BandAndLag {
   int band, lag;
 };
 
-// Host: the band (asked for, or 1) and the lag in groups. While one task runs about 2.5x the
-// compute CTAs' worth of tasks are claimed (a gate/up tile costs about two average tasks), so
-// a row tile's down tiles go that many tasks after its gate/up tiles. With a wrapping ring
-// the band shrinks until ring_tiles / band > lag (for band 1: lag <= ring_tiles - 1).
 // The band the library picks when Config::task_band_tiles is 0. A band reads each of its
 // experts' weight tiles from HBM once (its row tiles take a column together); the next band
 // of the same expert finds them again only if they stayed in L2. So: small bands (4) when an
@@ -139,6 +135,10 @@ inline int default_band_tiles(bool pairs, long long expert_gateup_bytes, long lo
   return 4 * expert_gateup_bytes <= l2_bytes ? 4 : 12;
 }
 
+// Host: the band (asked for, or 1) and the lag in groups. While one task runs about 2.5x the
+// compute CTAs' worth of tasks are claimed (a gate/up tile costs about two average tasks), so
+// a row tile's down tiles go that many tasks after its gate/up tiles. With a wrapping ring
+// the band shrinks until ring_tiles / band > lag (for band 1: lag <= ring_tiles - 1).
 inline BandAndLag choose_band_and_lag(int asked_band, int compute_ctas, int gateup_tiles, int down_tiles,
                                       int ring_tiles, bool ring_wraps) {
   const int per_tile = gateup_tiles + down_tiles;
