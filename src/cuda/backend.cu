@@ -441,7 +441,7 @@ class CudaBackend final : public BackendImpl {
     // tasks are claimed: put a row tile's down tiles that many tasks after its gate/up tiles.
     // Bands: default_band_tiles says why and what was measured (row tile by row tile, band 1,
     // re-streamed every weight tile from HBM: DeepSeek-V4-Pro slice 4.34 vs 3.37 ms at 4).
-    const long long expert_gateup_bytes = 2LL * p.intermediate * p.hidden * 2;
+    const long long expert_gateup_bytes = 2LL * p.intermediate * p.hidden * 2;  // gate and up, bf16
     const int asked_band = c.task_band_tiles > 0 ? c.task_band_tiles
                                                  : default_band_tiles(pairs_, expert_gateup_bytes, prop.l2CacheSize);
     const BandAndLag order = choose_band_and_lag(asked_band, compute_ctas_, gateup_tiles_, down_tiles_, ring_tiles_,
