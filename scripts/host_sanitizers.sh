@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The host code under AddressSanitizer and UndefinedBehaviorSanitizer: a CPU-only build in
+# build-asan/ (the CPU reference, the CLI, the schedule and plan logic, file I/O) and every
+# ctest test on it. Any report fails the run (leaks included). GPU code is checked by
+# compute-sanitizer on the device instead (scripts/device_check.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+flags="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOK_WITH_CUDA=OFF -DMOK_NATIVE=OFF \
+  -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > build-asan.log 2>&1 ||
+  { cat build-asan.log; exit 1; }
+ninja -C build-asan >> build-asan.log 2>&1 || { tail -50 build-asan.log; exit 1; }
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+(cd build-asan && ctest --output-on-failure -j2 | tail -3)
+echo "host sanitizers: clean"
