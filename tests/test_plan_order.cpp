@@ -150,7 +150,8 @@ TEST(PlanOrder, EveryTaskComesAfterWhatItWaitsFor) {
 
 TEST(PlanOrder, WrappingRingNeverWaitsForLaterWork) {
   // A pull of row tile t reuses the ring slot of tile t - ring and waits for all its down
-  // tiles: they must come in an earlier group. choose_band_and_lag guarantees it.
+  // tiles: they must come in an earlier group. choose_band_and_lag guarantees it, and so
+  // does any lag ring_allows_lag accepts (MOK_TASK_LAG is checked by it).
   std::mt19937 rng(17);
   for (int trial = 0; trial < 300; ++trial) {
     Case c = random_case(rng);
@@ -159,15 +160,22 @@ TEST(PlanOrder, WrappingRingNeverWaitsForLaterWork) {
     const int compute = std::uniform_int_distribution<int>(1, 130)(rng);
     const BandAndLag bl = choose_band_and_lag(p.band, compute, p.gateup_tiles, p.down_tiles, ring, true);
     p.band = bl.band;
-    p.lag = bl.lag;
-    const Order o = build(p, c.rows);
-    for (int d = 0; d < p.num_ranks; ++d)
-      for (int t = ring; t < c.rows[d]; ++t) {
-        const int pull_group = o.pulls.at({d, t}).group;
-        for (int n = 0; n < p.down_tiles; ++n)
-          ASSERT_LT(o.tasks.at({kRoutedDown, d, 0, n, t - ring}).group, pull_group)
-              << "trial " << trial << " ring " << ring << " band " << p.band << " lag " << p.lag;
-      }
+    const int chosen_lag = bl.lag;
+    ASSERT_TRUE(ring_allows_lag(p.band, chosen_lag, ring, true)) << "trial " << trial;
+    const int other_lag = std::uniform_int_distribution<int>(0, ring / p.band - 1)(rng);
+    ASSERT_TRUE(ring_allows_lag(p.band, other_lag, ring, true));
+    ASSERT_FALSE(ring_allows_lag(p.band, ring / p.band, ring, true));
+    for (const int lag : {chosen_lag, other_lag}) {
+      p.lag = lag;
+      const Order o = build(p, c.rows);
+      for (int d = 0; d < p.num_ranks; ++d)
+        for (int t = ring; t < c.rows[d]; ++t) {
+          const int pull_group = o.pulls.at({d, t}).group;
+          for (int n = 0; n < p.down_tiles; ++n)
+            ASSERT_LT(o.tasks.at({kRoutedDown, d, 0, n, t - ring}).group, pull_group)
+                << "trial " << trial << " ring " << ring << " band " << p.band << " lag " << p.lag;
+        }
+    }
   }
 }
 
@@ -212,17 +220,16 @@ TEST(PlanOrder, BandAndLagChoices) {
 
 TEST(PlanOrder, DefaultBandFollowsWhetherAnExpertsWeightsStayInL2) {
   const long long l2 = 50LL << 20;  // the H200's 50 MiB
-  auto gateup_bytes = [](long long hidden, long long intermediate) { return 2 * intermediate * hidden * 2; };
   // Qwen3-30B-A3B: 6.3 MB of gate/up weights per expert, a quarter of L2 holds them: small bands.
-  EXPECT_EQ(default_band_tiles(false, gateup_bytes(2048, 768), l2), 4);
+  EXPECT_EQ(default_band_tiles(false, expert_gateup_bytes(2048, 768), l2), 4);
   // Qwen3.5-397B-A17B (16.8 MB) and DeepSeek-V4-Pro (88 MB) do not stay: wide bands.
-  EXPECT_EQ(default_band_tiles(false, gateup_bytes(4096, 1024), l2), 12);
-  EXPECT_EQ(default_band_tiles(false, gateup_bytes(7168, 3072), l2), 12);
+  EXPECT_EQ(default_band_tiles(false, expert_gateup_bytes(4096, 1024), l2), 12);
+  EXPECT_EQ(default_band_tiles(false, expert_gateup_bytes(7168, 3072), l2), 12);
   // The boundary belongs to the small bands; pairs always take 8.
   EXPECT_EQ(default_band_tiles(false, l2 / 4, l2), 4);
   EXPECT_EQ(default_band_tiles(false, l2 / 4 + 1, l2), 12);
-  EXPECT_EQ(default_band_tiles(true, gateup_bytes(2048, 768), l2), 8);
-  EXPECT_EQ(default_band_tiles(true, gateup_bytes(7168, 3072), l2), 8);
+  EXPECT_EQ(default_band_tiles(true, expert_gateup_bytes(2048, 768), l2), 8);
+  EXPECT_EQ(default_band_tiles(true, expert_gateup_bytes(7168, 3072), l2), 8);
 }
 
 TEST(PlanOrder, BandsAreColumnMajorWithinTheBand) {

@@ -441,15 +441,17 @@ class CudaBackend final : public BackendImpl {
     // tasks are claimed: put a row tile's down tiles that many tasks after its gate/up tiles.
     // Bands: default_band_tiles says why and what was measured (row tile by row tile, band 1,
     // re-streamed every weight tile from HBM: DeepSeek-V4-Pro slice 4.34 vs 3.37 ms at 4).
-    const long long expert_gateup_bytes = 2LL * p.intermediate * p.hidden * 2;  // gate and up, bf16
-    const int asked_band = c.task_band_tiles > 0 ? c.task_band_tiles
-                                                 : default_band_tiles(pairs_, expert_gateup_bytes, prop.l2CacheSize);
-    const BandAndLag order = choose_band_and_lag(asked_band, compute_ctas_, gateup_tiles_, down_tiles_, ring_tiles_,
-                                                 ring_tiles_ < cap_tiles_);
+    const int asked_band =
+        c.task_band_tiles > 0
+            ? c.task_band_tiles
+            : default_band_tiles(pairs_, expert_gateup_bytes(p.hidden, p.intermediate), prop.l2CacheSize);
+    const bool ring_wraps = ring_tiles_ < cap_tiles_;
+    const BandAndLag order =
+        choose_band_and_lag(asked_band, compute_ctas_, gateup_tiles_, down_tiles_, ring_tiles_, ring_wraps);
     band_ = order.band;
     lag_ = order.lag;
     if (task_lag_ > 0) {
-      require(ring_tiles_ >= cap_tiles_ || ring_tiles_ / band_ > task_lag_,
+      require(ring_allows_lag(band_, task_lag_, ring_tiles_, ring_wraps),
               "MOK_TASK_LAG = " + std::to_string(task_lag_) + ": a wrapping ring of " + std::to_string(ring_tiles_) +
                   " row tiles in bands of " + std::to_string(band_) + " needs ring / band > lag");
       lag_ = task_lag_;

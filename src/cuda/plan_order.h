@@ -130,9 +130,18 @@ struct BandAndLag {
 // slice 3.36/3.25/3.18/3.18; GLM-5.2 slice 2.47/2.34/2.33/2.34; Kimi-K2.7 slice
 // 2.84/2.73/2.73/2.73; gpt-oss-20b T=8192 3.09/2.96/2.95/2.95; Mixtral 4.93/4.71/4.78/4.74.
 // Pairs share a weight tile only within a band of 2 or more row tiles: 8 with pairs.
-inline int default_band_tiles(bool pairs, long long expert_gateup_bytes, long long l2_bytes) {
+inline long long expert_gateup_bytes(int hidden, int intermediate) {
+  return 2LL * intermediate * hidden * 2;  // gate and up, bf16
+}
+inline int default_band_tiles(bool pairs, long long gateup_bytes, long long l2_bytes) {
   if (pairs) return 8;
-  return 4 * expert_gateup_bytes <= l2_bytes ? 4 : 12;
+  return 4 * gateup_bytes <= l2_bytes ? 4 : 12;
+}
+
+// The wrapping ring's rule (see the top of this file): a pull that waits for the down tiles
+// of the tile one ring earlier finds them in an earlier group only if ring / band > lag.
+inline bool ring_allows_lag(int band, int lag, int ring_tiles, bool ring_wraps) {
+  return !ring_wraps || ring_tiles / band > lag;
 }
 
 // Host: the band (asked for, or 1) and the lag in groups. While one task runs about 2.5x the
@@ -147,7 +156,7 @@ inline BandAndLag choose_band_and_lag(int asked_band, int compute_ctas, int gate
   for (;;) {
     r.lag = (lag_tiles + r.band - 1) / r.band + 1;
     if (r.band == 1) r.lag = std::max(0, std::min(r.lag, ring_tiles - 1));
-    if (r.band == 1 || !ring_wraps || ring_tiles / r.band > r.lag) return r;
+    if (r.band == 1 || ring_allows_lag(r.band, r.lag, ring_tiles, ring_wraps)) return r;
     --r.band;
   }
 }
