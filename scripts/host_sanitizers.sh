@@ -11,5 +11,7 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOK_WITH_C
   { cat build-asan.log; exit 1; }
 ninja -C build-asan >> build-asan.log 2>&1 || { tail -50 build-asan.log; exit 1; }
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-(cd build-asan && ctest --output-on-failure -j2 | tail -3)
+# The full log only when something failed (a sanitizer report is in the failing test's output).
+(cd build-asan && ctest --output-on-failure -j2 > ../build-asan-test.log 2>&1) || { cat build-asan-test.log; exit 1; }
+tail -3 build-asan-test.log
 echo "host sanitizers: clean"
