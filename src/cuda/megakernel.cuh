@@ -496,8 +496,17 @@ __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const _
     // wait on rows of one not yet resident, which would need this SM to start (review).
     // Thread 0 reads the count once and the barrier's reduction hands every thread the same
     // answer (a shared flag written before the barrier drew a racecheck report).
-    const bool all_comm_started =
+    bool all_comm_started =
         __syncthreads_or(threadIdx.x == 0 && *static_cast<volatile int*>(p.comm_started) == p.num_comm_ctas);
+    if (p.pairs) {
+      // A pair computes in lockstep, so both CTAs of the cluster join or neither: each tells
+      // the other its answer (the two may have read the count at different times). Both are
+      // communication CTAs: the count is even in pair mode and clusters are whole.
+      __shared__ int s_peer_joins;
+      if (threadIdx.x == 0) sm90::st_cluster_u32(&s_peer_joins, sm90::cluster_ctarank() ^ 1u, all_comm_started);
+      sm90::cluster_sync();  // the peer's answer is here (and no CTA leaves before its peer wrote)
+      all_comm_started = __syncthreads_or(threadIdx.x == 0 && all_comm_started && s_peer_joins != 0);
+    }
     if (!all_comm_started) return;
     if (threadIdx.x == 0) atomicAdd(p.comm_joined, 1);
   }
