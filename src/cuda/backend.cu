@@ -613,7 +613,7 @@ class CudaBackend final : public BackendImpl {
     fp.pull_ahead = pull_ahead_;
     fp.pull_groups = pull_groups_;
     fp.store_warp = store_warp_ ? 1 : 0;
-    fp.half_tiles = half_tiles_ && !pairs_ ? 1 : 0;
+    fp.half_tiles = half_tiles_ ? 1 : 0;
     fp.comm_join = comm_join_ ? 1 : 0;
     fp.test_fault = test_fault_;
     fp.phase_trap = phase_trap_dev_;

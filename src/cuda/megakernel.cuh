@@ -316,7 +316,7 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
     // so are rows 65..127, and the tile's lower half is all the work there is. (Loaded
     // before the task's other reads and waits, so its latency overlaps theirs: the producer
     // must issue the task's first loads before the consumers finish the previous task.)
-    const bool probe = p.half_tiles && !pr.on && (task.kind() == kRoutedGateUp || task.kind() == kRoutedDown);
+    const bool probe = p.half_tiles && (task.kind() == kRoutedGateUp || task.kind() == kRoutedDown);
     const int row64_source =
         probe ? p.plans[task.rank()].rows[static_cast<long long>(task.row_tile()) * kTileM + kTileM / 2].x : 0;
     const TileJob job = describe_task(p, task);
@@ -440,7 +440,7 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
     // sent nowhere for down tiles and, for gate/up tiles, read only by the same row tile's
     // down tiles, whose warpgroup 2 is idle too.)
     if (idle) {
-      if (wg_leader) atomicAdd(p.plans[task.rank()].half_tile_tasks, 1);  // ScheduleStats, tests
+      if (wg_leader && !task.phantom()) atomicAdd(p.plans[task.rank()].half_tile_tasks, 1);  // ScheduleStats, tests
     } else if (gate_up) {
       stage_swiglu(acc, sm.staging, wg_idx * 64, limit);
     } else {

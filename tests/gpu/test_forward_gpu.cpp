@@ -463,11 +463,15 @@ TEST(GpuHalfTiles, BitwiseEqualToWholeTilesAndCountedExactly) {
   Config wraps;
   wraps.minibatch_rows = 128;
   wraps.macrobatch_rows = 512;
+  Config pairs;  // each CTA of a pair skips its own tile's padding half
+  pairs.task_pairs = true;
   for (const auto& [name, problem, routing, config] : std::vector<std::tuple<std::string, Problem, std::string, Config>>{
            {"one_rank_zipf", make_problem(32, 512, 256, 4, {256}, 1, 500), "zipf:1.2", Config{}},
            {"one_rank_gaussian", make_problem(64, 1024, 512, 2, {}, 1, 700), "gaussian", Config{}},
            {"two_ranks", make_problem(16, 512, 384, 2, {128}, 2, 300), "gaussian", Config{}},
-           {"ring_wraps", make_problem(16, 1024, 256, 4, {256}, 1, 1024), "zipf:1.2", wraps}})
+           {"ring_wraps", make_problem(16, 1024, 256, 4, {256}, 1, 1024), "zipf:1.2", wraps},
+           {"pairs_one_rank", make_problem(32, 512, 256, 4, {256}, 1, 500), "zipf:1.2", pairs},
+           {"pairs_two_ranks", make_problem(16, 512, 384, 2, {128}, 2, 300), "gaussian", pairs}})
     expect_half_tiles_match_whole(name, make_data(problem, routing), config);
 
   // k = 1 and expert e receiving exactly counts[e] tokens: tiles whose row 64 is padding
