@@ -178,8 +178,8 @@ bool store_warp_from_env() { return switch_from_env("MOK_STORE_WARP", true); }
 bool half_tiles_from_env() { return switch_from_env("MOK_HALF_TILES", true); }
 
 // MOK_COMM_JOIN=0: communication CTAs exit after their last pull instead of running the
-// compute role for the tasks still unclaimed (the default; never with pairs), so the SMs
-// dispatch takes early compute the end of the layer.
+// compute role for the tasks still unclaimed (the default; in pair mode a cluster joins as a
+// pair), so the SMs dispatch takes early compute the end of the layer.
 bool comm_join_from_env() { return switch_from_env("MOK_COMM_JOIN", true); }
 
 // MOK_COOPERATIVE=1 launches the megakernel cooperatively: the driver starts it only when
@@ -414,7 +414,7 @@ class CudaBackend final : public BackendImpl {
     // Qwen3-30B T=16384 2.59 vs 2.56/2.56-2.62/2.57, Qwen3.5 slice 1.132 vs 1.12/1.12/1.11,
     // DeepSeek-V4-Pro slice 3.37 vs -/3.28/3.31 (24).
     const int rate_comm_ctas = std::clamp(static_cast<int>(ceil_div(55LL * sms_, p.intermediate)), 2, 16);
-    const bool joins = comm_join_ && !c.task_pairs;
+    const bool joins = comm_join_;
     comm_ctas_ = c.forward_comm_sms > 0 ? c.forward_comm_sms
                  : joins                 ? std::max(rate_comm_ctas, std::min(16, sms_ / 4))
                                          : rate_comm_ctas;
@@ -613,8 +613,8 @@ class CudaBackend final : public BackendImpl {
     fp.pull_ahead = pull_ahead_;
     fp.pull_groups = pull_groups_;
     fp.store_warp = store_warp_ ? 1 : 0;
-    fp.half_tiles = half_tiles_ && !pairs_ ? 1 : 0;
-    fp.comm_join = comm_join_ && !pairs_ ? 1 : 0;
+    fp.half_tiles = half_tiles_ ? 1 : 0;
+    fp.comm_join = comm_join_ ? 1 : 0;
     fp.test_fault = test_fault_;
     fp.phase_trap = phase_trap_dev_;
     fp.phase_trap_claim = phase_trap_claim_.as<int>();

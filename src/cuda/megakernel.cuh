@@ -316,7 +316,7 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
     // so are rows 65..127, and the tile's lower half is all the work there is. (Loaded
     // before the task's other reads and waits, so its latency overlaps theirs: the producer
     // must issue the task's first loads before the consumers finish the previous task.)
-    const bool probe = p.half_tiles && !pr.on && (task.kind() == kRoutedGateUp || task.kind() == kRoutedDown);
+    const bool probe = p.half_tiles && (task.kind() == kRoutedGateUp || task.kind() == kRoutedDown);
     const int row64_source =
         probe ? p.plans[task.rank()].rows[static_cast<long long>(task.row_tile()) * kTileM + kTileM / 2].x : 0;
     const TileJob job = describe_task(p, task);
@@ -440,7 +440,7 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
     // sent nowhere for down tiles and, for gate/up tiles, read only by the same row tile's
     // down tiles, whose warpgroup 2 is idle too.)
     if (idle) {
-      if (wg_leader) atomicAdd(p.plans[task.rank()].half_tile_tasks, 1);  // ScheduleStats, tests
+      if (wg_leader && !task.phantom()) atomicAdd(p.plans[task.rank()].half_tile_tasks, 1);  // ScheduleStats, tests
     } else if (gate_up) {
       stage_swiglu(acc, sm.staging, wg_idx * 64, limit);
     } else {
@@ -496,8 +496,17 @@ __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const _
     // wait on rows of one not yet resident, which would need this SM to start (review).
     // Thread 0 reads the count once and the barrier's reduction hands every thread the same
     // answer (a shared flag written before the barrier drew a racecheck report).
-    const bool all_comm_started =
+    bool all_comm_started =
         __syncthreads_or(threadIdx.x == 0 && *static_cast<volatile int*>(p.comm_started) == p.num_comm_ctas);
+    if (p.pairs) {
+      // A pair computes in lockstep, so both CTAs of the cluster join or neither: each tells
+      // the other its answer (the two may have read the count at different times). Both are
+      // communication CTAs: the count is even in pair mode and clusters are whole.
+      __shared__ int s_peer_joins;
+      if (threadIdx.x == 0) sm90::st_cluster_u32(&s_peer_joins, sm90::cluster_ctarank() ^ 1u, all_comm_started);
+      sm90::cluster_sync();  // the peer's answer is here (and no CTA leaves before its peer wrote)
+      all_comm_started = __syncthreads_or(threadIdx.x == 0 && all_comm_started && s_peer_joins != 0);
+    }
     if (!all_comm_started) return;
     if (threadIdx.x == 0) atomicAdd(p.comm_joined, 1);
   }

@@ -463,11 +463,15 @@ TEST(GpuHalfTiles, BitwiseEqualToWholeTilesAndCountedExactly) {
   Config wraps;
   wraps.minibatch_rows = 128;
   wraps.macrobatch_rows = 512;
+  Config pairs;  // each CTA of a pair skips its own tile's padding half
+  pairs.task_pairs = true;
   for (const auto& [name, problem, routing, config] : std::vector<std::tuple<std::string, Problem, std::string, Config>>{
            {"one_rank_zipf", make_problem(32, 512, 256, 4, {256}, 1, 500), "zipf:1.2", Config{}},
            {"one_rank_gaussian", make_problem(64, 1024, 512, 2, {}, 1, 700), "gaussian", Config{}},
            {"two_ranks", make_problem(16, 512, 384, 2, {128}, 2, 300), "gaussian", Config{}},
-           {"ring_wraps", make_problem(16, 1024, 256, 4, {256}, 1, 1024), "zipf:1.2", wraps}})
+           {"ring_wraps", make_problem(16, 1024, 256, 4, {256}, 1, 1024), "zipf:1.2", wraps},
+           {"pairs_one_rank", make_problem(32, 512, 256, 4, {256}, 1, 500), "zipf:1.2", pairs},
+           {"pairs_two_ranks", make_problem(16, 512, 384, 2, {128}, 2, 300), "gaussian", pairs}})
     expect_half_tiles_match_whole(name, make_data(problem, routing), config);
 
   // k = 1 and expert e receiving exactly counts[e] tokens: tiles whose row 64 is padding
@@ -490,7 +494,8 @@ TEST(GpuHalfTiles, BitwiseEqualToWholeTilesAndCountedExactly) {
 // ring (pulls wait for ring slots the compute frees) and with 64 communication CTAs beside few
 // compute CTAs (they finish their pulls early and take many of the tasks). The kernel counts
 // the CTAs that joined: none with separate roles; with joining, every one (the grid is one
-// resident wave here, so every communication CTA starts and may join).
+// resident wave here, so every communication CTA starts and may join). In pair mode both CTAs
+// of a communication cluster join as a pair (or neither does).
 TEST(GpuCommJoin, SameBitsAsSeparateRoles) {
   MOK_REQUIRE_GPU();
   Config wraps;
@@ -498,11 +503,20 @@ TEST(GpuCommJoin, SameBitsAsSeparateRoles) {
   wraps.macrobatch_rows = 512;
   Config many_comm;
   many_comm.forward_comm_sms = 64;
+  Config pairs;
+  pairs.task_pairs = true;
+  Config pairs_many_comm = many_comm;
+  pairs_many_comm.task_pairs = true;
+  Config pairs_wraps = wraps;
+  pairs_wraps.task_pairs = true;
   for (const auto& [name, problem, routing, config] : std::vector<std::tuple<std::string, Problem, std::string, Config>>{
            {"one_rank", make_problem(32, 512, 256, 4, {256}, 1, 500), "zipf:1.2", Config{}},
            {"two_ranks", make_problem(16, 512, 384, 2, {128}, 2, 300), "gaussian", Config{}},
            {"ring_wraps", make_problem(16, 1024, 256, 4, {256}, 1, 1024), "zipf:1.2", wraps},
-           {"many_comm", make_problem(16, 512, 256, 4, {}, 2, 2048), "gaussian", many_comm}}) {
+           {"many_comm", make_problem(16, 512, 256, 4, {}, 2, 2048), "gaussian", many_comm},
+           {"pairs", make_problem(32, 512, 256, 4, {256}, 1, 500), "zipf:1.2", pairs},
+           {"pairs_ring_wraps", make_problem(16, 1024, 256, 4, {256}, 1, 1024), "zipf:1.2", pairs_wraps},
+           {"pairs_many_comm", make_problem(16, 512, 256, 4, {}, 2, 2048), "gaussian", pairs_many_comm}}) {
     const LayerData host = make_data(problem, routing);
     std::vector<std::uint16_t> separate;
     {
