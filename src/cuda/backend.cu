@@ -408,9 +408,10 @@ class CudaBackend final : public BackendImpl {
     // ~4 TFLOP/s, so ~sms * 44 / I pull SMs; rounded up (sms * 55 / I) because too few
     // starve every compute SM while one too many costs 1/sms of the math.
     // Communication CTAs that join the compute once their pulls are done (MOK_COMM_JOIN, the
-    // default without pairs) cost little more than their pull time, and more of them start
-    // the compute SMs sooner: 16 then (a quarter of the SMs at most). Measured on the H200
-    // (forward ms, separate roles at the rate default vs joined with 12/16/20 CTAs):
+    // default; in pair mode a cluster joins as a pair) cost little more than their pull time,
+    // and more of them start the compute SMs sooner: 16 then (a quarter of the SMs at most).
+    // Measured on the H200 (forward ms, separate roles at the rate default vs joined with
+    // 12/16/20 CTAs):
     // Qwen3-30B T=16384 2.59 vs 2.56/2.56-2.62/2.57, Qwen3.5 slice 1.132 vs 1.12/1.12/1.11,
     // DeepSeek-V4-Pro slice 3.37 vs -/3.28/3.31 (24).
     const int rate_comm_ctas = std::clamp(static_cast<int>(ceil_div(55LL * sms_, p.intermediate)), 2, 16);
