@@ -193,6 +193,34 @@ def repeat_lines(loaded):
     return lines + [""]
 
 
+NOISE_BAR = 1.05  # a median this far above the fastest timed iteration is worth a rerun
+
+
+def noise_lines(recs):
+    """The shown records whose mok or PyTorch-pipeline forward median sits more than 5% above
+    its fastest timed iteration: the clock or another process changed during the timing (a
+    steady run's median is within 1-3% of its minimum), so the figure deserves a rerun."""
+    lines = ["## Noisy timings", ""]
+    rows = []
+    for rec in recs:
+        for who, path in (("mok", ("mok", "forward")), ("PyTorch", ("peers", "pytorch_pipeline", "forward"))):
+            median, fastest = _get(rec, *path, "median_ms"), _get(rec, *path, "min_ms")
+            ratio = records.ratio(median, fastest)
+            if ratio is not None and ratio > NOISE_BAR:
+                rows.append([rec["shape"], ep_text(rec), routing_spec(rec), rec["tokens_per_rank"], commit_text(rec),
+                             who, _f(median, ".3f"), _f(fastest, ".3f"), _f(_get(rec, *path, "max_ms"), ".3f"),
+                             _f(ratio, ".3f")])
+    if not rows:
+        return lines + [f"Every shown median is within {NOISE_BAR - 1:.0%} of its fastest timed iteration.", ""]
+    lines += [f"Shown records whose forward median is more than {NOISE_BAR - 1:.0%} above the fastest timed "
+              "iteration (a steady run's is within 1-3%): the clock or another process changed while they "
+              "were timed, so a rerun decides.", "",
+              "| shape | EP mode | routing | tokens | commit | timed | median ms | min ms | max ms | median / min |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return lines + [""]
+
+
 # ---- values -----------------------------------------------------------------------------
 
 def _get(rec, *path):
@@ -422,6 +450,7 @@ def markdown(recs, plots, out_dir, repeats=None):
                      _f(v["pt_bwd_tflops"], ".1f"), _f(v["pt_bwd_tflops_performed"], ".1f"), _f(sp, ".2f", "x")]
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         lines.append("")
+    lines += noise_lines(recs)
     lines += routing_lines(recs)
     lines += phase_lines(recs)
     lines += group_lines(recs)

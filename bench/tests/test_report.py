@@ -203,6 +203,31 @@ class Report(unittest.TestCase):
             self.assertIn(" / ".join(f"{v:.0f}" for v in dense), text)
             self.assertIn("No shape has been measured twice", "\n".join(report.repeat_lines(loaded[2:3])))
 
+    def test_noisy_timings_are_listed(self):
+        with tempfile.TemporaryDirectory() as d:
+            loaded = report.load_records(fixture_records(d))
+            rec = copy.deepcopy(loaded[1][1])
+            steady = copy.deepcopy(rec)
+            steady["mok"]["forward"].update(median_ms=1.0, min_ms=0.99, max_ms=1.2)
+            steady["peers"]["pytorch_pipeline"]["forward"].update(median_ms=2.0, min_ms=1.98)
+            self.assertEqual(report.noise_lines([steady]),
+                             ["## Noisy timings", "",
+                              "Every shown median is within 5% of its fastest timed iteration.", ""])
+            # mok's median 8% above its fastest iteration (the gpt-oss record of 78a4207): listed,
+            # with its min, max and ratio; the steady PyTorch timing of the same record is not.
+            noisy = copy.deepcopy(steady)
+            noisy["mok"]["forward"].update(median_ms=1.8655, min_ms=1.71386, max_ms=2.25056)
+            text = "\n".join(report.noise_lines([steady, noisy]))
+            rows = [line for line in text.splitlines() if line.startswith("| " + rec["shape"])]
+            self.assertEqual(len(rows), 1, text)
+            self.assertIn("| mok | 1.865 | 1.714 | 2.251 | 1.088 |", rows[0])
+            # A PyTorch median 6% above its fastest iteration is listed too; missing minima are not.
+            noisy["peers"]["pytorch_pipeline"]["forward"].update(median_ms=2.12, min_ms=2.0)
+            del steady["mok"]["forward"]["min_ms"]
+            text = "\n".join(report.noise_lines([steady, noisy]))
+            self.assertIn("| PyTorch | 2.120 | 2.000 |", text)
+            self.assertEqual(len([l for l in text.splitlines() if l.startswith("| " + rec["shape"])]), 2, text)
+
     def test_real_groups_table(self):
         m = copy.deepcopy(fixture("fixture_mok_qwen35_slice.json"))
         m["forward_iters_ms"] = [2.0]
