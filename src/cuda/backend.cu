@@ -206,29 +206,25 @@ int test_fault_from_env() {
   throw Error(std::string("MOK_TEST_FAULT = '") + env + "': must be lose_staging_read (or unset)");
 }
 
-// Dispatch loads each pull pipeline keeps ahead of its stores (tuning; 0 = the default).
-int pull_ahead_from_env() {
-  const char* env = std::getenv("MOK_PULL_AHEAD");
+// A tuning knob's integer: 0 (the library's default) when unset or empty, else parsed and
+// required to be in [0, hi]; anything else is an error naming the variable.
+int tuning_integer_from_env(const char* name, int hi) {
+  const char* env = std::getenv(name);
   if (env == nullptr || *env == '\0') return 0;
-  return static_cast<int>(parse_integer(env, 0, kMaxPullSlots, "MOK_PULL_AHEAD"));
+  return static_cast<int>(parse_integer(env, 0, hi, name));
 }
+
+// Dispatch loads each pull pipeline keeps ahead of its stores (tuning; 0 = the default).
+int pull_ahead_from_env() { return tuning_integer_from_env("MOK_PULL_AHEAD", kMaxPullSlots); }
 
 // Groups a band's down tiles come after its gate/up tiles (tuning; 0 = the default from
 // choose_band_and_lag). A wrapping ring still needs ring / band > lag: refused otherwise.
-int task_lag_from_env() {
-  const char* env = std::getenv("MOK_TASK_LAG");
-  if (env == nullptr || *env == '\0') return 0;
-  return static_cast<int>(parse_integer(env, 0, 64, "MOK_TASK_LAG"));
-}
+int task_lag_from_env() { return tuning_integer_from_env("MOK_TASK_LAG", 64); }
 
 // Row tiles a communication CTA pulls at once (tuning; 0 = the default, chosen per shape:
 // up to kDefaultPullGroups while each pipeline keeps enough row slots).
 constexpr int kDefaultPullGroups = 2;
-int pull_groups_from_env() {
-  const char* env = std::getenv("MOK_PULL_GROUPS");
-  if (env == nullptr || *env == '\0') return 0;
-  return static_cast<int>(parse_integer(env, 0, kMaxPullGroups, "MOK_PULL_GROUPS"));
-}
+int pull_groups_from_env() { return tuning_integer_from_env("MOK_PULL_GROUPS", kMaxPullGroups); }
 
 int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
 
