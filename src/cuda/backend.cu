@@ -411,9 +411,8 @@ class CudaBackend final : public BackendImpl {
     // Qwen3-30B T=16384 2.59 vs 2.56/2.56-2.62/2.57, Qwen3.5 slice 1.132 vs 1.12/1.12/1.11,
     // DeepSeek-V4-Pro slice 3.37 vs -/3.28/3.31 (24).
     const int rate_comm_ctas = std::clamp(static_cast<int>(ceil_div(55LL * sms_, p.intermediate)), 2, 16);
-    const bool joins = comm_join_;
     comm_ctas_ = c.forward_comm_sms > 0 ? c.forward_comm_sms
-                 : joins                 ? std::max(rate_comm_ctas, std::min(16, sms_ / 4))
+                 : comm_join_            ? std::max(rate_comm_ctas, std::min(16, sms_ / 4))
                                          : rate_comm_ctas;
     MOK_CUDA_CHECK(cudaFuncSetAttribute(forward_megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     pairs_ = c.task_pairs;
