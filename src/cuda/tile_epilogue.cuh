@@ -19,18 +19,52 @@ constexpr int kConsumerBarrier = 1;  // named barrier id for the two consumer wa
 
 __device__ __forceinline__ void consumers_sync() { sm90::named_barrier_sync(kConsumerBarrier, kConsumerThreads); }
 
-// SwiGLU on the GPU: num::swiglu's clamp and formula with the hardware exp2 and reciprocal
-// (two MUFU operations instead of expf's and an IEEE division's ~30 instructions, paid by
-// the consumers between two tiles' wgmmas). The bf16 rounding that follows dwarfs the
-// ~1e-6 relative difference; results stay deterministic (tests compare the GPU with the
-// CPU reference within MoK's bar, and GPU runs with each other bit for bit).
+// SwiGLU on the GPU: num::swiglu's clamp and formula, g * sigmoid(g) * u, with the
+// sigmoid's exponential on the SFU (ex2.approx.ftz) and its reciprocal either on the SFU
+// (rcp.approx.ftz) or on the FMA pipe (a bit-trick guess refined by a cubic and a Newton
+// step). Why both: the consumers run the SwiGLU between two tiles' wgmmas while the tensor
+// cores wait, and with two MUFU operations per element the SFU (16 per clock per SM) bounds
+// that gap, ~2k cycles per gate/up tile; moving half the reciprocals to the FMA pipe (32
+// per clock per scheduler) balances the two pipes. Both reciprocals are within ~2e-8
+// relative of 1/d, far below the bf16 rounding that follows (2^-9); results stay
+// deterministic (tests compare the GPU with the CPU reference within MoK's bar, and GPU
+// runs with each other bit for bit).
+__device__ __forceinline__ float exp2_sfu(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float reciprocal_sfu(float d) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  return r;
+}
+
+// 1/d for d in [1, inf] without the SFU. d is clamped to 2^100 so that the guess stays a
+// normal number (1/inf becomes 2^-100: g * 2^-100 is a silu of ~0 either way). The guess
+// (0x7ef311c3 minus d's bits) is within 5.1% of 1/d; the cubic step r(1 + e + e^2) takes
+// that to 1.3e-4 and the Newton step to ~2e-8.
+__device__ __forceinline__ float reciprocal_fma(float d) {
+  d = fminf(d, 0x1p100f);
+  float r = __int_as_float(0x7ef311c3 - __float_as_int(d));
+  float e = fmaf(-d, r, 1.0f);
+  r = fmaf(r, fmaf(e, e, e), r);
+  e = fmaf(-d, r, 1.0f);
+  return fmaf(r, e, r);
+}
+
+template <bool kReciprocalOnFma>
 __device__ __forceinline__ float swiglu_fast(float g, float u, float limit) {
   if (limit > 0.0f) {
     g = fminf(g, limit);
     u = fminf(fmaxf(u, -limit), limit);
   }
-  // g -> -inf: exp overflows to inf and g / inf = -0 (the limit); NaN stays NaN.
-  return __fdividef(g, 1.0f + __expf(-g)) * u;
+  // g -> -inf: the exponential overflows to inf and the sigmoid to 0 (2^-100 on the FMA
+  // path), so silu -> -0 (the limit); a NaN g or u stays NaN through the products.
+  const float d = 1.0f + exp2_sfu(g * -1.4426950408889634f);
+  const float sigmoid = kReciprocalOnFma ? reciprocal_fma(d) : reciprocal_sfu(d);
+  return g * sigmoid * u;
 }
 
 // SwiGLU of a gate/up tile (gate in columns 0..127, up in 128..255 of the accumulator),
@@ -44,8 +78,9 @@ __device__ __forceinline__ void stage_swiglu(const float (&acc)[128], __nv_bfloa
     const int col = 8 * j + 2 * (lane % 4);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float a0 = swiglu_fast(acc[4 * j + 2 * h], acc[64 + 4 * j + 2 * h], limit);
-      const float a1 = swiglu_fast(acc[4 * j + 2 * h + 1], acc[64 + 4 * j + 2 * h + 1], limit);
+      // Column 2i on the SFU, 2i+1 on the FMA pipe: half the reciprocals each.
+      const float a0 = swiglu_fast<false>(acc[4 * j + 2 * h], acc[64 + 4 * j + 2 * h], limit);
+      const float a1 = swiglu_fast<true>(acc[4 * j + 2 * h + 1], acc[64 + 4 * j + 2 * h + 1], limit);
       *reinterpret_cast<__nv_bfloat162*>(staging + (row + 8 * h) * kStagingPitch + col) =
           __floats2bfloat162_rn(a0, a1);
     }
