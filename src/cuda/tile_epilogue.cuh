@@ -54,9 +54,9 @@ __device__ __forceinline__ float reciprocal_fma(float d) {
   return fmaf(r, e, r);
 }
 
-template <bool kReciprocalOnFma>
+template <bool kReciprocalOnFma, bool kClamp>
 __device__ __forceinline__ float swiglu_fast(float g, float u, float limit) {
-  if (limit > 0.0f) {
+  if (kClamp) {
     g = fminf(g, limit);
     u = fminf(fmaxf(u, -limit), limit);
   }
@@ -68,9 +68,12 @@ __device__ __forceinline__ float swiglu_fast(float g, float u, float limit) {
 }
 
 // SwiGLU of a gate/up tile (gate in columns 0..127, up in 128..255 of the accumulator),
-// rounded to bf16 into staging [128][kStagingPitch].
-__device__ __forceinline__ void stage_swiglu(const float (&acc)[128], __nv_bfloat16* staging, int wg_row0,
-                                             float limit) {
+// rounded to bf16 into staging [128][kStagingPitch]. The clamp is a template parameter:
+// as a runtime test ptxas predicates its two min/max per element, 128 issue slots per
+// thread and tile even when there is no limit.
+template <bool kClamp>
+__device__ __forceinline__ void stage_swiglu_tile(const float (&acc)[128], __nv_bfloat16* staging, int wg_row0,
+                                                  float limit) {
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
   const int row = wg_row0 + 16 * warp + lane / 4;
 #pragma unroll
@@ -79,12 +82,20 @@ __device__ __forceinline__ void stage_swiglu(const float (&acc)[128], __nv_bfloa
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // Column 2i on the SFU, 2i+1 on the FMA pipe: half the reciprocals each.
-      const float a0 = swiglu_fast<false>(acc[4 * j + 2 * h], acc[64 + 4 * j + 2 * h], limit);
-      const float a1 = swiglu_fast<true>(acc[4 * j + 2 * h + 1], acc[64 + 4 * j + 2 * h + 1], limit);
+      const float a0 = swiglu_fast<false, kClamp>(acc[4 * j + 2 * h], acc[64 + 4 * j + 2 * h], limit);
+      const float a1 = swiglu_fast<true, kClamp>(acc[4 * j + 2 * h + 1], acc[64 + 4 * j + 2 * h + 1], limit);
       *reinterpret_cast<__nv_bfloat162*>(staging + (row + 8 * h) * kStagingPitch + col) =
           __floats2bfloat162_rn(a0, a1);
     }
   }
+}
+
+__device__ __forceinline__ void stage_swiglu(const float (&acc)[128], __nv_bfloat16* staging, int wg_row0,
+                                             float limit) {
+  if (limit > 0.0f)
+    stage_swiglu_tile<true>(acc, staging, wg_row0, limit);
+  else
+    stage_swiglu_tile<false>(acc, staging, wg_row0, limit);
 }
 
 // A down tile (256 columns), rounded to bf16 into staging.
