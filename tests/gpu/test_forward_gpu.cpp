@@ -127,6 +127,24 @@ TEST(GpuForwardLimits, SwigluLimitMatchesReference) {
   expect_close(run_gpu_all_ranks(host).data, run_reference(host), Precision::bf16, "swiglu_limit");
 }
 
+// Gate pre-activations far beyond the sigmoid's saturation (|g| up to a few hundred: the
+// exponential overflows to inf for g < -88) through both reciprocal paths of the GPU's
+// SwiGLU, routed and shared experts: gate weights scaled by 64 (exact in bf16).
+TEST(GpuForwardLimits, SaturatedGatesMatchReference) {
+  MOK_REQUIRE_GPU();
+  const Problem p = make_problem(16, 256, 128, 4, {128}, 2, 128);
+  LayerData host = make_data(p, "gaussian");
+  auto scale_by_64 = [](HostTensor& w) {
+    auto* v = w.data<std::uint16_t>();
+    for (std::int64_t i = 0; i < w.numel(); ++i) v[i] = num::bf16_from_float(64.0f * num::bf16_to_float(v[i]));
+  };
+  for (RankData& rank : host.ranks) {
+    scale_by_64(rank.w_gate);
+    for (SharedHostWeights& s : rank.shared) scale_by_64(s.w_gate);
+  }
+  expect_close(run_gpu_all_ranks(host).data, run_reference(host), Precision::bf16, "saturated_gates");
+}
+
 TEST(GpuForwardRing, SmallMacrobatchRingWrapsAndStaysCorrect) {
   MOK_REQUIRE_GPU();
   // 2048 tokens x k=4 over 2 ranks: ~32 row tiles per rank through a 2-tile ring, so pulls
