@@ -483,6 +483,24 @@ TEST(GpuHeadPulls, HeadPullsAreBitwiseAlikeWithAndWithoutThem) {
   }
 }
 
+// The default (MOK_HEAD_PULLS unset): head pulls when the layer has no shared expert (the
+// first tasks then wait for pulled rows), none when it has (they start on shared tiles).
+TEST(GpuHeadPulls, DefaultIsOnWithoutSharedExpertsOnly) {
+  MOK_REQUIRE_GPU();
+  ScopedEnv unset("MOK_HEAD_PULLS", "");
+  for (const bool shared : {false, true}) {
+    const Problem p = make_problem(16, 1024, 256, 4, shared ? std::vector<int>{256} : std::vector<int>{}, 1, 1024);
+    const LayerData host = make_data(p, "gaussian");
+    const GpuRun gpu = run_gpu_all_ranks(host);
+    expect_close(gpu.data, run_reference(host), Precision::bf16, shared ? "shared" : "no shared");
+    if (shared) {
+      EXPECT_EQ(gpu.stats.at(0).head_pull_claims, 0);
+    } else {
+      EXPECT_GT(gpu.stats.at(0).head_pull_claims, std::int64_t{0});
+    }
+  }
+}
+
 // Half tiles (default): a routed tile whose rows 64..127 are all padding is computed by its
 // lower consumer warpgroup alone. The same bits as whole tiles (MOK_HALF_TILES=0), and the
 // kernel's own count of such tasks (ScheduleStats::half_tile_tasks) is exactly the number
