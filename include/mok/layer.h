@@ -97,6 +97,9 @@ struct ScheduleStats {
   // cuda backend: communication CTAs of the forward's launch that went on to compute tasks
   // once their pulls were done (MOK_COMM_JOIN; the same for every rank of one launch).
   std::int64_t joined_comm_ctas = 0;
+  // cuda backend: claims made on the forward's head-pull counter (MOK_HEAD_PULLS): the head's
+  // pulls plus each CTA's last claim, which found the head taken; 0 with head pulls off.
+  std::int64_t head_pull_claims = 0;
 };
 
 class Layer {

@@ -182,6 +182,19 @@ bool half_tiles_from_env() { return switch_from_env("MOK_HALF_TILES", true); }
 // pair), so the SMs dispatch takes early compute the end of the layer.
 bool comm_join_from_env() { return switch_from_env("MOK_COMM_JOIN", true); }
 
+// Head pulls (dispatch_role says what): MOK_HEAD_PULLS=1 on, =0 off (only the communication
+// CTAs pull rows, the earlier design); unset: on when the layer has no shared expert. With
+// one, the compute CTAs start on the shared experts' tiles (first in every band) while the
+// first pulls land, and a head only delays them. Measured on the H200 (forward ms, main vs
+// head pulls, alternating, b5661bf): Qwen3-30B 2.597-2.604 vs 2.584-2.587, gpt-oss-20b
+// 1.702/1.704 vs 1.670/1.672; with shared experts, Qwen3.5 slice 1.107/1.110 vs 1.112/1.114,
+// DeepSeek-V4-Pro slice 3.258/3.264 vs 3.281/3.283.
+int head_pulls_from_env() {
+  const char* env = std::getenv("MOK_HEAD_PULLS");
+  if (env == nullptr || *env == '\0') return -1;
+  return switch_from_env("MOK_HEAD_PULLS", false) ? 1 : 0;
+}
+
 // MOK_COOPERATIVE=1 launches the megakernel cooperatively: the driver starts it only when
 // every CTA can be resident at once. Off by default: a partial grid is safe and overlaps a
 // kernel on another stream (DESIGN.md, "Residency").
@@ -605,6 +618,11 @@ class CudaBackend final : public BackendImpl {
     fp.task_counter = launch_counter(kTaskCounter);
     fp.comm_started = launch_counter(kCommStarted);
     fp.comm_joined = launch_counter(kCommJoined);
+    // Head pulls only where none can wait for a ring slot (pull i's tile is at most i, so
+    // i < ring_tiles never wraps) and outside pair mode (a pair starts in lockstep).
+    const bool head_pulls = head_pulls_env_ < 0 ? p.num_shared() == 0 : head_pulls_env_ == 1;
+    fp.head_pulls = head_pulls && !pairs_ ? std::min(grid_ctas_, ring_tiles_) : 0;
+    fp.head_counter = launch_counter(kHeadCounter);
     fp.ring_wraps = ring_tiles_ < cap_tiles_ ? 1 : 0;
     fp.pull_ahead = pull_ahead_;
     fp.pull_groups = pull_groups_;
@@ -653,6 +671,8 @@ class CudaBackend final : public BackendImpl {
       MOK_CUDA_CHECK(cudaMemcpy(&tiles, plans_host_[d].num_row_tiles, 4, cudaMemcpyDeviceToHost));
       MOK_CUDA_CHECK(cudaMemcpy(&half_tile_tasks, plans_host_[d].half_tile_tasks, 4, cudaMemcpyDeviceToHost));
       MOK_CUDA_CHECK(cudaMemcpy(&joined, launch_counter(kCommJoined), 4, cudaMemcpyDeviceToHost));
+      int head_claims = 0;
+      MOK_CUDA_CHECK(cudaMemcpy(&head_claims, launch_counter(kHeadCounter), 4, cudaMemcpyDeviceToHost));
       ScheduleStats s;
       s.rows_per_local_expert.assign(rows.begin(), rows.end());
       for (auto n : s.rows_per_local_expert) s.real_rows += n;
@@ -660,6 +680,7 @@ class CudaBackend final : public BackendImpl {
       s.capacity_rows = capacity_;
       s.half_tile_tasks = half_tile_tasks;
       s.joined_comm_ctas = joined;
+      s.head_pull_claims = head_claims;
       out.push_back(std::move(s));
     }
     return out;
@@ -1025,6 +1046,7 @@ class CudaBackend final : public BackendImpl {
   bool store_warp_ = store_warp_from_env();
   bool half_tiles_ = half_tiles_from_env();
   bool comm_join_ = comm_join_from_env();
+  int head_pulls_env_ = head_pulls_from_env();  // -1: unset (the default rule), 0 off, 1 on
   bool cooperative_ = cooperative_from_env();
   int test_fault_ = test_fault_from_env();
   std::uint64_t timeout_ns_ = wait_timeout_ns();
@@ -1043,7 +1065,7 @@ class CudaBackend final : public BackendImpl {
   std::vector<std::vector<std::string>> phase_names_;
 
   // The launch-wide counters at the end of counters_ (after every rank's), counted from it.
-  enum LaunchCounter { kTaskCounter = 1, kCommStarted = 2, kCommJoined = 3, kLaunchCounters = 3 };
+  enum LaunchCounter { kTaskCounter = 1, kCommStarted = 2, kCommJoined = 3, kHeadCounter = 4, kLaunchCounters = 4 };
   int* launch_counter(LaunchCounter c) const { return counters_.as<int>() + counters_.bytes() / sizeof(int) - c; }
 
   DeviceBuffer counters_, error_, group_error_, tasks_, pulls_, task_counts_, combine_of_dev_, plans_dev_, zero_row_;

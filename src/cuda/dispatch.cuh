@@ -27,6 +27,7 @@ __device__ __forceinline__ ParamsPhaseLimit phase_limit(const ForwardParams& p) 
 constexpr int kPullWarps = 4;       // copy pipelines per tile group (a tile's rows split 4 ways)
 constexpr int kMaxPullGroups = 3;   // tile groups per communication CTA: its 12 warps
 constexpr int kMaxPullSlots = 16;   // row buffers per pipeline (mbarriers)
+constexpr int kHeadPullBarrier = 4;  // named barrier of all pulling warps (1..3: the tile groups')
 static_assert(kMaxPullGroups * kPullWarps * 32 <= kComputeThreads, "a pull warp per pipeline");
 
 // Shared memory of one pipeline's row slots with `groups` tile groups (the communication
@@ -118,13 +119,27 @@ __device__ __forceinline__ void pull_rows(const ForwardParams& p, PullPipeline& 
   sm90::bulk_wait_all();
 }
 
-__device__ void dispatch_role(const ForwardParams& p, std::uint8_t* smem_raw) {
+// Pulls row tiles into the ring. Every CTA runs this at its start: first the head of the
+// pull list (ForwardParams::head_pulls), claimed one tile at a time from a counter, each
+// tile by all of the CTA's pipelines; then, communication CTAs only (`communication`), the
+// rest of the list, each tile group its own tiles, statically. Compute CTAs return after
+// the head and reuse this shared memory.
+// Why a head: with the pulls shared among the communication CTAs alone, their first G*C
+// tiles land together, 30-35 us into the forward (a group moves ~15 GB/s), and every compute
+// CTA waits for them (Qwen3-30B: 2.9% of the megakernel's time in its producers' input
+// waits). All CTAs together land a tile each within about half that, and the communication
+// CTAs have that many tiles fewer to pull before they join the compute. (On by default only
+// without shared experts: with them the compute CTAs start on shared tiles meanwhile, and a
+// head only delays that; backend.cu: head_pulls_from_env.)
+__device__ void dispatch_role(const ForwardParams& p, std::uint8_t* smem_raw, bool communication) {
   __shared__ int s_ok[kMaxPullGroups];
+  __shared__ int s_head;
   __shared__ const void* s_sources[kMaxPullGroups * kPullWarps][32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int groups = p.pull_groups;
   const int group = warp / kPullWarps, pipe = warp % kPullWarps;
   const int num_pulls = *p.num_pulls;
+  const int head = min(num_pulls, p.head_pulls);
   const std::uint32_t row_bytes = static_cast<std::uint32_t>(p.hidden) * 2;
   // Shared memory: the mbarriers of every possible pipeline, then each pipeline's row slots.
   std::uint8_t* base = align_shared(smem_raw, 128);
@@ -139,44 +154,67 @@ __device__ void dispatch_role(const ForwardParams& p, std::uint8_t* smem_raw) {
   }
   __syncthreads();
   if (group >= groups) return;  // warps beyond the tile groups have no pipeline
-  // From here a group synchronises only its own warps (named barrier 1 + group, 128 threads).
-  const bool leader = threadIdx.x % (kPullWarps * 32) == 0;
-  auto group_sync = [&] { sm90::named_barrier_sync(1 + group, kPullWarps * 32); };
-  // Group g of CTA c takes pulls c + g*C, c + (G + g)*C, ...: the first G*C pulls in the
-  // plan's order are in flight together, each CTA's groups a stride C apart.
-  for (int i = blockIdx.x + group * p.num_comm_ctas; i < num_pulls; i += groups * p.num_comm_ctas) {
-    const int2 pull = p.pulls[i];
-    const RankPlan& plan = p.plans[pull.x];
-    const int tile = pull.y;
-    const int rank = p.first_rank + pull.x;
-    if (leader) {
-      s_ok[group] = 1;
-      if (tile >= p.ring_tiles) {
-        s_ok[group] = wait_at_least(plan.down_done + tile - p.ring_tiles, p.down_tiles, p.error, rank, kWaitRingFree,
-                                    tile, p.timeout_ns);
-        // The slot's previous rows were read by TMA (async proxy) on other SMs; order those
-        // reads, acquired above, before this CTA's bulk writes into the slot.
-        fence_proxy_async_global();
-      }
+  // From here a tile group synchronises only its own warps (named barrier 1 + group), and the
+  // head's whole-CTA work all pulling warps (named barrier kHeadPullBarrier).
+  const int pulling_threads = groups * kPullWarps * 32;
+  auto head_sync = [&] { sm90::named_barrier_sync(kHeadPullBarrier, pulling_threads); };
+  auto ring_tile = [&](const RankPlan& plan, int tile) {
+    return reinterpret_cast<std::uint8_t*>(plan.ring + static_cast<long long>(tile % p.ring_tiles) * kTileM * p.hidden);
+  };
+  // Rows first, first + step, ... of pull `pull`'s tile by this warp's pipeline.
+  auto pull_my_rows = [&](const RankPlan& plan, int tile, int first, int step) {
+    stage_sources(p, plan.rows + static_cast<long long>(tile) * kTileM, first, step, s_sources[warp]);
+    if (lane == 0) {
+      pull_rows(p, pl, s_sources[warp], ring_tile(plan, tile), first, step);
+      // The GEMM reads these rows through TMA (async proxy) on another SM.
+      fence_proxy_async_global();
+      __threadfence();
     }
-    group_sync();
-    if (s_ok[group]) {
-      stage_sources(p, plan.rows + static_cast<long long>(tile) * kTileM, pipe, kPullWarps, s_sources[warp]);
-      if (lane == 0) {
-        pull_rows(p, pl, s_sources[warp],
-                  reinterpret_cast<std::uint8_t*>(plan.ring + static_cast<long long>(tile % p.ring_tiles) * kTileM * p.hidden),
-                  pipe, kPullWarps);
-        // The GEMM reads these rows through TMA (async proxy) on another SM.
-        fence_proxy_async_global();
-        __threadfence();
-      }
-      __syncwarp();  // s_sources[warp] is rewritten for the next tile only after lane 0 used it
+    __syncwarp();  // s_sources[warp] is rewritten for the next tile only after lane 0 used it
+  };
+  if (head > 0) {
+    // (A head pull never waits for a ring slot: pull i's tile is at most i < ring_tiles.)
+    for (;;) {
+      if (threadIdx.x == 0) s_head = atomicAdd(p.head_counter, 1);
+      head_sync();
+      const int i = s_head;
+      head_sync();  // every thread has read s_head before thread 0 claims again
+      if (i >= head) break;
+      const int2 pull = p.pulls[i];
+      const RankPlan& plan = p.plans[pull.x];
+      pull_my_rows(plan, pull.y, warp, groups * kPullWarps);
+      head_sync();
+      if (threadIdx.x == 0) red_release_gpu_add(plan.rows_ready + pull.y, 1);
     }
-    group_sync();
-    if (leader) red_release_gpu_add(plan.rows_ready + tile, 1);
+  }
+  if (communication) {
+    const bool leader = threadIdx.x % (kPullWarps * 32) == 0;
+    auto group_sync = [&] { sm90::named_barrier_sync(1 + group, kPullWarps * 32); };
+    // Group g of CTA c takes pulls head + c + g*C, head + c + (G + g)*C, ...: the first G*C
+    // pulls after the head are in flight together, each CTA's groups a stride C apart.
+    for (int i = head + blockIdx.x + group * p.num_comm_ctas; i < num_pulls; i += groups * p.num_comm_ctas) {
+      const int2 pull = p.pulls[i];
+      const RankPlan& plan = p.plans[pull.x];
+      const int tile = pull.y;
+      const int rank = p.first_rank + pull.x;
+      if (leader) {
+        s_ok[group] = 1;
+        if (tile >= p.ring_tiles) {
+          s_ok[group] = wait_at_least(plan.down_done + tile - p.ring_tiles, p.down_tiles, p.error, rank,
+                                      kWaitRingFree, tile, p.timeout_ns);
+          // The slot's previous rows were read by TMA (async proxy) on other SMs; order those
+          // reads, acquired above, before this CTA's bulk writes into the slot.
+          fence_proxy_async_global();
+        }
+      }
+      group_sync();
+      if (s_ok[group]) pull_my_rows(plan, tile, pipe, kPullWarps);
+      group_sync();
+      if (leader) red_release_gpu_add(plan.rows_ready + tile, 1);
+    }
   }
   // (Every copy of this pipeline has completed: pull_rows waited for its last stores.) The
-  // CTA may go on as a compute CTA (ForwardParams::comm_join), reusing this shared memory.
+  // CTA may go on as a compute CTA, reusing this shared memory.
   if (lane == 0) {
     for (int s = 0; s < slots; ++s) sm90::mbar_inval(&pl.full[s]);
     // The compute role's TMA writes (async proxy) may land on these barriers' bytes.

@@ -128,6 +128,8 @@ struct ForwardParams {
   int comm_join;                           // communication CTAs become compute CTAs once their pulls are done
   int* comm_started;                       // communication CTAs started so far (comm_join; zeroed per forward)
   int* comm_joined;                        // communication CTAs that went on to compute (ScheduleStats, tests)
+  int head_pulls;                          // pulls [0, head_pulls) are claimed by every CTA at its start (0: none)
+  int* head_counter;                       // next head pull to claim (zeroed per forward)
   int half_tiles;                          // routed tiles with rows 64.. all padding: one consumer warpgroup computes
   int test_fault;                          // TestFault: a deliberate bug for the timeout tests (0: none)
   PhaseWaitTrap* phase_trap;               // host-mapped record of a timed-out phase wait (nullptr: none)

@@ -487,7 +487,7 @@ __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const _
   if (static_cast<int>(blockIdx.x) < p.num_comm_ctas) {
     if (p.comm_join && threadIdx.x == 0) atomicAdd(p.comm_started, 1);
     wait_previous_kernel();
-    dispatch_role(p, smem_raw);
+    dispatch_role(p, smem_raw, true);
     if (!p.comm_join) return;
     // Every pull of this CTA is complete and its pipeline barriers are invalidated: it joins
     // the compute CTAs for the tasks still unclaimed (a late compute CTA is one that was not
@@ -509,6 +509,13 @@ __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const _
     }
     if (!all_comm_started) return;
     if (threadIdx.x == 0) atomicAdd(p.comm_joined, 1);
+  } else if (p.head_pulls > 0) {
+    // A compute CTA first helps pull the head of the list (dispatch_role says why), in the
+    // shared memory its stages take afterwards: every warp is done with it before the
+    // barriers below are initialised.
+    wait_previous_kernel();
+    dispatch_role(p, smem_raw, false);
+    __syncthreads();
   }
   const ComputeSmem sm = carve_smem(smem_raw);
   const PairRole pr = pair_role(p);

@@ -441,6 +441,66 @@ TEST(GpuPullGroups, EveryGroupCountIsBitwiseAlikeWithAWrappingRing) {
   }
 }
 
+// Head pulls (default): every CTA, compute CTAs included, first pulls tiles from the head of
+// the pull list (claimed from a counter) before its own role. Which CTA moves a tile never
+// changes its bytes: y is bit for bit the same with MOK_HEAD_PULLS=0 (communication CTAs
+// pull everything), with and without a wrapping ring (there the head is the ring's tiles),
+// with the communication CTAs joining the compute or not, on one and two ranks, and passes
+// the reference check.
+TEST(GpuHeadPulls, HeadPullsAreBitwiseAlikeWithAndWithoutThem) {
+  MOK_REQUIRE_GPU();
+  for (int ranks : {1, 2}) {
+    const Problem p = make_problem(16, 1024, 256, 4, {256}, ranks, 1024);
+    const LayerData host = make_data(p, "zipf:1.2");
+    for (int macrobatch : {256, 1 << 20}) {
+      Config c;
+      c.minibatch_rows = 128;
+      c.macrobatch_rows = macrobatch;
+      c.forward_comm_sms = 2;
+      const LayerData ref = run_reference(host, c);
+      std::vector<std::uint16_t> first;
+      for (const char* head : {"1", "0"}) {
+        for (const char* join : {"1", "0"}) {
+          ScopedEnv env_head("MOK_HEAD_PULLS", head);
+          ScopedEnv env_join("MOK_COMM_JOIN", join);
+          const std::string what = "ranks " + std::to_string(ranks) + " head " + head + " join " + join +
+                                   " macrobatch " + std::to_string(macrobatch);
+          const GpuRun gpu = run_gpu_all_ranks(host, c);
+          expect_close(gpu.data, ref, Precision::bf16, what);
+          const auto y = global_y(gpu.data);
+          if (first.empty()) first = y;
+          expect_same_bits(y, first, what);
+          // The head path ran (its pulls plus at least one last claim per CTA) or not at all.
+          const std::int64_t claims = gpu.stats.at(0).head_pull_claims;
+          if (std::string(head) == "1") {
+            EXPECT_GT(claims, std::int64_t{2}) << what;
+          } else {
+            EXPECT_EQ(claims, 0) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The default (MOK_HEAD_PULLS unset): head pulls when the layer has no shared expert (the
+// first tasks then wait for pulled rows), none when it has (they start on shared tiles).
+TEST(GpuHeadPulls, DefaultIsOnWithoutSharedExpertsOnly) {
+  MOK_REQUIRE_GPU();
+  ScopedEnv unset("MOK_HEAD_PULLS", "");
+  for (const bool shared : {false, true}) {
+    const Problem p = make_problem(16, 1024, 256, 4, shared ? std::vector<int>{256} : std::vector<int>{}, 1, 1024);
+    const LayerData host = make_data(p, "gaussian");
+    const GpuRun gpu = run_gpu_all_ranks(host);
+    expect_close(gpu.data, run_reference(host), Precision::bf16, shared ? "shared" : "no shared");
+    if (shared) {
+      EXPECT_EQ(gpu.stats.at(0).head_pull_claims, 0);
+    } else {
+      EXPECT_GT(gpu.stats.at(0).head_pull_claims, std::int64_t{0});
+    }
+  }
+}
+
 // Half tiles (default): a routed tile whose rows 64..127 are all padding is computed by its
 // lower consumer warpgroup alone. The same bits as whole tiles (MOK_HALF_TILES=0), and the
 // kernel's own count of such tasks (ScheduleStats::half_tile_tasks) is exactly the number
@@ -871,7 +931,7 @@ TEST(GpuErrors, MalformedEnvironmentKnobIsAClearError) {
   LayerOptions o;
   o.backend = Backend::cuda;
   for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
-           {"MOK_COOPERATIVE", "maybe"}, {"MOK_STORE_WARP", "yes"}, {"MOK_HALF_TILES", "2"}, {"MOK_COMM_JOIN", "2"}, {"MOK_PULL_AHEAD", "-1"},
+           {"MOK_COOPERATIVE", "maybe"}, {"MOK_STORE_WARP", "yes"}, {"MOK_HALF_TILES", "2"}, {"MOK_COMM_JOIN", "2"}, {"MOK_HEAD_PULLS", "2"}, {"MOK_PULL_AHEAD", "-1"},
            {"MOK_PULL_AHEAD", "4x"}, {"MOK_PULL_GROUPS", "4"}, {"MOK_TASK_LAG", "65"}, {"MOK_WAIT_TIMEOUT_MS", "0"}, {"MOK_WAIT_TIMEOUT_MS", "nan"}}) {
     ScopedEnv bad(name, value);
     try {
