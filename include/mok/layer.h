@@ -98,7 +98,9 @@ struct ScheduleStats {
   // once their pulls were done (MOK_COMM_JOIN; the same for every rank of one launch).
   std::int64_t joined_comm_ctas = 0;
   // cuda backend: claims made on the forward's head-pull counter (MOK_HEAD_PULLS): the head's
-  // pulls plus each CTA's last claim, which found the head taken; 0 with head pulls off.
+  // pulls plus each CTA's one last claim, which found the head taken; 0 when the launch had
+  // no head (head pulls off, pair mode, or no pulls). One launch's count, the same for every
+  // rank of it.
   std::int64_t head_pull_claims = 0;
 };
 

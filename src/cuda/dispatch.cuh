@@ -1,7 +1,8 @@
-// mok: the communication role's dispatch mover. Pulls the rows of each row tile, in
-// schedule order, from the source ranks' x buffers (peer memory on real EP groups) into
-// the rank's ring buffer, zero-filling padding rows, then releases the tile's readiness
-// flag. A ring slot is reused only after every down tile of its previous occupant is done.
+// mok: the dispatch mover, run by the communication CTAs (and, for the head of the pull
+// list, by every CTA). Pulls the rows of each row tile, in schedule order, from the source
+// ranks' x buffers (peer memory on real EP groups) into the rank's ring buffer,
+// zero-filling padding rows, then releases the tile's readiness flag. A ring slot is reused
+// only after every down tile of its previous occupant is done.
 #pragma once
 #include "cuda/forward_types.h"
 #include "cuda/sm90.cuh"
@@ -18,12 +19,14 @@ struct ParamsPhaseLimit {
 __device__ __forceinline__ ParamsPhaseLimit phase_limit(const ForwardParams& p) { return {p}; }
 
 // Rows move with bulk copies (global -> shared -> global, the TMA engine's work): one thread
-// per pull warp issues a whole row per instruction, so the bytes in flight (shared memory),
-// not the instruction rate, set the dispatch bandwidth. (Plain 16-byte loads and stores were
-// instruction-bound: ~22 GB/s per SM measured on the H200.)
-// A CTA pulls up to kMaxPullGroups row tiles at once, one per tile group of kPullWarps warps
-// (ForwardParams::pull_groups): while one group starts a tile (row addresses, the first
-// loads) or drains it (the last stores, the release), the others are in full flight.
+// per pull warp issues a whole row per instruction, not bound by the instruction rate.
+// (Plain 16-byte loads and stores were instruction-bound: ~22 GB/s per SM measured on the
+// H200. A CTA moves ~30 GB/s this way, and more bytes in flight did not raise it: DESIGN.md,
+// "not kept".)
+// Past the head, a communication CTA pulls up to kMaxPullGroups row tiles at once, one per
+// tile group of kPullWarps warps (ForwardParams::pull_groups): while one group starts a tile
+// (row addresses, the first loads) or drains it (the last stores, the release), the others
+// are in full flight. A head tile is pulled by all of the CTA's groups together.
 constexpr int kPullWarps = 4;       // copy pipelines per tile group (a tile's rows split 4 ways)
 constexpr int kMaxPullGroups = 3;   // tile groups per communication CTA: its 12 warps
 constexpr int kMaxPullSlots = 16;   // row buffers per pipeline (mbarriers)
@@ -161,7 +164,7 @@ __device__ void dispatch_role(const ForwardParams& p, std::uint8_t* smem_raw, bo
   auto ring_tile = [&](const RankPlan& plan, int tile) {
     return reinterpret_cast<std::uint8_t*>(plan.ring + static_cast<long long>(tile % p.ring_tiles) * kTileM * p.hidden);
   };
-  // Rows first, first + step, ... of pull `pull`'s tile by this warp's pipeline.
+  // Rows first, first + step, ... of the row tile by this warp's pipeline.
   auto pull_my_rows = [&](const RankPlan& plan, int tile, int first, int step) {
     stage_sources(p, plan.rows + static_cast<long long>(tile) * kTileM, first, step, s_sources[warp]);
     if (lane == 0) {

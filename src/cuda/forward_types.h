@@ -122,7 +122,7 @@ struct ForwardParams {
   int* task_counter;                       // next compute task to claim (zeroed per forward)
   int ring_wraps;                          // ring_tiles < capacity tiles: pulls wait for free slots
   int pull_ahead;                          // dispatch: loads ahead per pipeline (0: half its slots)
-  int pull_groups;                         // dispatch: row tiles each communication CTA pulls at once
+  int pull_groups;                         // dispatch: row tiles a communication CTA pulls at once past the head
   int pairs;                               // compute CTAs run task pairs as 2-CTA clusters (plan_order.h)
   int store_warp;                          // a warp of warpgroup 0 sends the staged tiles (megakernel.cuh)
   int comm_join;                           // communication CTAs become compute CTAs once their pulls are done

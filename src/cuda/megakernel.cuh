@@ -4,6 +4,8 @@
 //                              consume them with wgmma and run the tile epilogues, which
 //                              write SwiGLU rows and push result rows into the owners'
 //                              combine slots (tile_epilogue.cuh).
+// With head pulls (ForwardParams::head_pulls) every CTA first pulls tiles from the head of
+// the pull list, claimed from a counter, and only then takes its role (dispatch.cuh).
 // Both roles walk one task order built on the device (schedule.cuh: plan). A task only
 // waits for work earlier in that order, and a compute CTA claims a task only once it runs,
 // so the lowest unfinished item can always progress: no deadlock, whatever the routing.
@@ -537,7 +539,9 @@ __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const _
   }
   __syncthreads();
   if (pr.on) sm90::cluster_sync();  // the peer's barriers exist before anyone arrives on them
-  wait_previous_kernel();  // the schedule's rows, tasks and pulls (PDL: the set-up above overlapped it)
+  // The schedule's rows, tasks and pulls (PDL: the set-up above overlapped it, except in a
+  // CTA that waited already for its head pulls; a second wait returns at once).
+  wait_previous_kernel();
   const int num_tasks = *p.num_tasks;
   if (threadIdx.x < 128) {
     sm90::setmaxnreg_dec<40>();
