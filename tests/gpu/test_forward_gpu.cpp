@@ -32,6 +32,26 @@ LayerData make_data(const Problem& p, const std::string& routing, std::uint64_t 
   return make_layer_data(p, generate_routing(p, RoutingSpec::parse(routing), seed), seed, false, weights_rank);
 }
 
+// A run that only changes which CTA does what: y passes the reference check and is bit for
+// bit the first such run's y (an empty `first` takes this run's).
+void expect_close_and_same_bits(const GpuRun& gpu, const LayerData& ref, std::vector<std::uint16_t>& first,
+                                const std::string& what) {
+  expect_close(gpu.data, ref, Precision::bf16, what);
+  const auto y = global_y(gpu.data);
+  if (first.empty()) first = y;
+  expect_same_bits(y, first, what);
+}
+
+// The pull tests' config: 128-row minibatches, two communication CTAs (each with several
+// tiles in flight), and a ring of `macrobatch` rows (256: it wraps).
+Config pull_test_config(int macrobatch) {
+  Config c;
+  c.minibatch_rows = 128;
+  c.macrobatch_rows = macrobatch;
+  c.forward_comm_sms = 2;
+  return c;
+}
+
 // ---- schedule --------------------------------------------------------------------------
 
 struct ScheduleCase {
@@ -287,11 +307,7 @@ TEST(GpuTaskBands, EveryBandSizeMatchesReferenceBitwiseAlike) {
   for (int band : {1, 3, 8, 64}) {
     Config c;
     c.task_band_tiles = band;
-    const GpuRun gpu = run_gpu_all_ranks(host, c);
-    expect_close(gpu.data, ref, Precision::bf16, "band " + std::to_string(band));
-    const auto y = global_y(gpu.data);
-    if (first.empty()) first = y;
-    expect_same_bits(y, first, "band " + std::to_string(band));
+    expect_close_and_same_bits(run_gpu_all_ranks(host, c), ref, first, "band " + std::to_string(band));
   }
 }
 
@@ -423,20 +439,13 @@ TEST(GpuPullGroups, EveryGroupCountIsBitwiseAlikeWithAWrappingRing) {
   const Problem p = make_problem(16, 1024, 256, 4, {256}, 2, 1024);
   const LayerData host = make_data(p, "zipf:1.2");
   for (int macrobatch : {256, 1 << 20}) {
-    Config c;
-    c.minibatch_rows = 128;
-    c.macrobatch_rows = macrobatch;
-    c.forward_comm_sms = 2;
+    const Config c = pull_test_config(macrobatch);
     const LayerData ref = run_reference(host, c);
     std::vector<std::uint16_t> first;
     for (const char* groups : {"1", "2", "3"}) {
       ScopedEnv env("MOK_PULL_GROUPS", groups);
       const std::string what = std::string("groups ") + groups + " macrobatch " + std::to_string(macrobatch);
-      const GpuRun gpu = run_gpu_all_ranks(host, c);
-      expect_close(gpu.data, ref, Precision::bf16, what);
-      const auto y = global_y(gpu.data);
-      if (first.empty()) first = y;
-      expect_same_bits(y, first, what);
+      expect_close_and_same_bits(run_gpu_all_ranks(host, c), ref, first, what);
     }
   }
 }
@@ -457,10 +466,7 @@ TEST(GpuHeadPulls, HeadPullsAreBitwiseAlikeWithAndWithoutThem) {
     const Problem p = make_problem(16, 1024, 256, 4, {256}, ranks, 1024);
     const LayerData host = make_data(p, "zipf:1.2");
     for (int macrobatch : {256, 1 << 20}) {
-      Config c;
-      c.minibatch_rows = 128;
-      c.macrobatch_rows = macrobatch;
-      c.forward_comm_sms = 2;
+      const Config c = pull_test_config(macrobatch);
       const LayerData ref = run_reference(host, c);
       std::vector<std::uint16_t> first;
       for (const char* head : {"1", "0"}) {
@@ -470,10 +476,7 @@ TEST(GpuHeadPulls, HeadPullsAreBitwiseAlikeWithAndWithoutThem) {
           const std::string what = "ranks " + std::to_string(ranks) + " head " + head + " join " + join +
                                    " macrobatch " + std::to_string(macrobatch);
           const GpuRun gpu = run_gpu_all_ranks(host, c, 2);
-          expect_close(gpu.data, ref, Precision::bf16, what);
-          const auto y = global_y(gpu.data);
-          if (first.empty()) first = y;
-          expect_same_bits(y, first, what);
+          expect_close_and_same_bits(gpu, ref, first, what);
           // The head path ran or not at all: its pulls (the first min(grid, ring tiles) of
           // all ranks' row tiles) plus exactly one last, empty claim per CTA of the grid.
           const std::int64_t claims = gpu.stats.at(0).head_pull_claims;
