@@ -661,18 +661,19 @@ class CudaBackend final : public BackendImpl {
     wait_for_stream("waiting for the schedule statistics");
     std::vector<ScheduleStats> out;
     const int E_loc = problem_.local_experts();
+    // The launch-wide counters, the same for every rank of the launch.
+    int joined = 0, head_claims = 0;
+    MOK_CUDA_CHECK(cudaMemcpy(&joined, launch_counter(kCommJoined), 4, cudaMemcpyDeviceToHost));
+    MOK_CUDA_CHECK(cudaMemcpy(&head_claims, launch_counter(kHeadCounter), 4, cudaMemcpyDeviceToHost));
     for (int d = 0; d < num_ranks_; ++d) {
       // The count kernel's totals (the offsets kernel lays the segments out from them and
       // checks them against the chunk counts: kScheduleMismatch), so the tests that compare
       // these with the CPU schedule check the totals the layout came from.
       std::vector<int> rows(E_loc);
-      int tiles = 0, half_tile_tasks = 0, joined = 0;
+      int tiles = 0, half_tile_tasks = 0;
       MOK_CUDA_CHECK(cudaMemcpy(rows.data(), plans_host_[d].expert_rows, rows.size() * sizeof(int), cudaMemcpyDeviceToHost));
       MOK_CUDA_CHECK(cudaMemcpy(&tiles, plans_host_[d].num_row_tiles, 4, cudaMemcpyDeviceToHost));
       MOK_CUDA_CHECK(cudaMemcpy(&half_tile_tasks, plans_host_[d].half_tile_tasks, 4, cudaMemcpyDeviceToHost));
-      MOK_CUDA_CHECK(cudaMemcpy(&joined, launch_counter(kCommJoined), 4, cudaMemcpyDeviceToHost));
-      int head_claims = 0;
-      MOK_CUDA_CHECK(cudaMemcpy(&head_claims, launch_counter(kHeadCounter), 4, cudaMemcpyDeviceToHost));
       ScheduleStats s;
       s.rows_per_local_expert.assign(rows.begin(), rows.end());
       for (auto n : s.rows_per_local_expert) s.real_rows += n;

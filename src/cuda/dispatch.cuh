@@ -131,9 +131,9 @@ __device__ __forceinline__ void pull_rows(const ForwardParams& p, PullPipeline& 
 // tiles land together, 30-35 us into the forward (a group moves ~15 GB/s), and every compute
 // CTA waits for them (Qwen3-30B: 2.9% of the megakernel's time in its producers' input
 // waits). All CTAs together land one tile each (132 on the H200) in about that time, ~31 us,
-// and the communication CTAs have that many tiles fewer to pull before they join the compute. (On by default only
-// without shared experts: with them the compute CTAs start on shared tiles meanwhile, and a
-// head only delays that; backend.cu: head_pulls_from_env.)
+// and the communication CTAs have that many tiles fewer to pull before they join the
+// compute. (On by default only without shared experts: with them the compute CTAs start on
+// shared tiles meanwhile, and a head only delays that; backend.cu: head_pulls_from_env.)
 __device__ void dispatch_role(const ForwardParams& p, std::uint8_t* smem_raw, bool communication) {
   __shared__ int s_ok[kMaxPullGroups];
   __shared__ int s_head;
