@@ -53,29 +53,47 @@ MOK_PLAN_HD int run_tasks(const PlanShape& p, int cols, int rows) {
   return p.pairs ? n + (n & 1) : n;
 }
 
-// Emits group g's tasks (task(kind, rank, shared, col, row_tile)) and pulls (pull(rank, row_tile)).
+// Emits group g's order as runs: run(kind, rank, shared, cols, lo, hi) stands for the tasks
+// (kind, rank, shared, n, t) for n in [0, cols), t in [lo, hi), n outer (column by column),
+// and in pair mode, when their count is odd, one more: (kind | kPhantom, rank, shared,
+// cols - 1, hi - 1); pulls(rank, lo, hi) stands for pulls (rank, t), t in [lo, hi). A run is
+// a closed-form range, so the device writes one with every lane of a warp at once.
+template <typename RowTiles, typename EmitRun, typename EmitPulls>
+MOK_PLAN_HD void plan_group_runs(const PlanShape& p, int g, RowTiles row_tiles, EmitRun run, EmitPulls pulls) {
+  auto band_run = [&](std::uint32_t kind, int d, int s, int cols, int band, int limit) {
+    const int lo = band * p.band, hi = plan_min(lo + p.band, limit);
+    if (hi > lo) run(kind, d, s, cols, lo, hi);
+  };
+  const int lagged = g - p.lag;
+  for (int d = 0; d < p.num_ranks; ++d) {
+    const int m = row_tiles(d);
+    for (int s = 0; s < p.num_shared; ++s) band_run(kSharedGateUp, d, s, p.shared_gateup_tiles[s], g, p.shared_tiles);
+    if (g * p.band < m) pulls(d, g * p.band, plan_min((g + 1) * p.band, m));
+    band_run(kRoutedGateUp, d, 0, p.gateup_tiles, g, m);
+    if (lagged >= 0) {
+      for (int s = 0; s < p.num_shared; ++s) band_run(kSharedDown, d, s, p.down_tiles, lagged, p.shared_tiles);
+      band_run(kRoutedDown, d, 0, p.down_tiles, lagged, m);
+    }
+  }
+}
+
+// Group g's tasks (task(kind, rank, shared, col, row_tile)) and pulls (pull(rank, row_tile))
+// one by one: plan_group_runs expanded.
 // Pair mode: consecutive tasks 2i, 2i+1 of the list run together on a 2-CTA cluster; within a
 // band they are the same column of two row tiles (same weight tile when the rows are of one
 // expert: loaded once, multicast to both).
 template <typename RowTiles, typename EmitTask, typename EmitPull>
 MOK_PLAN_HD void plan_group(const PlanShape& p, int g, RowTiles row_tiles, EmitTask task, EmitPull pull) {
-  auto band_tasks = [&](std::uint32_t kind, int d, int s, int cols, int band, int limit) {
-    const int lo = band * p.band, hi = plan_min(lo + p.band, limit);
-    for (int n = 0; n < cols; ++n)
-      for (int t = lo; t < hi; ++t) task(kind, d, s, n, t);
-    if (p.pairs && hi > lo && ((cols * (hi - lo)) & 1)) task(kind | kPhantom, d, s, cols - 1, hi - 1);
-  };
-  const int lagged = g - p.lag;
-  for (int d = 0; d < p.num_ranks; ++d) {
-    const int m = row_tiles(d);
-    for (int s = 0; s < p.num_shared; ++s) band_tasks(kSharedGateUp, d, s, p.shared_gateup_tiles[s], g, p.shared_tiles);
-    for (int t = g * p.band; t < plan_min((g + 1) * p.band, m); ++t) pull(d, t);
-    band_tasks(kRoutedGateUp, d, 0, p.gateup_tiles, g, m);
-    if (lagged >= 0) {
-      for (int s = 0; s < p.num_shared; ++s) band_tasks(kSharedDown, d, s, p.down_tiles, lagged, p.shared_tiles);
-      band_tasks(kRoutedDown, d, 0, p.down_tiles, lagged, m);
-    }
-  }
+  plan_group_runs(
+      p, g, row_tiles,
+      [&](std::uint32_t kind, int d, int s, int cols, int lo, int hi) {
+        for (int n = 0; n < cols; ++n)
+          for (int t = lo; t < hi; ++t) task(kind, d, s, n, t);
+        if (p.pairs && ((cols * (hi - lo)) & 1)) task(kind | kPhantom, d, s, cols - 1, hi - 1);
+      },
+      [&](int d, int lo, int hi) {
+        for (int t = lo; t < hi; ++t) pull(d, t);
+      });
 }
 
 struct PlanCount {

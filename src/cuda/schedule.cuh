@@ -383,9 +383,11 @@ struct PlanParams {
 };
 
 // grid ceil(max_groups / kPlanGroupsPerBlock), 256 threads: one warp per group of the order
-// in plan_order.h, written at its closed-form offset. Every lane walks the group's order and
-// lane l stores its items l, l + 32, ..., so each warp store is 32 consecutive entries (with
-// a thread per group, each store instruction wrote 32 scattered lines).
+// in plan_order.h, written at its closed-form offset, run by run (plan_group_runs): lane l
+// writes a run's items l, l + 32, ..., so each warp store is 32 consecutive entries and a
+// group of ~600 tasks (the Qwen3.5 slice's band of 12 row tiles) takes ~20 steps per lane.
+// (Every lane walking every item of the group, storing its own, took ~30k cycles on the
+// slice: the scatter+plan kernel's long pole.)
 constexpr int kPlanGroupsPerBlock = 256 / 32;
 
 __device__ __forceinline__ void plan_block(const PlanParams& p, int block) {
@@ -402,16 +404,23 @@ __device__ __forceinline__ void plan_block(const PlanParams& p, int block) {
   const PlanCount before = plan_prefix(p.shape, g, row_tiles);
   Task* tasks = p.tasks + before.tasks;
   int2* pulls = p.pulls + before.pulls;
-  int task_index = 0, pull_index = 0;
-  plan_group(
+  plan_group_runs(
       p.shape, g, row_tiles,
-      [&](std::uint32_t kind, int d, int s, int n, int t) {
-        if (task_index % 32 == lane) tasks[task_index] = Task::make(kind, d, s, n, t);
-        ++task_index;
+      [&](std::uint32_t kind, int d, int s, int cols, int lo, int hi) {
+        const int rows = hi - lo, items = cols * rows;
+        for (int i = lane; i < items; i += 32) {
+          const int n = i / rows;
+          tasks[i] = Task::make(kind, d, s, n, lo + i - n * rows);
+        }
+        tasks += items;
+        if (p.shape.pairs && (items & 1)) {
+          if (lane == 0) *tasks = Task::make(kind | kPhantom, d, s, cols - 1, hi - 1);
+          ++tasks;
+        }
       },
-      [&](int d, int t) {
-        if (pull_index % 32 == lane) pulls[pull_index] = make_int2(d, t);
-        ++pull_index;
+      [&](int d, int lo, int hi) {
+        for (int t = lo + lane; t < hi; t += 32) pulls[t - lo] = make_int2(d, t);
+        pulls += hi - lo;
       });
 }
 
