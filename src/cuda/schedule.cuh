@@ -127,6 +127,39 @@ __device__ __forceinline__ void load_chunk(const ScheduleParams& p, const Stream
     if (c.begin + 32u * i + lane >= c.end) ids[i] = -1;
 }
 
+// A chunk whose ids all belong to one source rank (always when T*k is a multiple of the
+// chunk, as on every named shape): its rank's pointer is loaded once and lane `lane`'s
+// positions are slots slot0 + 32*i + lane, so no position needs a division and every load is
+// issued at once. (Warp-uniform; the general path is load_chunk.)
+struct OneSource {
+  int src = -1;    // the source rank, or -1 when the chunk spans two ranks
+  int slot0 = 0;   // the chunk's first slot t*k + j in that rank
+  unsigned size = 0;
+};
+
+__device__ __forceinline__ OneSource one_source(const ScheduleParams& p, const StreamChunk& c) {
+  const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
+  const unsigned src = c.begin / per;
+  OneSource o;
+  if ((c.end - 1) / per != src) return o;
+  o.src = static_cast<int>(src);
+  o.slot0 = static_cast<int>(c.begin - src * per);
+  o.size = c.end - c.begin;
+  return o;
+}
+
+// Lane `lane`'s values of `o`'s chunk from `source[o.src]` (`fill` past the chunk's end).
+template <int kPerLane, typename T>
+__device__ __forceinline__ void load_one_source(const T* const* source, const OneSource& o, int lane, T fill,
+                                                T (&out)[kPerLane]) {
+  const T* values = source[o.src] + o.slot0;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const unsigned at = 32u * i + lane;
+    out[i] = at < o.size ? values[at] : fill;
+  }
+}
+
 // A bad routing entry at stream position g (kept out of line: inlined at every check, the
 // error path multiplied the count kernel's code).
 __device__ __noinline__ void report_bad_entry(DeviceError* err, int code, int rank, unsigned g, int value) {
@@ -143,8 +176,8 @@ __device__ __noinline__ void report_bad_entry(DeviceError* err, int code, int ra
 // id, the kernel's code grew to 8.7k instructions, run once per warp, and the kernel ran
 // slower still.) The reported index is g = rank*T*k + slot (DeviceError's rule).
 template <int kIdsPerLane>
-__device__ __forceinline__ void validate_chunk(const ScheduleParams& p, const StreamChunk& c, int lane,
-                                               const int (&ids)[kIdsPerLane], int* staged) {
+__device__ __forceinline__ void validate_chunk(const ScheduleParams& p, const StreamChunk& c, const OneSource& o,
+                                               int lane, const int (&ids)[kIdsPerLane], int* staged) {
   constexpr int kChunk = 32 * kIdsPerLane;
   const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
   const int vfirst = p.validate_first_rank, vend = p.validate_first_rank + p.validate_ranks;
@@ -158,9 +191,9 @@ __device__ __forceinline__ void validate_chunk(const ScheduleParams& p, const St
   // The chunk's weights, all of them: in a group only the validated rank's are on this GPU
   // (the others' pointers are null), so a chunk that spans another rank takes the rolled
   // per-id path, which reads only validated positions.
-  if (first_src == last_src) {
+  if (o.src >= 0) {
     float weights[kIdsPerLane];
-    load_stream(p.router_weights, c, per, lane, weights);
+    load_one_source(p.router_weights, o, lane, 0.0f, weights);  // (one source: no division)
 #pragma unroll
     for (int i = 0; i < kIdsPerLane; ++i) staged_weight[32 * i + lane] = weights[i];
   } else {
@@ -206,6 +239,75 @@ __device__ __forceinline__ void validate_chunk(const ScheduleParams& p, const St
   }
 }
 
+// Validation of a one-source chunk of a validated rank, token by token (k <= kTokenMaxK):
+// the same checks and reports as validate_chunk. Each lane checks its own positions' ids for
+// range and weights for finiteness in registers, stages its ids, and then takes whole tokens
+// (their slots before the chunk staged too, so every read is shared memory). A token's ids go into
+// kWidth registers (kWidth >= k; the rest get distinct negative fillers that are never
+// reported) and are compared pairwise, unrolled: no per-position loop, branch or bound. (The
+// per-position rolled loop of validate_chunk was 70% of the count kernel's instructions on
+// the Qwen3.5 slice: ~140 per id.) The reported slot of a repeat is the token's first slot
+// that repeats an earlier one. `staged`: 2 * kChunk ints (the kChunk before the chunk's ids
+// hold the first token's earlier slots: k - 1 <= kChunk).
+constexpr int kTokenMaxK = 16;
+
+// The first `slots` ids of a token at `token` (stream position g0): its first slot that
+// repeats an earlier one is reported.
+template <int kWidth>
+__device__ __forceinline__ void check_token_repeats(const ScheduleParams& p, const int* token, int slots, int src,
+                                                    unsigned g0) {
+  int v[kWidth];
+#pragma unroll
+  for (int m = 0; m < kWidth; ++m) v[m] = m < slots ? token[m] : INT_MIN + m;
+  int repeat_slot = kWidth;
+#pragma unroll
+  for (int b = kWidth - 1; b >= 1; --b) {
+    bool repeat = false;
+#pragma unroll
+    for (int a = 0; a < b; ++a) repeat |= v[a] == v[b];
+    if (repeat && b < slots) repeat_slot = b;
+  }
+  if (repeat_slot < kWidth) report_bad_entry(p.error, kDuplicateExpert, src, g0 + repeat_slot, token[repeat_slot]);
+}
+
+template <int kIdsPerLane>
+__device__ __forceinline__ void validate_one_source(const ScheduleParams& p, const OneSource& o, int lane,
+                                                    const int (&ids)[kIdsPerLane], int* staged) {
+  constexpr int kChunk = 32 * kIdsPerLane;
+  const int k = p.top_k;
+  const unsigned first = static_cast<unsigned>(o.src) * p.tokens * k + o.slot0;  // the chunk's first g
+  float weights[kIdsPerLane];
+  load_one_source(p.router_weights, o, lane, 0.0f, weights);
+  int* chunk_ids = staged + kChunk;
+#pragma unroll
+  for (int i = 0; i < kIdsPerLane; ++i) {
+    const unsigned at = 32u * i + lane;
+    chunk_ids[at] = ids[i];
+    if (at < o.size) {
+      if (ids[i] < 0 || ids[i] >= p.num_experts) report_bad_entry(p.error, kExpertOutOfRange, o.src, first + at, ids[i]);
+      if (!isfinite(weights[i])) report_bad_entry(p.error, kNonFiniteWeight, o.src, first + at, 0);
+    }
+  }
+  // The first token's slots before the chunk (j0 of them).
+  const int j0 = o.slot0 % k;
+  const int* rank_ids = p.top_experts[o.src];
+  for (int m = lane; m < j0; m += 32) chunk_ids[m - j0] = rank_ids[o.slot0 - j0 + m];
+  __syncwarp();
+  // Every token with a slot in the chunk, up to the chunk's end: a token that goes on into
+  // the next chunk is checked here for the pairs in this chunk (the next chunk may take the
+  // per-position path, which compares only its own positions with their earlier slots).
+  const int end = o.slot0 + static_cast<int>(o.size);
+  const int t_first = o.slot0 / k, t_end = (end + k - 1) / k;
+  for (int t = t_first + lane; t < t_end; t += 32) {
+    const int base = t * k - o.slot0;  // >= -j0
+    const int slots = min(k, end - t * k);
+    if (k <= 8)
+      check_token_repeats<8>(p, chunk_ids + base, slots, o.src, first + base);
+    else
+      check_token_repeats<kTokenMaxK>(p, chunk_ids + base, slots, o.src, first + base);
+  }
+}
+
 // Dynamic shared memory of the count kernel per warp: the histogram (Q ints), then the staged
 // ids and weights.
 __host__ __device__ constexpr int count_warp_ints(int dest_experts, int chunk) { return dest_experts + 2 * chunk; }
@@ -228,8 +330,12 @@ __global__ void __launch_bounds__(kScheduleThreads, schedule_blocks_per_sm(kChun
   __syncwarp();
   if (chunk < p.chunks) {
     const StreamChunk c = stream_chunk<kChunk>(p, chunk);
+    const OneSource o = one_source(p, c);
     int ids[kChunk / 32];
-    load_chunk(p, c, lane, ids);
+    if (o.src >= 0)
+      load_one_source(p.top_experts, o, lane, -1, ids);
+    else
+      load_chunk(p, c, lane, ids);
 #pragma unroll
     for (int i = 0; i < kChunk / 32; ++i) {
       const int q = local_destination(p, ids[i]);
@@ -237,7 +343,12 @@ __global__ void __launch_bounds__(kScheduleThreads, schedule_blocks_per_sm(kChun
     }
     __syncwarp();
     for (int q = lane; q < Q; q += 32) p.plans[q / E].expert_counts[(q % E) * p.chunks + chunk] = hist[q];
-    validate_chunk(p, c, lane, ids, hist + Q);
+    // (Warp-uniform.) One source rank, validated here, small k: token by token.
+    if (o.src >= 0 && o.src >= p.validate_first_rank && o.src < p.validate_first_rank + p.validate_ranks &&
+        p.top_k <= kTokenMaxK)
+      validate_one_source(p, o, lane, ids, hist + Q);
+    else
+      validate_chunk(p, c, o, lane, ids, hist + Q);
   }
   __syncthreads();
   // The block's rows per expert: one global atomic per (block, expert with rows).
@@ -345,22 +456,32 @@ __device__ __forceinline__ void scatter_block(const ScheduleParams& p, int block
   const int chunk = block * kScheduleWarps + warp;
   if (chunk >= p.chunks) return;
   const int E = p.local_experts, Q = p.num_ranks * E;
+  const StreamChunk c = stream_chunk<kChunk>(p, chunk);
+  const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
+  const unsigned lanes_below = (1u << lane) - 1;
+  // The ids first, so that their loads and the offsets' are in flight together.
+  const OneSource o = one_source(p, c);
+  int ids[kChunk / 32];
+  if (o.src >= 0)
+    load_one_source(p.top_experts, o, lane, -1, ids);
+  else
+    load_chunk(p, c, lane, ids);
   int* next_row = next_all + warp * Q;
   for (int q = lane; q < Q; q += 32) {
     const RankPlan& plan = p.plans[q / E];
     next_row[q] = *plan.num_row_tiles > 0 ? plan.expert_offsets[(q % E) * p.chunks + chunk] : kNoRows;
   }
   __syncwarp();
-  const StreamChunk c = stream_chunk<kChunk>(p, chunk);
-  const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
-  const unsigned lanes_below = (1u << lane) - 1;
-  int ids[kChunk / 32];
-  load_chunk(p, c, lane, ids);
 #pragma unroll
   for (int i = 0; i < kChunk / 32; ++i) {
-    const unsigned g = c.begin + 32u * i + lane;
     const int q = local_destination(p, ids[i]);
-    const StreamPos pos = stream_pos(g, per);
+    // Most steps of a slice's chunk hold no row of its experts (1 id in 64 on the Qwen3.5
+    // slice): they skip the match, a slow instruction (a match per 32 ids in the count
+    // kernel's validation made that kernel 1.7x slower).
+    if (__ballot_sync(0xffffffffu, q >= 0) == 0) continue;
+    // (One source: the slot without a division.)
+    const StreamPos pos = o.src >= 0 ? StreamPos{o.src, o.slot0 + 32 * i + lane}
+                                     : stream_pos(c.begin + 32u * i + lane, per);
     const unsigned peers = __match_any_sync(0xffffffffu, q);
     const int before = __popc(peers & lanes_below);
     if (q >= 0) {

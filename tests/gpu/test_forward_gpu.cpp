@@ -15,6 +15,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 
 #include "core/backend.h"
@@ -1013,6 +1014,10 @@ INSTANTIATE_TEST_SUITE_P(
                          "top_experts[rank 0][token 5]:", "appears twice (slot 4)"},
         RoutingErrorCase{"weight_across_chunks", make_problem(16, 256, 128, 6, {}, 1, 256), 0, 85, 5, true,
                          "router_weights[rank 0][token 85, slot 5]", "must be finite"},
+        // k = 3, T = 64: the second chunk (positions 128..255) spans both ranks; token 42 is
+        // positions 126..128, its repeat at 127 lies wholly before that chunk.
+        RoutingErrorCase{"duplicate_before_a_spanning_chunk", make_problem(16, 256, 128, 3, {}, 2, 64), 0, 42, 1,
+                         false, "top_experts[rank 0][token 42]:", "appears twice (slot 1)"},
         RoutingErrorCase{"duplicate_rank1", make_problem(16, 256, 128, 4, {}, 2, 128), 1, 7, 2, false,
                          "top_experts[rank 1][token 7]:", "appears twice (slot 2)"},
         RoutingErrorCase{"duplicate_k40", make_problem(64, 256, 128, 40, {}, 1, 64), 0, 2, 39, false,
@@ -1020,6 +1025,67 @@ INSTANTIATE_TEST_SUITE_P(
         RoutingErrorCase{"weight_k40", make_problem(64, 256, 128, 40, {}, 1, 64), 0, 9, 33, true,
                          "router_weights[rank 0][token 9, slot 33]", "must be finite"}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// Random single bad entries against the id validation, in chunks of one source rank and in
+// chunks spanning two, k chosen so that tokens straddle both the validation's 32-id steps
+// and the chunks (128 ids here), the bad entry anywhere in the batch. Each forward must name
+// exactly that entry and poison y; the seed is printed, so a failure reproduces.
+TEST(GpuRoutingErrorsRandom, EveryBadEntryIsNamedWhereverItSits) {
+  MOK_REQUIRE_GPU();
+  const std::uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (int k : {2, 5, 10, 15, 16, 17}) {
+    // Odd k at T = 64: T*k is not a multiple of the chunk, so some chunks span both ranks
+    // (the general path); even k at T = 256: every chunk lies in one rank.
+    const Problem p = make_problem(32, 256, 128, k, {}, 2, k % 2 == 1 ? 64 : 256);
+    const LayerData clean = make_data(p, "gaussian");
+    LayerOptions o;
+    o.backend = Backend::cuda;
+    Layer layer(p, Config{}, o);
+    for (int trial = 0; trial < 6; ++trial) {
+      LayerData host = clean;
+      const int rank = static_cast<int>(rng() % 2);
+      const int token = static_cast<int>(rng() % p.tokens_per_rank);
+      const int kind = static_cast<int>(rng() % 3);
+      int* ids = host.ranks[rank].top_experts.data<std::int32_t>() + static_cast<std::size_t>(token) * k;
+      std::string want;
+      if (kind == 0) {  // slot b repeats slot a < b
+        const int b = 1 + static_cast<int>(rng() % (k - 1));
+        const int a = static_cast<int>(rng() % b);
+        ids[b] = ids[a];
+        want = "top_experts[rank " + std::to_string(rank) + "][token " + std::to_string(token) + "]: expert " +
+               std::to_string(ids[a]) + " appears twice (slot " + std::to_string(b) + ")";
+      } else if (kind == 1) {  // an id out of range, just past either end or far
+        const int s = static_cast<int>(rng() % k);
+        const int values[] = {-1, p.num_experts, 1 << 20, std::numeric_limits<int>::min()};
+        ids[s] = values[rng() % 4];
+        want = "top_experts[rank " + std::to_string(rank) + "][token " + std::to_string(token) + ", slot " +
+               std::to_string(s) + "] = " + std::to_string(ids[s]);
+      } else {
+        const int s = static_cast<int>(rng() % k);
+        host.ranks[rank].router_weights.data<float>()[static_cast<std::size_t>(token) * k + s] =
+            std::numeric_limits<float>::quiet_NaN();
+        want = "router_weights[rank " + std::to_string(rank) + "][token " + std::to_string(token) + ", slot " +
+               std::to_string(s) + "]: must be finite";
+      }
+      DeviceMirror mirror(host, 0);
+      layer.forward(mirror.forward_args());
+      try {
+        layer.synchronize();
+        ADD_FAILURE() << "k=" << k << ": no error for " << want;
+      } catch (const Error& e) {
+        EXPECT_THAT(e.what(), ::testing::HasSubstr(want)) << "k=" << k;
+      }
+      mirror.copy_outputs_to(host);
+      EXPECT_TRUE(std::isnan(num::bf16_to_float(host.ranks[rank].y.data<std::uint16_t>()[0]))) << "k=" << k;
+    }
+    // And clean ids pass (no repeat found where there is none).
+    DeviceMirror mirror(clean, 0);
+    layer.forward(mirror.forward_args());
+    EXPECT_NO_THROW(layer.synchronize()) << "k=" << k;
+  }
+}
 
 // A phase wait inside a CTA whose arrival never comes (MOK_TEST_FAULT: the store warp drops
 // one) must end in a clear error naming the wait, not a hang. The trap that ends the kernel
