@@ -293,6 +293,7 @@ __device__ __forceinline__ void validate_one_source(const ScheduleParams& p, con
   const int* rank_ids = p.top_experts[o.src];
   for (int m = lane; m < j0; m += 32) chunk_ids[m - j0] = rank_ids[o.slot0 - j0 + m];
   __syncwarp();
+  if (k == 1) return;  // (no repeats)
   // Every token with a slot in the chunk, up to the chunk's end: a token that goes on into
   // the next chunk is checked here for the pairs in this chunk (the next chunk may take the
   // per-position path, which compares only its own positions with their earlier slots).
@@ -301,7 +302,9 @@ __device__ __forceinline__ void validate_one_source(const ScheduleParams& p, con
   for (int t = t_first + lane; t < t_end; t += 32) {
     const int base = t * k - o.slot0;  // >= -j0
     const int slots = min(k, end - t * k);
-    if (k <= 8)
+    if (k <= 4)
+      check_token_repeats<4>(p, chunk_ids + base, slots, o.src, first + base);
+    else if (k <= 8)
       check_token_repeats<8>(p, chunk_ids + base, slots, o.src, first + base);
     else
       check_token_repeats<kTokenMaxK>(p, chunk_ids + base, slots, o.src, first + base);

@@ -1035,10 +1035,10 @@ TEST(GpuRoutingErrorsRandom, EveryBadEntryIsNamedWhereverItSits) {
   const std::uint64_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  for (int k : {2, 5, 10, 15, 16, 17}) {
+  for (int k : {1, 2, 5, 7, 10, 15, 16, 17}) {
     // Odd k at T = 64: T*k is not a multiple of the chunk, so some chunks span both ranks
-    // (the general path); even k at T = 256: every chunk lies in one rank.
-    const Problem p = make_problem(32, 256, 128, k, {}, 2, k % 2 == 1 ? 64 : 256);
+    // (the general path); k = 1 and even k at T = 256: every chunk lies in one rank.
+    const Problem p = make_problem(32, 256, 128, k, {}, 2, k % 2 == 1 && k > 1 ? 64 : 256);
     const LayerData clean = make_data(p, "gaussian");
     LayerOptions o;
     o.backend = Backend::cuda;
@@ -1047,7 +1047,8 @@ TEST(GpuRoutingErrorsRandom, EveryBadEntryIsNamedWhereverItSits) {
       LayerData host = clean;
       const int rank = static_cast<int>(rng() % 2);
       const int token = static_cast<int>(rng() % p.tokens_per_rank);
-      const int kind = static_cast<int>(rng() % 3);
+      // 0: a repeat (k >= 2), 1: an id out of range, 2: a non-finite weight.
+      const int kind = k == 1 ? 1 + static_cast<int>(rng() % 2) : static_cast<int>(rng() % 3);
       int* ids = host.ranks[rank].top_experts.data<std::int32_t>() + static_cast<std::size_t>(token) * k;
       std::string want;
       if (kind == 0) {  // slot b repeats slot a < b
