@@ -115,22 +115,10 @@ __device__ __forceinline__ void load_stream(const T* const* source, const Stream
   }
 }
 
-// Lane `lane`'s expert ids of its warp's chunk (stream positions begin + 32*i + lane; -1 past
-// the end).
-template <int kIdsPerLane>
-__device__ __forceinline__ void load_chunk(const ScheduleParams& p, const StreamChunk& c, int lane,
-                                           int (&ids)[kIdsPerLane]) {
-  const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
-  load_stream(p.top_experts, c, per, lane, ids);
-#pragma unroll
-  for (int i = 0; i < kIdsPerLane; ++i)
-    if (c.begin + 32u * i + lane >= c.end) ids[i] = -1;
-}
-
 // A chunk whose ids all belong to one source rank (always when T*k is a multiple of the
 // chunk, as on every named shape): its rank's pointer is loaded once and lane `lane`'s
 // positions are slots slot0 + 32*i + lane, so no position needs a division and every load is
-// issued at once. (Warp-uniform; the general path is load_chunk.)
+// issued at once. (Warp-uniform; load_chunk takes the general path otherwise.)
 struct OneSource {
   int src = -1;    // the source rank, or -1 when the chunk spans two ranks
   int slot0 = 0;   // the chunk's first slot t*k + j in that rank
@@ -158,6 +146,22 @@ __device__ __forceinline__ void load_one_source(const T* const* source, const On
     const unsigned at = 32u * i + lane;
     out[i] = at < o.size ? values[at] : fill;
   }
+}
+
+// Lane `lane`'s expert ids of its warp's chunk (stream positions begin + 32*i + lane; -1 past
+// the end): through the one rank pointer when the chunk is `o`'s, else position by position.
+template <int kIdsPerLane>
+__device__ __forceinline__ void load_chunk(const ScheduleParams& p, const StreamChunk& c, const OneSource& o,
+                                           int lane, int (&ids)[kIdsPerLane]) {
+  if (o.src >= 0) {
+    load_one_source(p.top_experts, o, lane, -1, ids);
+    return;
+  }
+  const unsigned per = static_cast<unsigned>(p.tokens) * p.top_k;
+  load_stream(p.top_experts, c, per, lane, ids);
+#pragma unroll
+  for (int i = 0; i < kIdsPerLane; ++i)
+    if (c.begin + 32u * i + lane >= c.end) ids[i] = -1;
 }
 
 // A bad routing entry at stream position g (kept out of line: inlined at every check, the
@@ -335,10 +339,7 @@ __global__ void __launch_bounds__(kScheduleThreads, schedule_blocks_per_sm(kChun
     const StreamChunk c = stream_chunk<kChunk>(p, chunk);
     const OneSource o = one_source(p, c);
     int ids[kChunk / 32];
-    if (o.src >= 0)
-      load_one_source(p.top_experts, o, lane, -1, ids);
-    else
-      load_chunk(p, c, lane, ids);
+    load_chunk(p, c, o, lane, ids);
 #pragma unroll
     for (int i = 0; i < kChunk / 32; ++i) {
       const int q = local_destination(p, ids[i]);
@@ -465,10 +466,7 @@ __device__ __forceinline__ void scatter_block(const ScheduleParams& p, int block
   // The ids first, so that their loads and the offsets' are in flight together.
   const OneSource o = one_source(p, c);
   int ids[kChunk / 32];
-  if (o.src >= 0)
-    load_one_source(p.top_experts, o, lane, -1, ids);
-  else
-    load_chunk(p, c, lane, ids);
+  load_chunk(p, c, o, lane, ids);
   int* next_row = next_all + warp * Q;
   for (int q = lane; q < Q; q += 32) {
     const RankPlan& plan = p.plans[q / E];
