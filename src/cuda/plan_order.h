@@ -53,6 +53,20 @@ MOK_PLAN_HD int run_tasks(const PlanShape& p, int cols, int rows) {
   return p.pairs ? n + (n & 1) : n;
 }
 
+// Item i of the run (kind, rank d, shared s, cols, [lo, hi)), 0 <= i < run_tasks(p, cols,
+// hi - lo), to task(kind, d, s, col, row_tile): column by column, and the phantom last (the
+// rule plan_group_runs states).
+template <typename EmitTask>
+MOK_PLAN_HD void run_item(std::uint32_t kind, int d, int s, int cols, int lo, int hi, int i, EmitTask task) {
+  const int rows = hi - lo;
+  if (i == cols * rows) {
+    task(kind | kPhantom, d, s, cols - 1, hi - 1);
+    return;
+  }
+  const int n = i / rows;
+  task(kind, d, s, n, lo + i - n * rows);
+}
+
 // Emits group g's order as runs: run(kind, rank, shared, cols, lo, hi) stands for the tasks
 // (kind, rank, shared, n, t) for n in [0, cols), t in [lo, hi), n outer (column by column),
 // and in pair mode, when their count is odd, one more: (kind | kPhantom, rank, shared,
@@ -87,9 +101,8 @@ MOK_PLAN_HD void plan_group(const PlanShape& p, int g, RowTiles row_tiles, EmitT
   plan_group_runs(
       p, g, row_tiles,
       [&](std::uint32_t kind, int d, int s, int cols, int lo, int hi) {
-        for (int n = 0; n < cols; ++n)
-          for (int t = lo; t < hi; ++t) task(kind, d, s, n, t);
-        if (p.pairs && ((cols * (hi - lo)) & 1)) task(kind | kPhantom, d, s, cols - 1, hi - 1);
+        const int items = run_tasks(p, cols, hi - lo);
+        for (int i = 0; i < items; ++i) run_item(kind, d, s, cols, lo, hi, i, task);
       },
       [&](int d, int lo, int hi) {
         for (int t = lo; t < hi; ++t) pull(d, t);

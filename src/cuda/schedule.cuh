@@ -529,16 +529,12 @@ __device__ __forceinline__ void plan_block(const PlanParams& p, int block) {
   plan_group_runs(
       p.shape, g, row_tiles,
       [&](std::uint32_t kind, int d, int s, int cols, int lo, int hi) {
-        const int rows = hi - lo, items = cols * rows;
-        for (int i = lane; i < items; i += 32) {
-          const int n = i / rows;
-          tasks[i] = Task::make(kind, d, s, n, lo + i - n * rows);
-        }
+        const int items = run_tasks(p.shape, cols, hi - lo);
+        for (int i = lane; i < items; i += 32)
+          run_item(kind, d, s, cols, lo, hi, i, [&](std::uint32_t k, int rank, int sh, int n, int t) {
+            tasks[i] = Task::make(k, rank, sh, n, t);
+          });
         tasks += items;
-        if (p.shape.pairs && (items & 1)) {
-          if (lane == 0) *tasks = Task::make(kind | kPhantom, d, s, cols - 1, hi - 1);
-          ++tasks;
-        }
       },
       [&](int d, int lo, int hi) {
         for (int t = lo + lane; t < hi; t += 32) pulls[t - lo] = make_int2(d, t);
