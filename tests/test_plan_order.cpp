@@ -232,6 +232,29 @@ TEST(PlanOrder, DefaultBandFollowsWhetherAnExpertsWeightsStayInL2) {
   EXPECT_EQ(default_band_tiles(true, expert_gateup_bytes(7168, 3072), l2), 8);
 }
 
+// Head pulls by default: one per CTA that finds no shared gate/up tile in group 0, at most
+// one per CTA, none past the ring. The shapes of the H200 sweep (132 CTAs, band 12).
+TEST(PlanOrder, DefaultHeadPullsLeaveTheFirstSharedTilesToTheRest) {
+  auto shape = [](int shared_tiles, std::vector<int> shared_cols, int ranks) {
+    PlanShape p{};
+    p.num_ranks = ranks;
+    p.num_shared = static_cast<int>(shared_cols.size());
+    p.shared_tiles = shared_cols.empty() ? 0 : shared_tiles;
+    for (std::size_t s = 0; s < shared_cols.size(); ++s) p.shared_gateup_tiles[s] = shared_cols[s];
+    p.band = 12;
+    return p;
+  };
+  EXPECT_EQ(default_head_pulls(shape(0, {}, 1), 132, 1000), 132);        // no shared expert: every CTA
+  EXPECT_EQ(default_head_pulls(shape(0, {}, 1), 132, 40), 40);           // never past the ring
+  EXPECT_EQ(default_head_pulls(shape(4, {8}, 1), 132, 1000), 100);       // Qwen3.5 slice, T=512
+  EXPECT_EQ(default_head_pulls(shape(8, {8}, 1), 132, 1000), 68);        // T=1024
+  EXPECT_EQ(default_head_pulls(shape(16, {8}, 1), 132, 1000), 36);       // T=2048: a band of 12
+  EXPECT_EQ(default_head_pulls(shape(16, {24}, 1), 132, 1000), 0);       // DeepSeek-V4-Pro slice, T=2048
+  EXPECT_EQ(default_head_pulls(shape(4, {24}, 1), 132, 1000), 36);       // T=512
+  EXPECT_EQ(default_head_pulls(shape(4, {8, 2}, 1), 132, 1000), 92);     // two shared experts
+  EXPECT_EQ(default_head_pulls(shape(4, {8}, 2), 132, 1000), 68);        // two computed ranks
+}
+
 TEST(PlanOrder, BandsAreColumnMajorWithinTheBand) {
   PlanShape p{};
   p.num_ranks = 1;

@@ -182,13 +182,14 @@ bool half_tiles_from_env() { return switch_from_env("MOK_HALF_TILES", true); }
 // pair), so the SMs dispatch takes early compute the end of the layer.
 bool comm_join_from_env() { return switch_from_env("MOK_COMM_JOIN", true); }
 
-// Head pulls (dispatch_role says what): MOK_HEAD_PULLS=1 on, =0 off (only the communication
-// CTAs pull rows, the earlier design); unset: on when the layer has no shared expert. With
-// one, the compute CTAs start on the shared experts' tiles (first in every band) while the
-// first pulls land, and a head only delays them. Measured on the H200 (forward ms, main vs
-// head pulls, alternating, b5661bf): Qwen3-30B 2.597-2.604 vs 2.584-2.587, gpt-oss-20b
-// 1.702/1.704 vs 1.670/1.672; with shared experts, Qwen3.5 slice 1.107/1.110 vs 1.112/1.114,
-// DeepSeek-V4-Pro slice 3.258/3.264 vs 3.281/3.283.
+// Head pulls (dispatch_role says what): MOK_HEAD_PULLS=1 on for every CTA, =0 off (only the
+// communication CTAs pull rows, the earlier design); unset: default_head_pulls (plan_order.h),
+// one per CTA that has no shared-expert tile to start on (every CTA without shared experts).
+// Measured on the H200 (forward ms, none vs every CTA, alternating, b5661bf): Qwen3-30B
+// 2.597-2.604 vs 2.584-2.587, gpt-oss-20b 1.702/1.704 vs 1.670/1.672; with shared experts,
+// where the compute CTAs start on the shared tiles while the first pulls land and a head on
+// every CTA only delays them, Qwen3.5 slice 1.107/1.110 vs 1.112/1.114, DeepSeek-V4-Pro slice
+// 3.258/3.264 vs 3.281/3.283.
 int head_pulls_from_env() {
   const char* env = std::getenv("MOK_HEAD_PULLS");
   if (env == nullptr || *env == '\0') return -1;
@@ -229,6 +230,10 @@ int tuning_integer_from_env(const char* name, int hi) {
 
 // Dispatch loads each pull pipeline keeps ahead of its stores (tuning; 0 = the default).
 int pull_ahead_from_env() { return tuning_integer_from_env("MOK_PULL_AHEAD", kMaxPullSlots); }
+
+// MOK_HEAD_PULL_TILES=N (tuning): exactly min(N, grid, ring tiles) head pulls, whatever
+// MOK_HEAD_PULLS and the default rule say; 0 or unset: not used.
+int head_pull_tiles_from_env() { return tuning_integer_from_env("MOK_HEAD_PULL_TILES", 1 << 20); }
 
 // Groups a band's down tiles come after its gate/up tiles (tuning; 0 = the default from
 // choose_band_and_lag). A wrapping ring still needs ring / band > lag: refused otherwise.
@@ -620,8 +625,11 @@ class CudaBackend final : public BackendImpl {
     fp.comm_joined = launch_counter(kCommJoined);
     // Head pulls only where none can wait for a ring slot (pull i's tile is at most i, so
     // i < ring_tiles never wraps) and outside pair mode (a pair starts in lockstep).
-    const bool head_pulls = head_pulls_env_ < 0 ? p.num_shared() == 0 : head_pulls_env_ == 1;
-    fp.head_pulls = head_pulls && !pairs_ ? std::min(grid_ctas_, ring_tiles_) : 0;
+    fp.head_pulls = pairs_                     ? 0
+                    : head_pull_tiles_env_ > 0 ? std::min({head_pull_tiles_env_, grid_ctas_, ring_tiles_})
+                    : head_pulls_env_ == 1     ? std::min(grid_ctas_, ring_tiles_)
+                    : head_pulls_env_ == 0     ? 0
+                                               : default_head_pulls(plan_shape_, grid_ctas_, ring_tiles_);
     fp.head_counter = launch_counter(kHeadCounter);
     fp.ring_wraps = ring_tiles_ < cap_tiles_ ? 1 : 0;
     fp.pull_ahead = pull_ahead_;
@@ -1048,6 +1056,7 @@ class CudaBackend final : public BackendImpl {
   bool half_tiles_ = half_tiles_from_env();
   bool comm_join_ = comm_join_from_env();
   int head_pulls_env_ = head_pulls_from_env();  // -1: unset (the default rule), 0 off, 1 on
+  int head_pull_tiles_env_ = head_pull_tiles_from_env();  // > 0: that many head pulls (tuning)
   bool cooperative_ = cooperative_from_env();
   int test_fault_ = test_fault_from_env();
   std::uint64_t timeout_ns_ = wait_timeout_ns();

@@ -132,8 +132,9 @@ __device__ __forceinline__ void pull_rows(const ForwardParams& p, PullPipeline& 
 // CTA waits for them (Qwen3-30B: 2.9% of the megakernel's time in its producers' input
 // waits). All CTAs together land one tile each (132 on the H200) in about that time, ~31 us,
 // and the communication CTAs have that many tiles fewer to pull before they join the
-// compute. (On by default only without shared experts: with them the compute CTAs start on
-// shared tiles meanwhile, and a head only delays that; backend.cu: head_pulls_from_env.)
+// compute. (With shared experts the compute CTAs start on shared tiles meanwhile, and a head
+// only delays those: by default there are as many head pulls as CTAs that find no shared
+// gate/up tile in the first group, plan_order.h: default_head_pulls.)
 __device__ void dispatch_role(const ForwardParams& p, std::uint8_t* smem_raw, bool communication) {
   __shared__ int s_ok[kMaxPullGroups];
   __shared__ int s_head;

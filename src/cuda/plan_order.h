@@ -169,6 +169,25 @@ inline int default_band_tiles(bool pairs, long long gateup_bytes, long long l2_b
   return 4 * gateup_bytes <= l2_bytes ? 4 : 12;
 }
 
+// Head pulls when Config leaves them to the library (dispatch_role says what they are): as
+// many as there are CTAs that find no shared-expert gate/up tile to start on in the first
+// group; they would otherwise wait for the communication CTAs' first row tiles, each pulled
+// by one tile group at about half a CTA's rate. Without shared experts that is every CTA. At
+// most one per CTA and none beyond the ring (a head pull never waits for a ring slot). Measured
+// on the H200 (forward ms, no head pulls / 16 / 32 / 64 / 132, 2026-12-03): Qwen3.5 slice
+// T=512 0.324-0.326 / 0.324-0.327 / 0.324-0.325 / 0.317-0.323 / 0.318-0.320, T=1024
+// 0.576-0.577 / .573-.574 / .569-.570 / .565-.571 / .563-.569, T=2048 1.067-1.070 /
+// 1.069-1.070 / 1.066 / 1.068-1.069 / 1.082-1.084; DeepSeek-V4-Pro slice T=512 0.976-0.977 /
+// .966-.967 / .952-.961 / .960-.961 / .951-.961, T=2048 3.166-3.168 / 3.172 / 3.172-3.173 /
+// 3.178-3.180 / 3.185-3.189; Kimi-K2.7 slice T=512 0.784-0.800 / .782-.784 / .765-.771 /
+// .769-.772 / .770-.771. (This rule gives 41 (every pull), 68, 36, 36, 0 and 68 of them.)
+inline int default_head_pulls(const PlanShape& p, int grid_ctas, int ring_tiles) {
+  int shared_first = 0;  // the shared experts' gate/up tasks of group 0, every computed rank's
+  for (int s = 0; s < p.num_shared; ++s)
+    shared_first += p.num_ranks * std::min(p.band, p.shared_tiles) * p.shared_gateup_tiles[s];
+  return std::clamp(grid_ctas - shared_first, 0, std::min(grid_ctas, ring_tiles));
+}
+
 // The wrapping ring's rule (see the top of this file): a pull that waits for the down tiles
 // of the tile one ring earlier finds them in an earlier group only if ring / band > lag.
 inline bool ring_allows_lag(int band, int lag, int ring_tiles, bool ring_wraps) {

@@ -20,6 +20,7 @@
 
 #include "core/backend.h"
 #include "core/rng.h"
+#include "cuda/plan_order.h"
 #include "gpu/gpu_util.h"
 #include "numerics/numerics.h"
 #include "reference/reference.h"
@@ -451,8 +452,8 @@ TEST(GpuPullGroups, EveryGroupCountIsBitwiseAlikeWithAWrappingRing) {
   }
 }
 
-// Head pulls (forced on here: the problem has a shared expert, where the default is off):
-// every CTA, compute CTAs included, first pulls tiles from the head of the pull list
+// Head pulls (forced on for every CTA here: the problem has a shared expert, where the
+// default has fewer): CTAs, compute CTAs included, first pull tiles from the head of the pull list
 // (claimed from a counter) before its own role. Which CTA moves a tile never changes its
 // bytes: y is bit for bit the same with MOK_HEAD_PULLS=0 (communication CTAs pull
 // everything), with and without a wrapping ring (there the head is the ring's tiles), with
@@ -496,20 +497,50 @@ TEST(GpuHeadPulls, HeadPullsAreBitwiseAlikeWithAndWithoutThem) {
   }
 }
 
-// The default (MOK_HEAD_PULLS unset): head pulls when the layer has no shared expert (the
-// first tasks then wait for pulled rows), none when it has (they start on shared tiles).
-TEST(GpuHeadPulls, DefaultIsOnWithoutSharedExpertsOnly) {
+// The default (MOK_HEAD_PULLS unset): one head pull per CTA that finds no shared-expert
+// gate/up tile in the first group (plan_order.h: default_head_pulls), so every CTA without
+// shared experts, fewer with them, none when the first group's shared tiles outnumber the
+// grid; MOK_HEAD_PULL_TILES=N asks for exactly N. The claim counter shows how many were
+// pulled (plus one last, empty claim per CTA when there were any), and y passes the
+// reference check either way.
+TEST(GpuHeadPulls, DefaultIsOnePerCtaWithoutASharedTileToStartOn) {
   MOK_REQUIRE_GPU();
   ScopedEnv unset("MOK_HEAD_PULLS", "");
-  for (const bool shared : {false, true}) {
-    const Problem p = make_problem(16, 1024, 256, 4, shared ? std::vector<int>{256} : std::vector<int>{}, 1, 1024);
+  int sms = 0, l2 = 0;  // the grid: one CTA per SM
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0), cudaSuccess);
+  struct Case {
+    std::vector<int> shared;
+    const char* tiles;  // MOK_HEAD_PULL_TILES
+  };
+  const int T = 512, H = 1024, I = 256;
+  for (const Case& c : std::vector<Case>{{{}, ""}, {{2048}, ""}, {{256}, ""}, {{8192}, ""}, {{8192}, "5"}}) {
+    ScopedEnv tiles("MOK_HEAD_PULL_TILES", c.tiles);
+    const Problem p = make_problem(16, H, I, 4, c.shared, 1, T);
     const LayerData host = make_data(p, "gaussian");
     const GpuRun gpu = run_gpu_all_ranks(host);
-    expect_close(gpu.data, run_reference(host), Precision::bf16, shared ? "shared" : "no shared");
-    if (shared) {
-      EXPECT_EQ(gpu.stats.at(0).head_pull_claims, 0);
-    } else {
-      EXPECT_GT(gpu.stats.at(0).head_pull_claims, std::int64_t{0});
+    const std::string what = "shared " + (c.shared.empty() ? std::string("none") : std::to_string(c.shared[0])) +
+                             " tiles '" + c.tiles + "'";
+    expect_close(gpu.data, run_reference(host), Precision::bf16, what);
+    // The rule, from the same inputs the layer has (no wrapping ring here: band as asked).
+    cuda::PlanShape shape{};
+    shape.num_ranks = 1;
+    shape.num_shared = static_cast<int>(c.shared.size());
+    shape.shared_tiles = c.shared.empty() ? 0 : T / 128;
+    for (std::size_t s = 0; s < c.shared.size(); ++s) shape.shared_gateup_tiles[s] = c.shared[s] / 128;
+    shape.band = cuda::default_band_tiles(false, cuda::expert_gateup_bytes(H, I), l2);
+    const std::int64_t ring_tiles = gpu.stats.at(0).capacity_rows / 128;
+    const std::int64_t head = *c.tiles ? std::min<std::int64_t>({std::atoi(c.tiles), sms, ring_tiles})
+                                       : cuda::default_head_pulls(shape, sms, static_cast<int>(ring_tiles));
+    const std::int64_t row_tiles = gpu.stats.at(0).padded_rows / 128;
+    const std::int64_t pulled = std::min(head, row_tiles);
+    EXPECT_EQ(gpu.stats.at(0).head_pull_claims, pulled > 0 ? pulled + sms : 0) << what << " head " << head;
+    if (c.shared.empty()) {
+      EXPECT_EQ(head, std::min<std::int64_t>(sms, ring_tiles)) << what;
+    } else if (c.shared[0] == 8192 && !*c.tiles) {
+      EXPECT_EQ(head, 0) << what;  // the first band's 4 x 64 shared tiles outnumber the grid
+    } else if (c.shared[0] == 2048) {
+      EXPECT_EQ(head, sms - 4 * 16) << what;
     }
   }
 }
@@ -945,7 +976,7 @@ TEST(GpuErrors, MalformedEnvironmentKnobIsAClearError) {
   o.backend = Backend::cuda;
   for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
            {"MOK_COOPERATIVE", "maybe"}, {"MOK_STORE_WARP", "yes"}, {"MOK_HALF_TILES", "2"}, {"MOK_COMM_JOIN", "2"}, {"MOK_HEAD_PULLS", "2"}, {"MOK_PULL_AHEAD", "-1"},
-           {"MOK_PULL_AHEAD", "4x"}, {"MOK_PULL_GROUPS", "4"}, {"MOK_TASK_LAG", "65"}, {"MOK_WAIT_TIMEOUT_MS", "0"}, {"MOK_WAIT_TIMEOUT_MS", "nan"}}) {
+           {"MOK_PULL_AHEAD", "4x"}, {"MOK_PULL_GROUPS", "4"}, {"MOK_TASK_LAG", "65"}, {"MOK_HEAD_PULL_TILES", "-3"}, {"MOK_WAIT_TIMEOUT_MS", "0"}, {"MOK_WAIT_TIMEOUT_MS", "nan"}}) {
     ScopedEnv bad(name, value);
     try {
       Layer layer(p, Config{}, o);
