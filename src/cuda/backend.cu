@@ -475,6 +475,13 @@ class CudaBackend final : public BackendImpl {
     for (int s = 0; s < p.num_shared(); ++s)
       plan_shape_.shared_gateup_tiles[s] = ceil_div(p.shared_intermediate[s], kGateUpCols);
     config_.task_band_tiles = band_;
+    // Head pulls only where none can wait for a ring slot (pull i's tile is at most i, so
+    // i < ring_tiles never wraps) and outside pair mode (a pair starts in lockstep).
+    head_pulls_ = pairs_                     ? 0
+                  : head_pull_tiles_env_ > 0 ? std::min({head_pull_tiles_env_, grid_ctas_, ring_tiles_})
+                  : head_pulls_env_ == 1     ? std::min(grid_ctas_, ring_tiles_)
+                  : head_pulls_env_ == 0     ? 0
+                                             : default_head_pulls(plan_shape_, grid_ctas_, ring_tiles_);
 
     allocate();
     // The limit belongs to the kernel, not to this Layer: set it to what any Layer may need, so
@@ -623,13 +630,7 @@ class CudaBackend final : public BackendImpl {
     fp.task_counter = launch_counter(kTaskCounter);
     fp.comm_started = launch_counter(kCommStarted);
     fp.comm_joined = launch_counter(kCommJoined);
-    // Head pulls only where none can wait for a ring slot (pull i's tile is at most i, so
-    // i < ring_tiles never wraps) and outside pair mode (a pair starts in lockstep).
-    fp.head_pulls = pairs_                     ? 0
-                    : head_pull_tiles_env_ > 0 ? std::min({head_pull_tiles_env_, grid_ctas_, ring_tiles_})
-                    : head_pulls_env_ == 1     ? std::min(grid_ctas_, ring_tiles_)
-                    : head_pulls_env_ == 0     ? 0
-                                               : default_head_pulls(plan_shape_, grid_ctas_, ring_tiles_);
+    fp.head_pulls = head_pulls_;
     fp.head_counter = launch_counter(kHeadCounter);
     fp.ring_wraps = ring_tiles_ < cap_tiles_ ? 1 : 0;
     fp.pull_ahead = pull_ahead_;
@@ -1057,6 +1058,7 @@ class CudaBackend final : public BackendImpl {
   bool comm_join_ = comm_join_from_env();
   int head_pulls_env_ = head_pulls_from_env();  // -1: unset (the default rule), 0 off, 1 on
   int head_pull_tiles_env_ = head_pull_tiles_from_env();  // > 0: that many head pulls (tuning)
+  int head_pulls_ = 0;  // head pulls per forward: fixed by the shape, the grid and the ring
   bool cooperative_ = cooperative_from_env();
   int test_fault_ = test_fault_from_env();
   std::uint64_t timeout_ns_ = wait_timeout_ns();
