@@ -78,6 +78,12 @@ __device__ __forceinline__ StreamPos stream_pos(unsigned g, unsigned per) {
   return {static_cast<int>(src), static_cast<int>(g - src * per)};
 }
 
+// Whether source rank `src`'s ids and weights are validated here (each rank validates its
+// own; a slice or virtual ranks: every rank's).
+__device__ __forceinline__ bool validates_rank(const ScheduleParams& p, int src) {
+  return src >= p.validate_first_rank && src < p.validate_first_rank + p.validate_ranks;
+}
+
 // Destination expert of expert id e, or -1 when another rank computes it (a bad id, out of
 // range, is never a destination: first_rank*E_loc + Q <= num_experts).
 __device__ __forceinline__ int local_destination(const ScheduleParams& p, int e) {
@@ -188,7 +194,7 @@ __device__ __forceinline__ void validate_chunk(const ScheduleParams& p, const St
   // Warp-uniform: the chunk's first and last source ranks.
   const int first_src = static_cast<int>(c.begin / per), last_src = static_cast<int>((c.end - 1) / per);
   if (last_src < vfirst || first_src >= vend) return;
-  auto validated = [&](unsigned g, StreamPos pos) { return g < c.end && pos.src >= vfirst && pos.src < vend; };
+  auto validated = [&](unsigned g, StreamPos pos) { return g < c.end && validates_rank(p, pos.src); };
   float* staged_weight = reinterpret_cast<float*>(staged + kChunk);
 #pragma unroll
   for (int i = 0; i < kIdsPerLane; ++i) staged[32 * i + lane] = ids[i];  // (first: frees ids' registers)
@@ -348,8 +354,7 @@ __global__ void __launch_bounds__(kScheduleThreads, schedule_blocks_per_sm(kChun
     __syncwarp();
     for (int q = lane; q < Q; q += 32) p.plans[q / E].expert_counts[(q % E) * p.chunks + chunk] = hist[q];
     // (Warp-uniform.) One source rank, validated here, small k: token by token.
-    if (o.src >= 0 && o.src >= p.validate_first_rank && o.src < p.validate_first_rank + p.validate_ranks &&
-        p.top_k <= kTokenMaxK)
+    if (o.src >= 0 && validates_rank(p, o.src) && p.top_k <= kTokenMaxK)
       validate_one_source(p, o, lane, ids, hist + Q);
     else
       validate_chunk(p, c, o, lane, ids, hist + Q);
