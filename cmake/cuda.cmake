@@ -15,3 +15,11 @@ target_compile_options(mok_core PRIVATE
 set_target_properties(mok_core PROPERTIES CUDA_SEPARABLE_COMPILATION OFF POSITION_INDEPENDENT_CODE ON)
 target_link_libraries(mok_core PUBLIC CUDA::cudart_static ${CMAKE_DL_LIBS})
 target_compile_definitions(mok_core PUBLIC MOK_HAS_CUDA=1)
+
+# mok_pull_rate (bench/micro/pull_rate.cu): the dispatch mover's copy alone, by 1, 16 and
+# every SM, for the question of what bounds a communication CTA's rate. A benchmark, not a
+# test; it needs a GPU to run.
+add_executable(mok_pull_rate bench/micro/pull_rate.cu)
+target_include_directories(mok_pull_rate PRIVATE src include)
+target_compile_options(mok_pull_rate PRIVATE -gencode=arch=compute_90a,code=sm_90a -lineinfo -Xptxas=-v)
+target_link_libraries(mok_pull_rate PRIVATE CUDA::cudart_static ${CMAKE_DL_LIBS})
