@@ -12,9 +12,9 @@
 //   tstore : the bulk loads, and the pipeline's whole warp stores each landed row from
 //            shared memory with 16-byte stores (a slot is free once its warp has read it);
 //   ldst   : every thread copies 16 bytes at a time with ordinary loads and stores.
-// (Bulk copies with every slot but one loading, 5 or more loads in flight per issuing
-// thread, ended in "unspecified launch failure" in this benchmark on the H200, 2026-12-04,
-// not understood: left out. The megakernel's pipelines run with half their slots loading.)
+// (The issuing lane's warp-mates wait for it at the end rather than exit: with lanes 1-31
+// exited while lane 0 kept 5 or more bulk loads in flight, the launches ended in
+// "unspecified launch failure" on the H200, 2026-12-04; kept alive, every case runs.)
 // Each CTA copies `rows` rows; row r of CTA c comes from a pseudo-random source row, as
 // a dispatch's tokens do. Prints GB/s per CTA (bytes read, the median of `iters` launches,
 // CUDA events) and writes the table to --out as JSON when given.
@@ -131,51 +131,55 @@ __global__ void __launch_bounds__(kThreads, 1) pull_kernel(const Args a) {
     }
     return;
   }
-  if (lane != 0) return;
-  // Pipeline `warp` takes rows warp, warp + pipes, ... (dispatch.cuh splits a tile so).
-  const int n = (a.rows - warp + a.pipes - 1) / a.pipes;
-  const int S = a.slots, ahead = min(a.ahead, S - 1), pending = min(8, S - ahead);
-  auto row = [&](int i) { return warp + i * a.pipes; };
-  auto load = [&](int i) {
-    const int slot = i % S;
-    sm90::mbar_arrive_expect_tx(&full[slot], a.row_bytes);
-    sm90::bulk_load_g2s(slots + static_cast<std::size_t>(slot) * a.row_bytes,
-                        a.src + static_cast<std::size_t>(source_row(a, cta, row(i))) * a.row_bytes, a.row_bytes,
-                        &full[slot]);
-  };
-  if (a.mode == kStoreOnly) {
+  // Lane 0 issues; the other lanes wait for it at the end rather than exit (the header says why).
+  auto issue = [&] {
+    // Pipeline `warp` takes rows warp, warp + pipes, ... (dispatch.cuh splits a tile so).
+    const int n = (a.rows - warp + a.pipes - 1) / a.pipes;
+    const int S = a.slots, ahead = min(a.ahead, S - 1), pending = min(8, S - ahead);
+    auto row = [&](int i) { return warp + i * a.pipes; };
+    auto load = [&](int i) {
+      const int slot = i % S;
+      sm90::mbar_arrive_expect_tx(&full[slot], a.row_bytes);
+      sm90::bulk_load_g2s(slots + static_cast<std::size_t>(slot) * a.row_bytes,
+                          a.src + static_cast<std::size_t>(source_row(a, cta, row(i))) * a.row_bytes, a.row_bytes,
+                          &full[slot]);
+    };
+    if (a.mode == kStoreOnly) {
+      for (int i = 0; i < n; ++i) {
+        sm90::bulk_store_s2g(dst + static_cast<std::size_t>(row(i)) * a.row_bytes,
+                             slots + static_cast<std::size_t>(i % S) * a.row_bytes, a.row_bytes);
+        sm90::bulk_commit();
+        wait_read_but(pending);
+      }
+      sm90::bulk_wait_all();
+      return;
+    }
+    if (a.mode == kLoadOnly) {
+      // Keep S loads in flight: row i reuses slot i % S once row i - S has landed.
+      for (int i = 0; i < n; ++i) {
+        if (i >= S && !wait_full(&full[i % S], ((i - S) / S) & 1, a.error)) return;
+        load(i);
+      }
+      for (int i = max(0, n - S); i < n; ++i)
+        if (!wait_full(&full[i % S], (i / S) & 1, a.error)) return;
+      return;
+    }
+    for (int i = 0; i < min(ahead, n); ++i) load(i);
     for (int i = 0; i < n; ++i) {
+      if (!wait_full(&full[i % S], (i / S) & 1, a.error)) return;
       sm90::bulk_store_s2g(dst + static_cast<std::size_t>(row(i)) * a.row_bytes,
                            slots + static_cast<std::size_t>(i % S) * a.row_bytes, a.row_bytes);
       sm90::bulk_commit();
-      wait_read_but(pending);
+      const int j = i + ahead;
+      if (j < n) {
+        wait_read_but(pending);
+        load(j);
+      }
     }
     sm90::bulk_wait_all();
-    return;
-  }
-  if (a.mode == kLoadOnly) {
-    // Keep S loads in flight: row i reuses slot i % S once row i - S has landed.
-    for (int i = 0; i < n; ++i) {
-      if (i >= S && !wait_full(&full[i % S], ((i - S) / S) & 1, a.error)) return;
-      load(i);
-    }
-    for (int i = max(0, n - S); i < n; ++i)
-      if (!wait_full(&full[i % S], (i / S) & 1, a.error)) return;
-    return;
-  }
-  for (int i = 0; i < min(ahead, n); ++i) load(i);
-  for (int i = 0; i < n; ++i) {
-    if (!wait_full(&full[i % S], (i / S) & 1, a.error)) return;
-    sm90::bulk_store_s2g(dst + static_cast<std::size_t>(row(i)) * a.row_bytes,
-                         slots + static_cast<std::size_t>(i % S) * a.row_bytes, a.row_bytes);
-    sm90::bulk_commit();
-    const int j = i + ahead;
-    if (j < n) {
-      wait_read_but(pending);
-      load(j);
-    }
-  }
-  sm90::bulk_wait_all();
+  };
+  if (lane == 0) issue();
+  __syncwarp();
 }
 
 void check(cudaError_t e, const char* what) {
@@ -253,6 +257,7 @@ int main(int argc, char** argv) {
       const int s = slots_for(pipes);
       if (s < 2) continue;
       cases.push_back({"bulk", kBulk, grid, pipes, s, std::max(1, s / 2)});
+      if (s > 2) cases.push_back({"bulk", kBulk, grid, pipes, s, s - 1});
       cases.push_back({"tstore", kThreadStores, grid, pipes, s, std::max(1, s / 2)});
       if (s > 2) cases.push_back({"tstore", kThreadStores, grid, pipes, s, s - 1});
       cases.push_back({"load", kLoadOnly, grid, pipes, s, s});

@@ -174,7 +174,11 @@ __device__ void dispatch_role(const ForwardParams& p, std::uint8_t* smem_raw, bo
       fence_proxy_async_global();
       __threadfence();
     }
-    __syncwarp();  // s_sources[warp] is rewritten for the next tile only after lane 0 used it
+    // s_sources[warp] is rewritten for the next tile only after lane 0 used it. (The other
+    // lanes wait here, never exit while lane 0 has copies in flight: in mok_pull_rate, a warp
+    // whose lanes 1-31 had exited while lane 0 kept 5 or more bulk loads in flight ended in
+    // "unspecified launch failure" on the H200.)
+    __syncwarp();
   };
   if (head > 0) {
     // (A head pull never waits for a ring slot: pull i's tile is at most i < ring_tiles.)
