@@ -68,20 +68,6 @@ __device__ bool wait_full(std::uint64_t* bar, unsigned phase, int* error) {
   return true;
 }
 
-__device__ void wait_read_but(int pending) {
-  switch (pending) {
-    case 0: sm90::bulk_wait_read<0>(); break;
-    case 1: sm90::bulk_wait_read<1>(); break;
-    case 2: sm90::bulk_wait_read<2>(); break;
-    case 3: sm90::bulk_wait_read<3>(); break;
-    case 4: sm90::bulk_wait_read<4>(); break;
-    case 5: sm90::bulk_wait_read<5>(); break;
-    case 6: sm90::bulk_wait_read<6>(); break;
-    case 7: sm90::bulk_wait_read<7>(); break;
-    default: sm90::bulk_wait_read<8>(); break;
-  }
-}
-
 __global__ void __launch_bounds__(kThreads, 1) pull_kernel(const Args a) {
   extern __shared__ std::uint8_t smem_raw[];
   const int cta = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -108,22 +94,26 @@ __global__ void __launch_bounds__(kThreads, 1) pull_kernel(const Args a) {
   }
   __syncthreads();
   if (warp >= a.pipes) return;
+  // Pipeline `warp` takes rows warp, warp + pipes, ... (dispatch.cuh splits a tile so); row i
+  // of it lands in slot i % S.
+  const int n = (a.rows - warp + a.pipes - 1) / a.pipes;
+  const int S = a.slots, ahead = min(a.ahead, S - 1);
+  auto row = [&](int i) { return warp + i * a.pipes; };
+  auto slot_of = [&](int i) { return slots + static_cast<std::size_t>(i % S) * a.row_bytes; };
+  auto dst_of = [&](int i) { return dst + static_cast<std::size_t>(row(i)) * a.row_bytes; };
+  auto load = [&](int i) {
+    sm90::mbar_arrive_expect_tx(&full[i % S], a.row_bytes);
+    sm90::bulk_load_g2s(slot_of(i), a.src + static_cast<std::size_t>(source_row(a, cta, row(i))) * a.row_bytes,
+                        a.row_bytes, &full[i % S]);
+  };
   if (a.mode == kThreadStores) {
-    const int n = (a.rows - warp + a.pipes - 1) / a.pipes;
-    const int S = a.slots, ahead = min(a.ahead, S - 1), vectors = a.row_bytes / 16;
-    auto load = [&](int i) {
-      const int slot = i % S;
-      sm90::mbar_arrive_expect_tx(&full[slot], a.row_bytes);
-      sm90::bulk_load_g2s(slots + static_cast<std::size_t>(slot) * a.row_bytes,
-                          a.src + static_cast<std::size_t>(source_row(a, cta, warp + i * a.pipes)) * a.row_bytes,
-                          a.row_bytes, &full[slot]);
-    };
+    const int vectors = a.row_bytes / 16;
     if (lane == 0)
       for (int i = 0; i < min(ahead, n); ++i) load(i);
     for (int i = 0; i < n; ++i) {
       if (!wait_full(&full[i % S], (i / S) & 1, a.error)) return;
-      const int4* from = reinterpret_cast<const int4*>(slots + static_cast<std::size_t>(i % S) * a.row_bytes);
-      int4* to = reinterpret_cast<int4*>(dst + static_cast<std::size_t>(warp + i * a.pipes) * a.row_bytes);
+      const int4* from = reinterpret_cast<const int4*>(slot_of(i));
+      int4* to = reinterpret_cast<int4*>(dst_of(i));
 #pragma unroll 4
       for (int v = lane; v < vectors; v += 32) to[v] = from[v];
       __syncwarp();  // every lane has read the slot: row i + ahead may land in it
@@ -132,24 +122,13 @@ __global__ void __launch_bounds__(kThreads, 1) pull_kernel(const Args a) {
     return;
   }
   // Lane 0 issues; the other lanes wait for it at the end rather than exit (the header says why).
+  const int pending = min(8, S - ahead);  // bulk stores still reading their slots
   auto issue = [&] {
-    // Pipeline `warp` takes rows warp, warp + pipes, ... (dispatch.cuh splits a tile so).
-    const int n = (a.rows - warp + a.pipes - 1) / a.pipes;
-    const int S = a.slots, ahead = min(a.ahead, S - 1), pending = min(8, S - ahead);
-    auto row = [&](int i) { return warp + i * a.pipes; };
-    auto load = [&](int i) {
-      const int slot = i % S;
-      sm90::mbar_arrive_expect_tx(&full[slot], a.row_bytes);
-      sm90::bulk_load_g2s(slots + static_cast<std::size_t>(slot) * a.row_bytes,
-                          a.src + static_cast<std::size_t>(source_row(a, cta, row(i))) * a.row_bytes, a.row_bytes,
-                          &full[slot]);
-    };
     if (a.mode == kStoreOnly) {
       for (int i = 0; i < n; ++i) {
-        sm90::bulk_store_s2g(dst + static_cast<std::size_t>(row(i)) * a.row_bytes,
-                             slots + static_cast<std::size_t>(i % S) * a.row_bytes, a.row_bytes);
+        sm90::bulk_store_s2g(dst_of(i), slot_of(i), a.row_bytes);
         sm90::bulk_commit();
-        wait_read_but(pending);
+        sm90::bulk_wait_read_but(pending);
       }
       sm90::bulk_wait_all();
       return;
@@ -167,13 +146,11 @@ __global__ void __launch_bounds__(kThreads, 1) pull_kernel(const Args a) {
     for (int i = 0; i < min(ahead, n); ++i) load(i);
     for (int i = 0; i < n; ++i) {
       if (!wait_full(&full[i % S], (i / S) & 1, a.error)) return;
-      sm90::bulk_store_s2g(dst + static_cast<std::size_t>(row(i)) * a.row_bytes,
-                           slots + static_cast<std::size_t>(i % S) * a.row_bytes, a.row_bytes);
+      sm90::bulk_store_s2g(dst_of(i), slot_of(i), a.row_bytes);
       sm90::bulk_commit();
-      const int j = i + ahead;
-      if (j < n) {
-        wait_read_but(pending);
-        load(j);
+      if (i + ahead < n) {
+        sm90::bulk_wait_read_but(pending);
+        load(i + ahead);
       }
     }
     sm90::bulk_wait_all();

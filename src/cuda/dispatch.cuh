@@ -57,22 +57,6 @@ __device__ __forceinline__ const void* pull_source(const ForwardParams& p, const
                    : static_cast<const void*>(p.x_source[row.x] + static_cast<long long>(row.y / p.top_k) * p.hidden);
 }
 
-// Waits until all but the `pending` most recent bulk store groups have read shared memory
-// (the PTX takes the count as an immediate).
-__device__ __forceinline__ void bulk_wait_read_but(int pending) {
-  switch (pending) {
-#define MOK_WAIT_READ_CASE(n) \
-  case n:                     \
-    sm90::bulk_wait_read<n>(); \
-    break;
-    MOK_WAIT_READ_CASE(1) MOK_WAIT_READ_CASE(2) MOK_WAIT_READ_CASE(3) MOK_WAIT_READ_CASE(4)
-    MOK_WAIT_READ_CASE(5) MOK_WAIT_READ_CASE(6) MOK_WAIT_READ_CASE(7)
-#undef MOK_WAIT_READ_CASE
-    default:
-      sm90::bulk_wait_read<8>();
-  }
-}
-
 // The sources of rows first, first + step, ... (one per lane), staged in shared memory so
 // the issuing thread never waits on a dependent global load per row: serial address loads
 // (~1 us each) were what bounded dispatch at ~20 GB/s per SM on the H200.
@@ -114,7 +98,7 @@ __device__ __forceinline__ void pull_rows(const ForwardParams& p, PullPipeline& 
     // Row j reuses the slot of row j - S <= i - pending, whose store has then read it.
     const int j = i + ahead;
     if (j < n) {
-      bulk_wait_read_but(pending);
+      sm90::bulk_wait_read_but(pending);
       load(j);
     }
   }

@@ -144,6 +144,21 @@ template <int N>
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
 }
+// Waits until all but the `pending` (1..8; more waits as for 8) most recent bulk store
+// groups have read shared memory (the PTX takes the count as an immediate).
+__device__ __forceinline__ void bulk_wait_read_but(int pending) {
+  switch (pending) {
+#define MOK_WAIT_READ_CASE(n) \
+  case n:                     \
+    bulk_wait_read<n>();      \
+    break;
+    MOK_WAIT_READ_CASE(1) MOK_WAIT_READ_CASE(2) MOK_WAIT_READ_CASE(3) MOK_WAIT_READ_CASE(4)
+    MOK_WAIT_READ_CASE(5) MOK_WAIT_READ_CASE(6) MOK_WAIT_READ_CASE(7)
+#undef MOK_WAIT_READ_CASE
+    default:
+      bulk_wait_read<8>();
+  }
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 // Waits until this thread's bulk stores have finished reading shared memory.
 __device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
