@@ -62,8 +62,9 @@ std::string json_timing(const Timing& t) {
 // backend.cu), so a record says how it was made.
 std::string tuning_env_json() {
   std::string out;
-  for (const char* name : {"MOK_STORE_WARP", "MOK_HALF_TILES", "MOK_COMM_JOIN", "MOK_COOPERATIVE", "MOK_PULL_AHEAD", "MOK_PULL_GROUPS", "MOK_WAIT_TIMEOUT_MS",
-                           "MOK_TEST_FAULT"}) {
+  for (const char* name : {"MOK_STORE_WARP", "MOK_HALF_TILES", "MOK_COMM_JOIN", "MOK_COOPERATIVE", "MOK_PULL_AHEAD",
+                           "MOK_PULL_GROUPS", "MOK_HEAD_PULLS", "MOK_HEAD_PULL_TILES", "MOK_TASK_LAG",
+                           "MOK_WAIT_TIMEOUT_MS", "MOK_TEST_FAULT"}) {
     const char* v = std::getenv(name);
     if (v == nullptr) continue;
     std::string value;
