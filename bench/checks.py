@@ -82,3 +82,11 @@ def add_timing_options(ap):
     # records), ~0.1 s of work, while the power management was still settling.
     ap.add_argument("--ceiling-warmup", type=int, default=CEILING_WARMUP)
     ap.add_argument("--ceiling-iters", type=int, default=CEILING_ITERS)
+
+
+def timed_window(samples_ms, end_unix_s):
+    """[start, end] in Unix seconds of a timed loop read back at `end_unix_s` (the host clock
+    just after its closing synchronisation): its iterations ran back to back on the GPU, so it
+    began their summed time earlier. (Gaps between iterations, if any, put the true start a
+    little earlier still.) The clock samples of a record are taken inside this window."""
+    return [end_unix_s - sum(float(x) for x in samples_ms) / 1e3, end_unix_s]

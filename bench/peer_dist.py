@@ -25,6 +25,7 @@ tests, torch here), so the permutations are tested without GPUs.
 import argparse
 import os
 import sys
+import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -224,8 +225,11 @@ def main(argv=None):
                            "max_abs": max(s["max_abs"] for s in all_stats),
                            "rel": max(s["rel"] for s in all_stats), "ranks": all_stats, "tolerance": tol}
         if result["check"]["passes"]:
-            per_rank = gather_floats(time_rank(work.forward, args.warmup, args.iters), world)
+            mine = time_rank(work.forward, args.warmup, args.iters)
+            end = time.time()
+            per_rank = gather_floats(mine, world)
             result["forward"] = checks.summarize_ms(slowest_per_iteration(per_rank))
+            result["forward"]["window_unix_s"] = checks.timed_window(mine, end)
             result["ranks"] = [checks.summarize_ms(t) for t in per_rank]
         else:
             ok = False

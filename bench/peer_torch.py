@@ -21,6 +21,7 @@ import argparse
 import os
 import platform
 import sys
+import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -52,8 +53,12 @@ def event_times(fn, warmup, iters, before_timing=None):
 
 
 def time_cuda(fn, warmup, iters):
-    """Median, min and max of event_times (ms)."""
-    return checks.summarize_ms(event_times(fn, warmup, iters))
+    """Median, min and max of event_times (ms), and the timed loop's window in Unix seconds
+    (checks.timed_window: where the record looks for the GPU's clock during it)."""
+    ms = event_times(fn, warmup, iters)
+    t = checks.summarize_ms(ms)
+    t["window_unix_s"] = checks.timed_window(ms, time.time())
+    return t
 
 
 # ---- the pipeline (eager PyTorch, as users write it) ------------------------------------

@@ -11,6 +11,8 @@ import os
 import re
 import subprocess
 
+import gpu_clocks
+
 SCHEMA = 1
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(BENCH_DIR)
@@ -197,8 +199,36 @@ def merge_group(moks):
     return out
 
 
-def make_record(mok, peer, env):
-    """One benchmark record from mok.json, peer.json (may be None) and collect_env()."""
+CLOCKS_METHOD = ("nvidia-smi --query-gpu (clocks.sm, power.draw.instant, clock event reasons) every period_ms "
+                 "beside the timed programs; per timed loop the samples inside its window (the Unix times "
+                 "its program wrote: the end after the last synchronisation, minus the summed iteration times)")
+
+
+def clock_section(mok, peer, clocks, capability, sms, mok_performed_tflops, dense_tflops):
+    """The record's "clocks": per timed loop the SM clock and power sampled inside its window
+    (gpu_clocks.window_summary), and the tensor cores' dense bf16 peak at mok's clock. None
+    when the run did not sample (older drivers of run.py, --no-clocks)."""
+    if clocks is None:
+        return None
+    out = {"method": CLOCKS_METHOD, "period_ms": clocks.get("period_ms"), "gpus": clocks.get("gpus"),
+           "error": clocks.get("error")}
+    samples = clocks.get("samples") or []
+    gpus = set(clocks["gpus"]) if clocks.get("gpus") is not None else None
+    for name, window in gpu_clocks.timed_windows(mok, peer).items():
+        out[name] = gpu_clocks.window_summary(samples, window, gpus)
+    mok_mhz = (out.get("mok_forward") or {}).get("sm_mhz_median")
+    dense_mhz = (out.get("dense_bf16_ceiling") or {}).get("sm_mhz_median")
+    peak = gpu_clocks.tensor_peak_tflops(capability, sms, mok_mhz)
+    out["tensor_peak_bf16_tflops_at_mok_clock"] = peak
+    out["mok_forward_performed_of_tensor_peak"] = ratio(mok_performed_tflops, peak)
+    out["dense_bf16_of_tensor_peak_at_its_clock"] = ratio(
+        dense_tflops, gpu_clocks.tensor_peak_tflops(capability, sms, dense_mhz))
+    return out
+
+
+def make_record(mok, peer, env, clocks=None):
+    """One benchmark record from mok.json, peer.json (may be None), collect_env() and the
+    clock samples of the run (run.py: {"samples", "gpus", "period_ms", "error"}; may be None)."""
     problem = mok["problem"]
     rows = mok["rows"]
     n_rows = int(rows["real"])
@@ -242,15 +272,17 @@ def make_record(mok, peer, env):
     peer_incomplete = bool(peer) and (peer_check is None or bool(peer.get("errors")))
     peer_pass = None if not peer else False if peer_incomplete else bool(peer_check.get("passes"))
     commit = env["commit"]
+    mgpu = mok.get("gpu") or {}
+    capability = penv.get("capability") or mgpu.get("capability")
     return {
         "schema": SCHEMA,
         "date": env["date"],
         "commit": {"sha": commit["sha"], "short": commit["sha"][:7] if commit["sha"] != "unknown" else "unknown",
                    "dirty": commit.get("dirty"), "source": commit.get("source")},
-        "gpu": {"name": mok.get("gpu", {}).get("name"), "sms": mok.get("gpu", {}).get("sms"),
-                "driver": mok.get("gpu", {}).get("driver"), "cuda_runtime": mok.get("gpu", {}).get("cuda_runtime"),
+        "gpu": {"name": mgpu.get("name"), "sms": mgpu.get("sms"),
+                "driver": mgpu.get("driver"), "cuda_runtime": mgpu.get("cuda_runtime"),
                 "torch": penv.get("torch"), "torch_cuda": penv.get("torch_cuda"), "peer_gpu": penv.get("gpu"),
-                "capability": penv.get("capability")},
+                "capability": capability},
         "shape": mok["shape"],
         "ep_mode": mok["ep_mode"],
         "active_rank": mok.get("active_rank"),
@@ -295,6 +327,8 @@ def make_record(mok, peer, env):
                   "mok_link_gbps": gbps(link, ms(mok_fwd)),
                   # Bytes both ways over NCCL's all-to-all bus bandwidth one way, doubled.
                   "mok_link_of_nccl_all_to_all": ratio(gbps(link, ms(mok_fwd)), None if a2a is None else 2 * a2a)},
+        "clocks": clock_section(mok, peer, clocks, capability, mgpu.get("sms"),
+                                (mok_fwd or {}).get("tflops_performed"), dense),
         "check": {"mok": mok_pass, "pytorch": peer_pass,
                   "passes": bool(mok_pass) and (peer_pass is not False)},
     }

@@ -373,6 +373,50 @@ def phase_lines(recs):
     return lines + [""]
 
 
+def _clock_cell(summary):
+    """"MHz / W (samples)" of one timed loop's clock summary ("–" when not sampled)."""
+    if not summary:
+        return "–"
+    if not summary.get("samples"):
+        return "no samples"
+    return (f"{_f(summary.get('sm_mhz_median'), '.0f')} / {_f(summary.get('power_w_median'), '.0f')} "
+            f"({summary['samples']})")
+
+
+def clock_lines(recs):
+    """The SM clock and power each timed loop ran at, for the records that sampled them."""
+    sampled = [r for r in recs if isinstance(r.get("clocks"), dict)]
+    if not sampled:
+        return []
+    lines = ["## Clocks and power in the timed loops", "",
+             "nvidia-smi samples taken beside the timed programs (bench/gpu_clocks.py, every 10 ms "
+             "by default): per timed loop the median SM clock (MHz) and board power (W) of the samples "
+             "inside it, and how many there were. power cap: the share of mok's samples with the "
+             "software power cap holding the clock down. tensor peak: the SMs' dense bf16 tensor rate at "
+             "mok's median clock (SMs x FLOPs per SM per clock x clock; 4096 on sm_90, from the "
+             "H100/H200's 989.4 TFLOP/s at 1830 MHz), with mok's performed TFLOP/s and the dense "
+             "ceiling's (at its own clock) as shares of it. A short loop (mok's 100 forwards at 512 "
+             "tokens: ~30 ms) gets few samples.", "",
+             "| shape | EP mode | tokens | mok | PyTorch pipeline | grouped GEMMs | dense ceiling "
+             "| power cap (mok) | tensor peak at mok's clock TFLOP/s | mok performed of peak "
+             "| dense ceiling of peak |", "|" + "---|" * 11]
+    for rec in sampled:
+        c = rec["clocks"]
+        if c.get("error") and not any(isinstance(c.get(k), dict) and c[k].get("samples")
+                                      for k in ("mok_forward", "pytorch_forward")):
+            cells = [rec["shape"], ep_text(rec), rec["tokens_per_rank"], f"not sampled: {c['error']}"] + ["–"] * 7
+        else:
+            cap = (c.get("mok_forward") or {}).get("sw_power_cap_share")
+            cells = [rec["shape"], ep_text(rec), rec["tokens_per_rank"], _clock_cell(c.get("mok_forward")),
+                     _clock_cell(c.get("pytorch_forward")), _clock_cell(c.get("pytorch_grouped_gemms")),
+                     _clock_cell(c.get("dense_bf16_ceiling")), _pct(cap),
+                     _f(c.get("tensor_peak_bf16_tflops_at_mok_clock"), ".0f"),
+                     _pct(c.get("mok_forward_performed_of_tensor_peak")),
+                     _pct(c.get("dense_bf16_of_tensor_peak_at_its_clock"))]
+        lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")
+    return lines + [""]
+
+
 def _phase_plot(path, recs):
     plt = _plt()
     names = phase_names(recs)
@@ -453,6 +497,7 @@ def markdown(recs, plots, out_dir, repeats=None):
     lines += noise_lines(recs)
     lines += routing_lines(recs)
     lines += phase_lines(recs)
+    lines += clock_lines(recs)
     lines += group_lines(recs)
     lines += repeats or []
     lines += ["## Ceilings measured with each record", "",

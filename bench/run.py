@@ -22,6 +22,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import checks  # noqa: E402
+import gpu_clocks  # noqa: E402
 import records  # noqa: E402
 import workdir  # noqa: E402
 
@@ -132,6 +133,37 @@ def load_mok(work, ep_mode, ep):
     return workdir.load_mok_json(work)
 
 
+def sampled_gpus(ep_mode, ep, visible=None):
+    """nvidia-smi indices of the GPUs a run uses: the first visible one (all of a group's),
+    from CUDA_VISIBLE_DEVICES when it lists plain indices, else counted from 0. (nvidia-smi
+    numbers GPUs in PCI order; CUDA does too with CUDA_DEVICE_ORDER=PCI_BUS_ID, and on a
+    machine of one GPU kind the fastest-first order is the same.)"""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    n = ep if ep_mode == "distributed" and ep else 1
+    listed = [v.strip() for v in visible.split(",")] if visible else []
+    if listed and all(v.isdigit() for v in listed):
+        return [int(v) for v in listed[:n]]
+    return list(range(n))
+
+
+def start_clocks(args):
+    """A started gpu_clocks.Sampler, or None with --no-clocks."""
+    if args.no_clocks:
+        return None
+    return gpu_clocks.Sampler(period_ms=args.clock_period_ms).start()
+
+
+def stop_clocks(sampler, args, ep_mode, ep):
+    """What make_record takes as `clocks` (None with --no-clocks)."""
+    if sampler is None:
+        return None
+    samples = sampler.stop()
+    if sampler.error:
+        print(f"run.py: no GPU clock samples for this record ({sampler.error})", flush=True)
+    return {"samples": samples, "gpus": sampled_gpus(ep_mode, ep), "period_ms": args.clock_period_ms,
+            "error": sampler.error}
+
+
 def run_one(args, shape, ep_mode, ep, tokens):
     """Runs mok and the peer for one configuration; returns a summary row (dict)."""
     label = f"{shape} {ep_mode or '-'} EP={ep or '-'} T={tokens or '-'}"
@@ -143,6 +175,15 @@ def run_one(args, shape, ep_mode, ep, tokens):
 
     cmd = mok_command(args, shape, ep_mode, ep, tokens, work)
     print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    sampler = start_clocks(args)  # through mok's and the peer's timed loops
+    try:
+        return _run_and_record(args, cmd, row, work, ep_mode, ep, sampler)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+
+
+def _run_and_record(args, cmd, row, work, ep_mode, ep, sampler):
     rc = subprocess.call(cmd)
     if rc != 0:
         row["error"] = f"mok bench exited {rc}"
@@ -171,7 +212,8 @@ def run_one(args, shape, ep_mode, ep, tokens):
         if rc != 0 and not row["error"]:
             row["error"] = f"{'peer_dist.py' if ep_mode == 'distributed' else 'peer_torch.py'} exited {rc}"
 
-    record = records.make_record(mok, peer, records.collect_env(REPO_ROOT, mok))
+    clocks = stop_clocks(sampler, args, ep_mode, ep)
+    record = records.make_record(mok, peer, records.collect_env(REPO_ROOT, mok), clocks)
     row["record"] = record
     row["path"] = records.write_record(record, args.results_dir)
     print(f"record: {row['path']}", flush=True)
@@ -239,6 +281,10 @@ def main(argv=None):
     ap.add_argument("--keep-work", action="store_true", help="keep each work directory (large .npy files)")
     ap.add_argument("--no-backward", action="store_true", help="skip the peer's backward timing")
     ap.add_argument("--no-peer", action="store_true", help="record mok alone (no PyTorch peer)")
+    ap.add_argument("--no-clocks", action="store_true",
+                    help="do not sample the GPU's clock and power with nvidia-smi (the record's clocks are null)")
+    ap.add_argument("--clock-period-ms", type=int, default=gpu_clocks.DEFAULT_PERIOD_MS,
+                    help="nvidia-smi's sampling period")
     ap.add_argument("--repeat", type=int, default=1,
                     help="run the whole list this many times, pass after pass (a record each)")
     ap.add_argument("--assume-no-gpu", action="store_true", help=argparse.SUPPRESS)
@@ -247,6 +293,8 @@ def main(argv=None):
         ap.error("--iters must be >= 1 and --warmup >= 0")
     if args.repeat < 1:
         ap.error("--repeat must be >= 1")
+    if args.clock_period_ms < 1:
+        ap.error("--clock-period-ms must be >= 1")
 
     ok, what = cuda_status(args.assume_no_gpu)
     if not ok:

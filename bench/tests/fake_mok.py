@@ -11,10 +11,14 @@ With --ep-mode distributed it writes WORK_DIR/rank<MOK_RANK>, with per-iteration
 forward_ms * (1 + rank / 10), so the slowest rank is the last one.
 Set FAKE_MOK_FAIL_SHAPE=S to make it fail (exit 3, no mok.json) for shape S, and
 FAKE_MOK_CHECK_FAIL_SHAPE=S to make its check fail (mok.json written, passes false, exit 3).
+Its "timed loop" is a sleep of FAKE_MOK_TIMED_S seconds (default 0), whose Unix times it
+writes as timing.window_unix_s, as `mok bench` writes its timed loop's.
 """
 import argparse
+import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from synth_workdir import make_workdir  # noqa: E402
@@ -55,6 +59,9 @@ def main(argv):
     if os.environ.get("FAKE_MOK_FAIL_SHAPE") == args.shape:
         print(f"fake_mok: failing on purpose for shape {args.shape}", file=sys.stderr)
         return 3
+    timed_start = time.time()
+    time.sleep(float(os.environ.get("FAKE_MOK_TIMED_S", "0")))
+    window = [timed_start, time.time()]
     tokens = min(args.tokens or 64, 256)
     work_dir, rank = args.work_dir, None
     if args.ep_mode == "distributed":
@@ -62,18 +69,17 @@ def main(argv):
         work_dir = os.path.join(args.work_dir, f"rank{rank}")
     make_workdir(work_dir, shape=args.shape, ep_mode=args.ep_mode, tokens=tokens, routing=args.routing,
                  warmup=args.warmup, iters=args.iters, forward_ms=0.5, backward_ms=1.0)
+    path = os.path.join(work_dir, "mok.json")
+    with open(path) as f:
+        doc = json.load(f)
+    doc["timing"]["window_unix_s"] = window
     if rank is not None:
-        import json
-        path = os.path.join(work_dir, "mok.json")
-        with open(path) as f:
-            doc = json.load(f)
         doc["forward_iters_ms"] = [0.5 * (1 + rank / 10) + 0.01 * i for i in range(args.iters)]
         doc["active_rank"] = rank
-        with open(path, "w") as f:
-            json.dump(doc, f, indent=1)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
     args.work_dir = work_dir
     if os.environ.get("FAKE_MOK_CHECK_FAIL_SHAPE") == args.shape:
-        import json
         path = os.path.join(args.work_dir, "mok.json")
         with open(path) as f:
             doc = json.load(f)

@@ -173,6 +173,61 @@ class MakeRecord(unittest.TestCase):
         json.loads(json.dumps(self.rec))
 
 
+class Clocks(unittest.TestCase):
+    """The record's clocks: each timed loop's samples, and the tensor peak at mok's clock."""
+
+    def setUp(self):
+        self.mok = copy.deepcopy(fixture("fixture_mok_qwen35_slice.json"))
+        self.peer = copy.deepcopy(fixture("fixture_peer_qwen35_slice.json"))
+        self.mok["timing"]["window_unix_s"] = [100.0, 101.0]
+        self.peer["forward"]["window_unix_s"] = [102.0, 103.0]
+        self.peer["ceilings"]["dense_bf16"]["window_unix_s"] = [104.0, 105.0]
+        self.peer["env"]["capability"] = "9.0"
+        self.mok["gpu"]["sms"] = 132
+        self.samples = ([{"t": 100.0 + i / 10, "index": 0, "sm_mhz": 1400.0 + i, "power_w": 690.0,
+                          "sw_power_cap": True} for i in range(11)]
+                        + [{"t": 102.5, "index": 0, "sm_mhz": 1500.0, "power_w": 650.0, "sw_power_cap": False}]
+                        + [{"t": 104.5, "index": 0, "sm_mhz": 1830.0, "power_w": 700.0, "sw_power_cap": True}])
+
+    def test_each_loop_and_the_peak_at_mok_clock(self):
+        rec = records.make_record(self.mok, self.peer, env(),
+                                  {"samples": self.samples, "gpus": [0], "period_ms": 10, "error": None})
+        c = rec["clocks"]
+        self.assertEqual(c["mok_forward"]["samples"], 11)
+        self.assertEqual(c["mok_forward"]["sm_mhz_median"], 1405.0)
+        self.assertEqual(c["pytorch_forward"]["sm_mhz_median"], 1500.0)
+        self.assertEqual(c["pytorch_forward"]["sw_power_cap_share"], 0.0)
+        self.assertEqual(c["dense_bf16_ceiling"]["samples"], 1)
+        self.assertNotIn("pytorch_grouped_gemms", c)  # the fixture's grouped GEMMs have no window
+        peak = 132 * 4096 * 1405e6 / 1e12
+        self.assertAlmostEqual(c["tensor_peak_bf16_tflops_at_mok_clock"], peak)
+        self.assertAlmostEqual(c["mok_forward_performed_of_tensor_peak"],
+                               rec["mok"]["forward"]["tflops_performed"] / peak)
+        # The fixture's dense ceiling (1000 TFLOP/s) over the peak at 1830 MHz (989.4).
+        self.assertAlmostEqual(c["dense_bf16_of_tensor_peak_at_its_clock"], 1000.0 / (132 * 4096 * 1830e6 / 1e12))
+        self.assertEqual(rec["gpu"]["capability"], "9.0")
+
+    def test_mok_capability_when_there_is_no_peer(self):
+        self.mok["gpu"]["capability"] = "9.0"
+        rec = records.make_record(self.mok, None, env(),
+                                  {"samples": self.samples, "gpus": [0], "period_ms": 10, "error": None})
+        self.assertEqual(rec["gpu"]["capability"], "9.0")
+        self.assertIsNotNone(rec["clocks"]["tensor_peak_bf16_tflops_at_mok_clock"])
+
+    def test_samples_of_another_gpu_do_not_count(self):
+        rec = records.make_record(self.mok, self.peer, env(),
+                                  {"samples": self.samples, "gpus": [1], "period_ms": 10, "error": None})
+        self.assertEqual(rec["clocks"]["mok_forward"], {"samples": 0, "window_s": 1.0})
+        self.assertIsNone(rec["clocks"]["tensor_peak_bf16_tflops_at_mok_clock"])
+
+    def test_not_sampled(self):
+        self.assertIsNone(records.make_record(self.mok, self.peer, env())["clocks"])
+        rec = records.make_record(self.mok, self.peer, env(),
+                                  {"samples": [], "gpus": [0], "period_ms": 10, "error": "nvidia-smi not found"})
+        self.assertEqual(rec["clocks"]["error"], "nvidia-smi not found")
+        self.assertEqual(rec["clocks"]["mok_forward"]["samples"], 0)
+
+
 class Files(unittest.TestCase):
     def setUp(self):
         self.rec = records.make_record(fixture("fixture_mok_qwen35_slice.json"),

@@ -129,6 +129,35 @@ class Report(unittest.TestCase):
             self.assertNotIn("forward time goes", read_text(out))
             self.assertNotIn("forward_phases.png", os.listdir(plots))
 
+    def test_clock_table(self):
+        with tempfile.TemporaryDirectory() as d:
+            mok, peer = (copy.deepcopy(fixture("fixture_mok_qwen35_slice.json")),
+                         copy.deepcopy(fixture("fixture_peer_qwen35_slice.json")))
+            mok["timing"]["window_unix_s"] = [100.0, 101.0]
+            peer["forward"]["window_unix_s"] = [102.0, 103.0]
+            peer["env"]["capability"] = "9.0"
+            mok["gpu"]["sms"] = 132
+            samples = [{"t": 100.5, "index": 0, "sm_mhz": 1410.0, "power_w": 693.0, "sw_power_cap": True},
+                       {"t": 102.5, "index": 0, "sm_mhz": 1500.0, "power_w": 650.0, "sw_power_cap": False}]
+            clocks = {"samples": samples, "gpus": [0], "period_ms": 10, "error": None}
+            paths = [records.write_record(records.make_record(mok, peer, env(), clocks), d)]
+            out, plots = os.path.join(d, "REPORT.md"), os.path.join(d, "plots")
+            report.generate(paths, out, plots)
+            text = read_text(out)
+            self.assertIn("## Clocks and power in the timed loops", text)
+            # mok: 1410 MHz, 693 W, one sample; the peer 1500 / 650; no grouped-GEMM or ceiling window;
+            # the SW power cap held mok's one sample; peak 132 x 4096 x 1410 MHz = 762 TFLOP/s.
+            self.assertIn("| qwen3.5-397b-a17b | slice (EP=64) | 2048 | 1410 / 693 (1) | 1500 / 650 (1) | – | – "
+                          "| 100.0% | 762 | 74.4% | – |", text)
+            # A run that could not sample says why.
+            clocks = {"samples": [], "gpus": [0], "period_ms": 10, "error": "nvidia-smi not found"}
+            report.generate([records.write_record(records.make_record(mok, peer, env(), clocks), d)], out, plots)
+            self.assertIn("| not sampled: nvidia-smi not found |", read_text(out))
+        with tempfile.TemporaryDirectory() as d:  # records without clocks: no section
+            out, plots = os.path.join(d, "REPORT.md"), os.path.join(d, "plots")
+            report.generate(fixture_records(d), out, plots)
+            self.assertNotIn("## Clocks", read_text(out))
+
     def test_newest_wins(self):
         with tempfile.TemporaryDirectory() as d:
             paths = fixture_records(d)

@@ -126,6 +126,16 @@ class Plan(unittest.TestCase):
         self.assertNotIn("--no-backward", peer)
 
 
+class SampledGpus(unittest.TestCase):
+    def test_from_cuda_visible_devices(self):
+        self.assertEqual(run.sampled_gpus("slice", 64, visible=""), [0])
+        self.assertEqual(run.sampled_gpus("all", 1, visible="3,1"), [3])
+        self.assertEqual(run.sampled_gpus("distributed", 2, visible="3,1,0"), [3, 1])
+        self.assertEqual(run.sampled_gpus("distributed", 4, visible=""), [0, 1, 2, 3])
+        # UUIDs: counted from 0.
+        self.assertEqual(run.sampled_gpus("all", 1, visible="GPU-1234"), [0])
+
+
 class EndToEnd(unittest.TestCase):
     """run.py -> fake mok bench -> record, with --no-peer (the peer needs a real GPU)."""
 
@@ -202,6 +212,49 @@ class EndToEnd(unittest.TestCase):
             rec = helpers.read_json(files[0])
             self.assertEqual(rec["check"], {"mok": False, "pytorch": None, "passes": False})
             self.assertIn("FAIL (mok False, pytorch None)", r.stdout.splitlines()[-1])
+
+    def run_with_fake_smi(self, d, extra_args=(), extra_env=None):
+        """One --no-peer run whose fake mok "times" for 0.3 s while a fake nvidia-smi samples."""
+        bin_dir = os.path.join(d, "bin")
+        os.makedirs(bin_dir)
+        os.symlink(os.path.join(helpers.TESTS_DIR, "fake_nvidia_smi.py"), os.path.join(bin_dir, "nvidia-smi"))
+        results = os.path.join(d, "results")
+        args = ["--shapes", "glm-5.2", "--tokens", "64", "--no-peer", "--mok-bin", f"{sys.executable} {FAKE_MOK}",
+                "--work-root", os.path.join(d, "work"), "--results-dir", results, "--clock-period-ms", "5",
+                *extra_args]
+        env = {"PATH": bin_dir + os.pathsep + os.environ["PATH"], "FAKE_MOK_TIMED_S": "0.3",
+               "CUDA_VISIBLE_DEVICES": ""}
+        env.update(extra_env or {})
+        r = run_with_fake_torch("cuda", args, env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        files = glob.glob(os.path.join(results, "*.json"))
+        self.assertEqual(len(files), 1)
+        return helpers.read_json(files[0])
+
+    def test_clocks_sampled_inside_mok_timed_loop(self):
+        with tempfile.TemporaryDirectory() as d:
+            c = self.run_with_fake_smi(d)["clocks"]
+            self.assertIsNone(c["error"])
+            self.assertEqual(c["gpus"], [0])
+            mok = c["mok_forward"]
+            self.assertGreater(mok["samples"], 5)
+            self.assertLess(mok["samples"], 0.3 / 0.005 + 5)  # only the window's samples
+            self.assertEqual(mok["sm_mhz_median"], 1410)
+            self.assertEqual(mok["power_w_median"], 690.5)
+            self.assertEqual(mok["sw_power_cap_share"], 1.0)
+            self.assertNotIn("pytorch_forward", c)  # --no-peer: no peer window
+            # The synthetic GPU has no compute capability: no peak is made up for it.
+            self.assertIsNone(c["tensor_peak_bf16_tflops_at_mok_clock"])
+
+    def test_clocks_of_the_visible_gpu_only(self):
+        with tempfile.TemporaryDirectory() as d:
+            c = self.run_with_fake_smi(d, extra_env={"FAKE_SMI_GPUS": "2", "CUDA_VISIBLE_DEVICES": "1"})["clocks"]
+            self.assertEqual(c["gpus"], [1])
+            self.assertEqual(c["mok_forward"]["sm_mhz_median"], 1300)
+
+    def test_no_clocks(self):
+        with tempfile.TemporaryDirectory() as d:
+            self.assertIsNone(self.run_with_fake_smi(d, ["--no-clocks"])["clocks"])
 
     def test_missing_binary(self):
         with tempfile.TemporaryDirectory() as d:

@@ -75,6 +75,23 @@ std::string tuning_env_json() {
   return out;
 }
 
+// Now on the host's wall clock, in Unix seconds (the clock nvidia-smi stamps its samples with).
+double unix_seconds_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// [start, end] of a timed loop read back at `end` (after its closing synchronisation): the
+// iterations ran back to back, so it began their summed time earlier (bench/checks.py:
+// timed_window, which the peers use). Microsecond digits: the default precision would round
+// a Unix time to the hundred seconds.
+std::string json_window(const std::vector<double>& ms, double end) {
+  double total_ms = 0;
+  for (double v : ms) total_ms += v;
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "[%.6f, %.6f]", end - total_ms / 1e3, end);
+  return buf;
+}
+
 std::string json_list(const std::vector<double>& v) {
   std::ostringstream s;
   s.precision(6);
@@ -247,6 +264,7 @@ int bench_command(const std::vector<std::string>& argv) {
   const std::vector<double> ms =
       device_times_ms(stream, warmup, iters,
                       {[&] { layer.forward(args_dev); }, [&] { layer.synchronize(); }, distributed ? 50 : 0});
+  const double timed_end_unix_s = unix_seconds_now();
   const Timing fwd_time = summarize(ms);
 
   // ---- where a forward's time goes: a separate pass with events between the phases (they
@@ -422,9 +440,10 @@ int bench_command(const std::vector<std::string>& argv) {
        << ", \"task_band_tiles\": " << layer.config().task_band_tiles << ", \"tile_rows\": " << layer.config().tile_rows
        << ", \"task_pairs\": " << (layer.config().task_pairs ? "true" : "false") << ", \"env\": {" << tuning_env_json()
        << "}},\n  \"gpu\": {\"name\": \"" << prop.name << "\", \"sms\": " << prop.multiProcessorCount
+       << ", \"capability\": \"" << prop.major << "." << prop.minor << "\""
        << ", \"driver\": \"" << driver / 1000 << "." << (driver % 1000) / 10 << "\", \"cuda_runtime\": \""
        << runtime / 1000 << "." << (runtime % 1000) / 10 << "\"},\n  \"timing\": {\"warmup\": " << warmup
-       << ", \"iters\": " << iters
+       << ", \"iters\": " << iters << ", \"window_unix_s\": " << json_window(ms, timed_end_unix_s)
        << ", \"method\": \"cuda events around each forward call on one stream, enqueued back to back, read after "
           "a synchronisation (in a group every 50 calls)\"},\n"
        << "  \"forward\": " << json_timing(fwd_time) << ",\n  \"forward_phases\": " << phases_json

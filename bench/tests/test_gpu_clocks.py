@@ -1,0 +1,135 @@
+"""gpu_clocks.py: parsing, window summaries, the tensor peak, and the sampler driven by a fake
+nvidia-smi (tests/fake_nvidia_smi.py) put on PATH."""
+import datetime
+import os
+import shutil
+import tempfile
+import time
+import unittest
+
+import helpers
+
+import gpu_clocks
+
+FAKE_SMI = os.path.join(helpers.TESTS_DIR, "fake_nvidia_smi.py")
+
+
+def with_fake_smi(test):
+    """Runs `test(self)` with a PATH whose nvidia-smi is the fake one (and nothing else of it)."""
+    def wrapped(self):
+        with tempfile.TemporaryDirectory() as d:
+            os.symlink(FAKE_SMI, os.path.join(d, "nvidia-smi"))
+            old = os.environ["PATH"]
+            os.environ["PATH"] = d + os.pathsep + old
+            try:
+                test(self)
+            finally:
+                os.environ["PATH"] = old
+                os.environ.pop("FAKE_SMI_MISSING", None)
+                os.environ.pop("FAKE_SMI_GPUS", None)
+    return wrapped
+
+
+def sample(t, mhz, watts=None, index=0, cap=None):
+    return {"t": t, "index": index, "sm_mhz": mhz, "power_w": watts, "sw_power_cap": cap}
+
+
+class Parsing(unittest.TestCase):
+    def test_values(self):
+        self.assertEqual(gpu_clocks.parse_value("sm_mhz", " 1410"), 1410.0)
+        self.assertEqual(gpu_clocks.parse_value("power_w", "693.12 "), 693.12)
+        self.assertEqual(gpu_clocks.parse_value("index", "3"), 3)
+        self.assertIs(gpu_clocks.parse_value("sw_power_cap", " Active"), True)
+        self.assertIs(gpu_clocks.parse_value("sw_power_cap", "Not Active"), False)
+        for missing in ("[N/A]", "[Not Supported]", "N/A", ""):
+            self.assertIsNone(gpu_clocks.parse_value("power_w", missing))
+        with self.assertRaises(ValueError):
+            gpu_clocks.parse_value("sm_mhz", "fast")
+
+    def test_timestamp_is_local_time(self):
+        now = datetime.datetime(2026, 12, 4, 3, 50, 12, 345000)
+        self.assertAlmostEqual(gpu_clocks.parse_timestamp("2026/12/04 03:50:12.345"), now.timestamp(), places=6)
+
+
+class Windows(unittest.TestCase):
+    SAMPLES = [sample(9.9, 1980, 300), sample(10.0, 1500, 690, cap=True), sample(10.5, 1400, 700, cap=True),
+               sample(10.6, 1410, 695, cap=False), sample(10.6, 900, 200, index=1), sample(11.01, 1980, 100)]
+
+    def test_median_of_the_samples_inside(self):
+        s = gpu_clocks.window_summary(self.SAMPLES, (10.0, 11.0), gpus={0})
+        self.assertEqual(s["samples"], 3)
+        self.assertEqual(s["sm_mhz_median"], 1410)
+        self.assertEqual((s["sm_mhz_min"], s["sm_mhz_max"]), (1400, 1500))
+        self.assertEqual(s["power_w_median"], 695)
+        self.assertAlmostEqual(s["sw_power_cap_share"], 2 / 3)
+        self.assertIsNone(s["hw_slowdown_share"])  # no sample has the field
+        self.assertAlmostEqual(s["window_s"], 1.0)
+
+    def test_every_gpu_when_none_is_named(self):
+        self.assertEqual(gpu_clocks.window_summary(self.SAMPLES, (10.0, 11.0))["samples"], 4)
+
+    def test_empty_and_missing_windows(self):
+        self.assertEqual(gpu_clocks.window_summary(self.SAMPLES, (20.0, 21.0))["samples"], 0)
+        self.assertIsNone(gpu_clocks.window_summary(self.SAMPLES, None))
+
+    def test_timed_windows_from_the_programs_json(self):
+        mok = {"timing": {"window_unix_s": [1.0, 2.0]}}
+        peer = {"forward": {"window_unix_s": [3.0, 4.0]}, "grouped_gemms": {"median_ms": 1.0},
+                "ceilings": {"dense_bf16": {"window_unix_s": [6.0, 5.0]}}}  # reversed: not a window
+        self.assertEqual(gpu_clocks.timed_windows(mok, peer), {"mok_forward": (1.0, 2.0),
+                                                               "pytorch_forward": (3.0, 4.0)})
+        self.assertEqual(gpu_clocks.timed_windows({}, None), {})
+
+
+class Peak(unittest.TestCase):
+    def test_h200_published_peak(self):
+        # 132 SMs x 4096 x 1830 MHz = NVIDIA's 989.4 TFLOP/s for H100/H200 SXM.
+        self.assertAlmostEqual(gpu_clocks.tensor_peak_tflops("9.0", 132, 1830), 989.4, delta=0.1)
+        self.assertAlmostEqual(gpu_clocks.tensor_peak_tflops("9.0", 132, 1410), 762.3, delta=0.1)
+
+    def test_unknown(self):
+        self.assertIsNone(gpu_clocks.tensor_peak_tflops("12.0", 132, 1410))
+        self.assertIsNone(gpu_clocks.tensor_peak_tflops(None, 132, 1410))
+        self.assertIsNone(gpu_clocks.tensor_peak_tflops("9.0", 132, None))
+
+
+class SamplerRuns(unittest.TestCase):
+    @with_fake_smi
+    def test_samples_with_timestamps(self):
+        t0 = time.time()
+        with gpu_clocks.Sampler(period_ms=5) as s:
+            time.sleep(0.3)
+        t1 = time.time()
+        self.assertIsNone(s.error)
+        self.assertGreater(len(s.samples), 5)
+        self.assertEqual(s.fields["power_w"], "power.draw.instant")
+        # The fake stamps at millisecond resolution.
+        self.assertTrue(all(t0 - 0.002 <= x["t"] <= t1 + 0.002 for x in s.samples))
+        self.assertEqual({x["sm_mhz"] for x in s.samples}, {1410.0})
+        self.assertTrue(all(x["sw_power_cap"] is True and x["hw_slowdown"] is False for x in s.samples))
+
+    @with_fake_smi
+    def test_older_field_names_are_used_when_the_new_ones_are_refused(self):
+        os.environ["FAKE_SMI_MISSING"] = "power.draw.instant,clocks_event_reasons.sw_power_cap"
+        with gpu_clocks.Sampler(period_ms=5) as s:
+            time.sleep(0.3)
+        self.assertEqual(s.fields["power_w"], "power.draw")
+        self.assertEqual(s.fields["sw_power_cap"], "clocks_throttle_reasons.sw_power_cap")
+        self.assertTrue(s.samples)
+
+    @with_fake_smi
+    def test_a_required_field_missing_is_an_error_not_a_sample(self):
+        os.environ["FAKE_SMI_MISSING"] = "clocks.sm"
+        with gpu_clocks.Sampler(period_ms=5) as s:
+            pass
+        self.assertIn("clocks.sm", s.error)
+        self.assertEqual(s.samples, [])
+
+    def test_no_nvidia_smi(self):
+        s = gpu_clocks.Sampler(smi="nvidia-smi-that-does-not-exist").start()
+        self.assertEqual(s.stop(), [])
+        self.assertIn("not found", s.error)
+
+
+if __name__ == "__main__":
+    unittest.main()
