@@ -204,6 +204,13 @@ CLOCKS_METHOD = ("nvidia-smi --query-gpu (clocks.sm, power.draw.instant, clock e
                  "its program wrote: the end after the last synchronisation, minus the summed iteration times)")
 
 
+def pj_per_flop(power_w, tflops_rate):
+    """Board energy per FLOP in picojoules: power over rate (W / (FLOP/s) = J per FLOP)."""
+    if power_w is None or not tflops_rate:
+        return None
+    return power_w / (tflops_rate * 1e12) * 1e12
+
+
 def clock_section(mok, peer, clocks, capability, sms, mok_performed_tflops, dense_tflops):
     """The record's "clocks": per timed loop the SM clock and power sampled inside its window
     (gpu_clocks.window_summary), and the tensor cores' dense bf16 peak at mok's clock. None
@@ -223,6 +230,12 @@ def clock_section(mok, peer, clocks, capability, sms, mok_performed_tflops, dens
     out["mok_forward_performed_of_tensor_peak"] = ratio(mok_performed_tflops, peak)
     out["dense_bf16_of_tensor_peak_at_its_clock"] = ratio(
         dense_tflops, gpu_clocks.tensor_peak_tflops(capability, sms, dense_mhz))
+    # At the power cap a kernel's time is its energy over the capped power, so energy per FLOP
+    # (board power in the loop over its rate) says how far a layer is from the dense GEMM.
+    out["mok_forward_pj_per_flop"] = pj_per_flop((out.get("mok_forward") or {}).get("power_w_median"),
+                                                 mok_performed_tflops)
+    out["dense_bf16_pj_per_flop"] = pj_per_flop((out.get("dense_bf16_ceiling") or {}).get("power_w_median"),
+                                                dense_tflops)
     return out
 
 

@@ -395,24 +395,32 @@ def clock_lines(recs):
              "software power cap holding the clock down. tensor peak: the SMs' dense bf16 tensor rate at "
              "mok's median clock (SMs x FLOPs per SM per clock x clock; 4096 on sm_90, from the "
              "H100/H200's 989.4 TFLOP/s at 1830 MHz), with mok's performed TFLOP/s and the dense "
-             "ceiling's (at its own clock) as shares of it. A short loop (mok's 100 forwards at 512 "
-             "tokens: ~30 ms) gets few samples.", "",
+             "ceiling's (at its own clock) as shares of it. pJ/FLOP: board energy per FLOP, median "
+             "power over the performed rate; at the power cap a layer's time is its energy over the "
+             "capped power, so this says how far it is from the dense GEMM. A short loop (mok's 100 "
+             "forwards at 512 tokens: ~30 ms) gets few samples.", "",
              "| shape | EP mode | tokens | mok | PyTorch pipeline | grouped GEMMs | dense ceiling "
              "| power cap (mok) | tensor peak at mok's clock TFLOP/s | mok performed of peak "
-             "| dense ceiling of peak |", "|" + "---|" * 11]
+             "| dense ceiling of peak | mok pJ/FLOP | dense ceiling pJ/FLOP |", "|" + "---|" * 13]
     for rec in sampled:
         c = rec["clocks"]
         if c.get("error") and not any(isinstance(c.get(k), dict) and c[k].get("samples")
                                       for k in ("mok_forward", "pytorch_forward")):
-            cells = [rec["shape"], ep_text(rec), rec["tokens_per_rank"], f"not sampled: {c['error']}"] + ["–"] * 7
+            cells = [rec["shape"], ep_text(rec), rec["tokens_per_rank"], f"not sampled: {c['error']}"] + ["–"] * 9
         else:
             cap = (c.get("mok_forward") or {}).get("sw_power_cap_share")
+            # Worked out from the record's parts when it predates the stored values (9c2d48c's).
+            mok_pj = c.get("mok_forward_pj_per_flop", records.pj_per_flop(
+                (c.get("mok_forward") or {}).get("power_w_median"), _get(rec, "mok", "forward", "tflops_performed")))
+            dense_pj = c.get("dense_bf16_pj_per_flop", records.pj_per_flop(
+                (c.get("dense_bf16_ceiling") or {}).get("power_w_median"), _get(rec, "ceilings", "dense_bf16_tflops")))
             cells = [rec["shape"], ep_text(rec), rec["tokens_per_rank"], _clock_cell(c.get("mok_forward")),
                      _clock_cell(c.get("pytorch_forward")), _clock_cell(c.get("pytorch_grouped_gemms")),
                      _clock_cell(c.get("dense_bf16_ceiling")), _pct(cap),
                      _f(c.get("tensor_peak_bf16_tflops_at_mok_clock"), ".0f"),
                      _pct(c.get("mok_forward_performed_of_tensor_peak")),
-                     _pct(c.get("dense_bf16_of_tensor_peak_at_its_clock"))]
+                     _pct(c.get("dense_bf16_of_tensor_peak_at_its_clock")),
+                     _f(mok_pj, ".2f"), _f(dense_pj, ".2f")]
         lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")
     return lines + [""]
 

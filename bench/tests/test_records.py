@@ -206,6 +206,10 @@ class Clocks(unittest.TestCase):
         # The fixture's dense ceiling (1000 TFLOP/s) over the peak at 1830 MHz (989.4).
         self.assertAlmostEqual(c["dense_bf16_of_tensor_peak_at_its_clock"], 1000.0 / (132 * 4096 * 1830e6 / 1e12))
         self.assertEqual(rec["gpu"]["capability"], "9.0")
+        # Energy per FLOP: mok's median power (690 W) over its performed rate; the ceiling's 700 W
+        # over 1000 TFLOP/s = 0.7 pJ.
+        self.assertAlmostEqual(c["mok_forward_pj_per_flop"], 690.0 / rec["mok"]["forward"]["tflops_performed"])
+        self.assertAlmostEqual(c["dense_bf16_pj_per_flop"], 0.7)
 
     def test_mok_capability_when_there_is_no_peer(self):
         self.mok["gpu"]["capability"] = "9.0"

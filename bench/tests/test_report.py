@@ -148,7 +148,7 @@ class Report(unittest.TestCase):
             # mok: 1410 MHz, 693 W, one sample; the peer 1500 / 650; no grouped-GEMM or ceiling window;
             # the SW power cap held mok's one sample; peak 132 x 4096 x 1410 MHz = 762 TFLOP/s.
             self.assertIn("| qwen3.5-397b-a17b | slice (EP=64) | 2048 | 1410 / 693 (1) | 1500 / 650 (1) | – | – "
-                          "| 100.0% | 762 | 74.4% | – |", text)
+                          "| 100.0% | 762 | 74.4% | – | 1.22 | – |", text)
             # A run that could not sample says why.
             clocks = {"samples": [], "gpus": [0], "period_ms": 10, "error": "nvidia-smi not found"}
             report.generate([records.write_record(records.make_record(mok, peer, env(), clocks), d)], out, plots)
