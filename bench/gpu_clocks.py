@@ -57,9 +57,19 @@ def parse_value(key, text):
     return float(text)
 
 
+_probed = {}  # nvidia-smi path -> probe_fields' answer (a run.py sweep samples once per record)
+
+
 def probe_fields(smi, run=subprocess.run):
     """{key: field name} of the fields this nvidia-smi answers (a field it does not know makes
-    the query exit non-zero). Raises RuntimeError when a required one is missing."""
+    the query exit non-zero), asked once per path and process. Raises RuntimeError when a
+    required one is missing."""
+    if smi not in _probed:
+        _probed[smi] = _probe(smi, run)
+    return dict(_probed[smi])
+
+
+def _probe(smi, run):
     chosen = {}
     for key, names in FIELDS:
         for name in names:

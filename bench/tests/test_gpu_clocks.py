@@ -5,6 +5,7 @@ import os
 import shutil
 import tempfile
 import time
+import types
 import unittest
 
 import helpers
@@ -91,6 +92,23 @@ class Peak(unittest.TestCase):
         self.assertIsNone(gpu_clocks.tensor_peak_tflops("12.0", 132, 1410))
         self.assertIsNone(gpu_clocks.tensor_peak_tflops(None, 132, 1410))
         self.assertIsNone(gpu_clocks.tensor_peak_tflops("9.0", 132, None))
+
+
+class Probe(unittest.TestCase):
+    def test_asked_once_per_path(self):
+        calls = []
+
+        def fake_run(cmd, **kw):
+            calls.append(cmd)
+            field = cmd[1].split("=", 1)[1]
+            ok = field not in ("power.draw.instant",)
+            return types.SimpleNamespace(returncode=0 if ok else 2, stdout="1\n" if ok else "")
+
+        first = gpu_clocks.probe_fields("/probe/test/nvidia-smi", run=fake_run)
+        n = len(calls)
+        self.assertEqual(first["power_w"], "power.draw")
+        self.assertEqual(gpu_clocks.probe_fields("/probe/test/nvidia-smi", run=fake_run), first)
+        self.assertEqual(len(calls), n)  # the second answer came from the cache
 
 
 class SamplerRuns(unittest.TestCase):
