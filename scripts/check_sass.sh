@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Checks the megakernel's machine code, no GPU needed:
+#   - its wgmmas are there: at least the mainloop's four HGMMA (m64n256k16) per k-block (ptxas
+#     deletes wgmmas whose accumulators nobody reads: a leave-one-out build once kept 1 of 4);
+#   - no stack frame and no local memory (no spills);
+#   - the code the producer and the store warp run after setmaxnreg.dec stays inside the
+#     budget they release to (scripts/check_setmaxnreg.py).
+#
+#   scripts/check_sass.sh BIN_DIR [OUT_DIR]     (BIN_DIR/mok; OUT_DIR gets megakernel.sass)
+#
+# cuobjdump: $CUOBJDUMP, else the one on PATH or in /usr/local/cuda/bin, else the pinned wheels
+# of scripts/requirements-sass.txt in .venv-sass (installed on first use). Prints one line
+# "sass: ..."; exits 1 when a check fails, 3 when BIN_DIR/mok holds no sm_90a code (built
+# without the CUDA backend), 0 otherwise.
+set -uo pipefail
+BIN=$(realpath -m "${1:?usage: scripts/check_sass.sh BIN_DIR [OUT_DIR]}")
+OUT=$(realpath -m "${2:-$BIN/../sass}")
+cd "$(dirname "$0")/.."
+KERNEL=_ZN3mok4cuda18forward_megakernelENS0_13ForwardParamsE
+MIN_HGMMA=4  # kTileK / 16 m64n256k16 steps per k-block (megakernel.cuh: consumer_loop)
+mkdir -p "$OUT"
+
+if [ -n "${CUOBJDUMP:-}" ]; then
+  tool=$CUOBJDUMP
+elif command -v cuobjdump > /dev/null; then
+  tool=cuobjdump
+elif [ -x /usr/local/cuda/bin/cuobjdump ]; then
+  tool=/usr/local/cuda/bin/cuobjdump
+else
+  if ! ls .venv-sass/lib/python3*/site-packages/nvidia/cu*/bin/cuobjdump > /dev/null 2>&1; then
+    { python3 -m venv .venv-sass && .venv-sass/bin/pip install -q -r scripts/requirements-sass.txt; } > "$OUT/install.log" 2>&1 ||
+      { echo "sass: FAILED: installing cuobjdump (scripts/requirements-sass.txt) failed: $(tail -1 "$OUT/install.log")"; exit 1; }
+  fi
+  bindir=$(dirname "$(ls .venv-sass/lib/python3*/site-packages/nvidia/cu*/bin/cuobjdump | head -1)")
+  export PATH=$bindir:$PATH  # cuobjdump runs nvdisasm from PATH
+  tool=$bindir/cuobjdump
+fi
+
+elves=$("$tool" --list-elf "$BIN/mok" 2> /dev/null)  # (not piped into grep -q: pipefail and SIGPIPE)
+if ! grep -q sm_90a <<< "$elves"; then
+  echo "sass: skipped: $BIN/mok holds no sm_90a code (mok was built without the CUDA backend)"
+  exit 3
+fi
+"$tool" --dump-sass -fun "$KERNEL" "$BIN/mok" > "$OUT/megakernel.sass" 2>&1
+usage=$("$tool" --dump-resource-usage "$BIN/mok" 2>&1 | grep -A1 "$KERNEL" | tail -1)
+hgmma=$(grep -c HGMMA "$OUT/megakernel.sass")
+reg=$(echo "$usage" | grep -o 'REG:[0-9]*' | cut -d: -f2)
+stack=$(echo "$usage" | grep -o 'STACK:[0-9]*' | cut -d: -f2)
+local_mem=$(echo "$usage" | grep -o 'LOCAL:[0-9]*' | cut -d: -f2)
+fail=()
+[ "${hgmma:-0}" -ge $MIN_HGMMA ] || fail+=("HGMMA $hgmma < $MIN_HGMMA: wgmmas were removed or never emitted")
+[ "${stack:-x}" = 0 ] || fail+=("stack frame ${stack:-unknown} bytes (spills?)")
+[ "${local_mem:-x}" = 0 ] || fail+=("local memory ${local_mem:-unknown} bytes (spills?)")
+if ! regs=$(python3 scripts/check_setmaxnreg.py "$OUT/megakernel.sass" 2>&1); then fail+=("setmaxnreg: $regs"); fi
+line="megakernel HGMMA $hgmma, REG $reg, STACK $stack, LOCAL $local_mem; $(echo "$regs" | tr '\n' ' ')"
+if [ ${#fail[@]} -gt 0 ]; then
+  echo "sass: FAILED: $(IFS='; '; echo "${fail[*]}") ($line)"
+  exit 1
+fi
+echo "sass: ok: $line"
