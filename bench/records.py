@@ -205,16 +205,16 @@ CLOCKS_METHOD = ("nvidia-smi --query-gpu (clocks.sm, power.draw.instant, clock e
 
 
 def pj_per_flop(power_w, tflops_rate):
-    """Board energy per FLOP in picojoules: power over rate (W / (FLOP/s) = J per FLOP)."""
+    """Board energy per FLOP in picojoules: power over rate (1 W per TFLOP/s is 1 pJ per FLOP)."""
     if power_w is None or not tflops_rate:
         return None
-    return power_w / (tflops_rate * 1e12) * 1e12
+    return power_w / tflops_rate
 
 
 def clock_section(mok, peer, clocks, capability, sms, mok_performed_tflops, dense_tflops):
     """The record's "clocks": per timed loop the SM clock and power sampled inside its window
     (gpu_clocks.window_summary), and the tensor cores' dense bf16 peak at mok's clock. None
-    when the run did not sample (older drivers of run.py, --no-clocks)."""
+    when the run did not sample (run.py --no-clocks, or a caller that passes no samples)."""
     if clocks is None:
         return None
     out = {"method": CLOCKS_METHOD, "period_ms": clocks.get("period_ms"), "gpus": clocks.get("gpus"),
