@@ -16,6 +16,22 @@ set_target_properties(mok_core PROPERTIES CUDA_SEPARABLE_COMPILATION OFF POSITIO
 target_link_libraries(mok_core PUBLIC CUDA::cudart_static ${CMAKE_DL_LIBS})
 target_compile_definitions(mok_core PUBLIC MOK_HAS_CUDA=1)
 
+# MOK_MEASURE_LEAVE_OUT=staging|stores|mma: a measurement build whose megakernel leaves one part
+# of every compute tile out (the staging math, the store warp's row stores, or the wgmmas), to
+# time what that part costs (DESIGN.md, "What each part of a compute tile costs"). Its outputs
+# are wrong: every layer says so on stderr and `mok bench` refuses to write records with it.
+set(MOK_MEASURE_LEAVE_OUT "" CACHE STRING
+    "measurement build: staging, stores or mma left out of the megakernel (wrong outputs)")
+if(MOK_MEASURE_LEAVE_OUT)
+  if(NOT MOK_MEASURE_LEAVE_OUT MATCHES "^(staging|stores|mma)$")
+    message(FATAL_ERROR "MOK_MEASURE_LEAVE_OUT must be staging, stores or mma (got '${MOK_MEASURE_LEAVE_OUT}')")
+  endif()
+  message(WARNING "mok: MEASUREMENT BUILD: the megakernel leaves out its ${MOK_MEASURE_LEAVE_OUT}; outputs are wrong")
+  string(TOUPPER "${MOK_MEASURE_LEAVE_OUT}" leave_out)
+  target_compile_definitions(mok_core PUBLIC MOK_MEASURE_LEAVE_OUT_${leave_out}=1
+                             MOK_MEASURE_LEAVE_OUT="${MOK_MEASURE_LEAVE_OUT}")
+endif()
+
 # mok_pull_rate (bench/micro/pull_rate.cu): the dispatch mover's copy alone, by 1, 16 and
 # every SM, for the question of what bounds a communication CTA's rate. A benchmark, not a
 # test; it needs a GPU to run.

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
@@ -350,6 +351,10 @@ struct CallArgs {
 class CudaBackend final : public BackendImpl {
  public:
   CudaBackend(const Problem& p, const Config& c, const LayerOptions& o) : problem_(p), config_(c), options_(o) {
+#ifdef MOK_MEASURE_LEAVE_OUT
+    std::fprintf(stderr, "mok: MEASUREMENT BUILD (MOK_MEASURE_LEAVE_OUT=%s): the CUDA forward's outputs are wrong\n",
+                 MOK_MEASURE_LEAVE_OUT);
+#endif
     validate_rules();
     if (o.ep_mode == EpMode::distributed) {
       const auto env = comm::GroupEnvironment::from_environment();

@@ -146,6 +146,10 @@ int bench_command(const std::vector<std::string>& argv) {
     std::fputs(kBenchHelp, stdout);
     return 0;
   }
+#ifdef MOK_MEASURE_LEAVE_OUT
+  throw Error(std::string("mok bench: this is a measurement build (MOK_MEASURE_LEAVE_OUT=") + MOK_MEASURE_LEAVE_OUT +
+              ") whose forward computes wrong outputs; it writes no records (use mok run to time it)");
+#endif
   Args args(argv, {"pairs"});
   const std::string work_dir = args.take_or("work-dir", "");
   if (work_dir.empty()) throw Error("option --work-dir: needed (where mok.json and the peer inputs go)");
