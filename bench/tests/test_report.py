@@ -195,9 +195,9 @@ class Report(unittest.TestCase):
     def test_commit_cell_names_the_environment_knobs_a_run_set(self):
         mok, peer = fixture("fixture_mok_qwen35_slice.json"), fixture("fixture_peer_qwen35_slice.json")
         mok = copy.deepcopy(mok)
-        mok.setdefault("config", {})["env"] = {"MOK_STORE_BULK": "1", "MOK_PULL_GROUPS": "3"}
+        mok.setdefault("config", {})["env"] = {"MOK_STORE_WARP": "0", "MOK_PULL_GROUPS": "3"}
         rec = records.make_record(mok, peer, env())
-        self.assertEqual(report.commit_text(rec), "0123456 MOK_PULL_GROUPS=3 MOK_STORE_BULK=1")
+        self.assertEqual(report.commit_text(rec), "0123456 MOK_PULL_GROUPS=3 MOK_STORE_WARP=0")
         plain = records.make_record(fixture("fixture_mok_qwen35_slice.json"), peer, env())
         self.assertEqual(report.commit_text(plain), "0123456")
         with tempfile.TemporaryDirectory() as d:
@@ -205,7 +205,7 @@ class Report(unittest.TestCase):
             records.write_record(rec, results)
             out = os.path.join(d, "REPORT.md")
             report.main(["--results-dir", results, "--out", out, "--plots-dir", os.path.join(d, "plots")])
-            self.assertIn("| 0123456 MOK_PULL_GROUPS=3 MOK_STORE_BULK=1 |", helpers.read_text(out))
+            self.assertIn("| 0123456 MOK_PULL_GROUPS=3 MOK_STORE_WARP=0 |", helpers.read_text(out))
 
     def test_repeat_runs_of_one_commit(self):
         with tempfile.TemporaryDirectory() as d:
