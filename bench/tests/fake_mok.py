@@ -76,19 +76,15 @@ def main(argv):
     if rank is not None:
         doc["forward_iters_ms"] = [0.5 * (1 + rank / 10) + 0.01 * i for i in range(args.iters)]
         doc["active_rank"] = rank
+    check_fails = os.environ.get("FAKE_MOK_CHECK_FAIL_SHAPE") == args.shape
+    if check_fails:
+        doc["check"]["forward"].update({"max_abs": 9.0, "rel": 0.5, "passes": False})
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
-    args.work_dir = work_dir
-    if os.environ.get("FAKE_MOK_CHECK_FAIL_SHAPE") == args.shape:
-        path = os.path.join(args.work_dir, "mok.json")
-        with open(path) as f:
-            doc = json.load(f)
-        doc["check"]["forward"].update({"max_abs": 9.0, "rel": 0.5, "passes": False})
-        with open(path, "w") as f:
-            json.dump(doc, f, indent=1)
+    if check_fails:
         print("fake_mok: check FAILED (on purpose)", file=sys.stderr)
         return 3
-    print(f"fake_mok: wrote {args.work_dir}/mok.json (synthetic)")
+    print(f"fake_mok: wrote {work_dir}/mok.json (synthetic)")
     return 0
 
 
