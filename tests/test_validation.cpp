@@ -3,12 +3,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "core/tuning_env.h"
 #include "core/validate.h"
 #include "test_util.h"
 
@@ -378,6 +380,20 @@ TEST(ApiMisuse, EachIsANamedError) {
   q.precision = static_cast<Precision>(7);
   EXPECT_THAT(error_message([&] { q.validate(); }), HasSubstr("Problem.precision = 7"));
   EXPECT_THAT(error_message([&] { HostTensor(DType::bf16, {-1, 4}); }), HasSubstr("dimension 0 = -1"));
+}
+
+// The device knobs (core/tuning_env.h): the backend names each by its enum, and `mok bench`
+// records the set ones by walking this list, so a name must be a distinct MOK_ variable.
+TEST(TuningEnv, EachKnobHasItsOwnMokName) {
+  std::vector<std::string> seen;
+  for (int i = 0; i < static_cast<int>(TuningEnv::kCount); ++i) {
+    const std::string name = tuning_env_name(static_cast<TuningEnv>(i));
+    EXPECT_EQ(name.rfind("MOK_", 0), 0u) << name;
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), name), 0) << name << " names two knobs";
+    seen.push_back(name);
+  }
+  EXPECT_STREQ(tuning_env_name(TuningEnv::kStoreWarp), "MOK_STORE_WARP");
+  EXPECT_STREQ(tuning_env_name(TuningEnv::kTestFault), "MOK_TEST_FAULT");
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include "comm/ep_group.h"
 #include "core/backend.h"
 #include "core/numbers.h"
+#include "core/tuning_env.h"
 #include "core/validate.h"
 #include "cuda/combine.cuh"
 #include "cuda/common.cuh"
@@ -150,10 +151,10 @@ class DeviceBuffer {
 // MOK_WAIT_TIMEOUT_MS: the cross-CTA spin-wait limit (default 20 s); a positive number of
 // milliseconds, anything else an error naming the variable.
 std::uint64_t wait_timeout_ns() {
-  const char* env = std::getenv("MOK_WAIT_TIMEOUT_MS");
+  const char* env = std::getenv(tuning_env_name(TuningEnv::kWaitTimeoutMs));
   if (env == nullptr || *env == '\0') return 20000ull * 1000000ull;
-  const double ms = parse_finite(env, "MOK_WAIT_TIMEOUT_MS");
-  require(ms > 0 && ms <= 3.6e6, std::string("MOK_WAIT_TIMEOUT_MS = ") + env + ": must be in (0, 3600000] ms");
+  const double ms = parse_finite(env, tuning_env_name(TuningEnv::kWaitTimeoutMs));
+  require(ms > 0 && ms <= 3.6e6, std::string(tuning_env_name(TuningEnv::kWaitTimeoutMs)) + " = " + env + ": must be in (0, 3600000] ms");
   return static_cast<std::uint64_t>(ms * 1e6);
 }
 
@@ -161,7 +162,8 @@ constexpr int kMaxPhaseMarks = 6;  // record_phases: setup, schedule, megakernel
 
 // An on/off A/B switch for the device, not a Config: "0", "off" or "false" turn it off, "1",
 // "on" or "true" on; unset or empty: the default. Anything else is an error naming it.
-bool switch_from_env(const char* name, bool default_on) {
+bool switch_from_env(TuningEnv knob, bool default_on) {
+  const char* name = tuning_env_name(knob);
   const char* env = std::getenv(name);
   if (env == nullptr || *env == '\0') return default_on;
   const std::string v = env;
@@ -172,16 +174,16 @@ bool switch_from_env(const char* name, bool default_on) {
 
 // MOK_STORE_WARP=0 turns the megakernel's store warp off (the consumers then send their
 // tiles' rows themselves, as before it existed).
-bool store_warp_from_env() { return switch_from_env("MOK_STORE_WARP", true); }
+bool store_warp_from_env() { return switch_from_env(TuningEnv::kStoreWarp, true); }
 
 // MOK_HALF_TILES=0: a routed tile whose rows 64..127 are all padding (an expert's last tile,
 // 64 rows or fewer) is computed whole, as before, instead of by its lower warpgroup alone.
-bool half_tiles_from_env() { return switch_from_env("MOK_HALF_TILES", true); }
+bool half_tiles_from_env() { return switch_from_env(TuningEnv::kHalfTiles, true); }
 
 // MOK_COMM_JOIN=0: communication CTAs exit after their last pull instead of running the
 // compute role for the tasks still unclaimed (the default; in pair mode a cluster joins as a
 // pair), so the SMs dispatch takes early compute the end of the layer.
-bool comm_join_from_env() { return switch_from_env("MOK_COMM_JOIN", true); }
+bool comm_join_from_env() { return switch_from_env(TuningEnv::kCommJoin, true); }
 
 // Head pulls (dispatch_role says what): MOK_HEAD_PULLS=1 on for every CTA, =0 off (only the
 // communication CTAs pull rows, the earlier design); unset: default_head_pulls (plan_order.h),
@@ -192,15 +194,15 @@ bool comm_join_from_env() { return switch_from_env("MOK_COMM_JOIN", true); }
 // every CTA only delays them, Qwen3.5 slice 1.107/1.110 vs 1.112/1.114, DeepSeek-V4-Pro slice
 // 3.258/3.264 vs 3.281/3.283.
 int head_pulls_from_env() {
-  const char* env = std::getenv("MOK_HEAD_PULLS");
+  const char* env = std::getenv(tuning_env_name(TuningEnv::kHeadPulls));
   if (env == nullptr || *env == '\0') return -1;
-  return switch_from_env("MOK_HEAD_PULLS", false) ? 1 : 0;
+  return switch_from_env(TuningEnv::kHeadPulls, false) ? 1 : 0;
 }
 
 // MOK_COOPERATIVE=1 launches the megakernel cooperatively: the driver starts it only when
 // every CTA can be resident at once. Off by default: a partial grid is safe and overlaps a
 // kernel on another stream (DESIGN.md, "Residency").
-bool cooperative_from_env() { return switch_from_env("MOK_COOPERATIVE", false); }
+bool cooperative_from_env() { return switch_from_env(TuningEnv::kCooperative, false); }
 
 // The limit of the phase waits inside a CTA, in units of 2^20 ns: twice the cross-CTA limit
 // and a second more, so that when a cross-CTA wait times out (the producer waiting for rows,
@@ -215,35 +217,36 @@ unsigned phase_wait_units(std::uint64_t timeout_ns) {
 // MOK_TEST_FAULT=lose_staging_read: a deliberate lost arrival, for the test that proves a
 // stuck phase wait is reported rather than hung. Anything else set is an error.
 int test_fault_from_env() {
-  const char* env = std::getenv("MOK_TEST_FAULT");
+  const char* env = std::getenv(tuning_env_name(TuningEnv::kTestFault));
   if (env == nullptr || *env == '\0') return kNoFault;
   if (std::string(env) == "lose_staging_read") return kFaultLoseStagingRead;
-  throw Error(std::string("MOK_TEST_FAULT = '") + env + "': must be lose_staging_read (or unset)");
+  throw Error(std::string(tuning_env_name(TuningEnv::kTestFault)) + " = '" + env + "': must be lose_staging_read (or unset)");
 }
 
 // A tuning knob's integer: 0 (the library's default) when unset or empty, else parsed and
 // required to be in [0, hi]; anything else is an error naming the variable.
-int tuning_integer_from_env(const char* name, int hi) {
+int tuning_integer_from_env(TuningEnv knob, int hi) {
+  const char* name = tuning_env_name(knob);
   const char* env = std::getenv(name);
   if (env == nullptr || *env == '\0') return 0;
   return static_cast<int>(parse_integer(env, 0, hi, name));
 }
 
 // Dispatch loads each pull pipeline keeps ahead of its stores (tuning; 0 = the default).
-int pull_ahead_from_env() { return tuning_integer_from_env("MOK_PULL_AHEAD", kMaxPullSlots); }
+int pull_ahead_from_env() { return tuning_integer_from_env(TuningEnv::kPullAhead, kMaxPullSlots); }
 
 // MOK_HEAD_PULL_TILES=N (tuning): exactly min(N, grid, ring tiles) head pulls, whatever
 // MOK_HEAD_PULLS and the default rule say; 0 or unset: not used.
-int head_pull_tiles_from_env() { return tuning_integer_from_env("MOK_HEAD_PULL_TILES", 1 << 20); }
+int head_pull_tiles_from_env() { return tuning_integer_from_env(TuningEnv::kHeadPullTiles, 1 << 20); }
 
 // Groups a band's down tiles come after its gate/up tiles (tuning; 0 = the default from
 // choose_band_and_lag). A wrapping ring still needs ring / band > lag: refused otherwise.
-int task_lag_from_env() { return tuning_integer_from_env("MOK_TASK_LAG", 64); }
+int task_lag_from_env() { return tuning_integer_from_env(TuningEnv::kTaskLag, 64); }
 
 // Row tiles a communication CTA pulls at once (tuning; 0 = the default, chosen per shape:
 // up to kDefaultPullGroups while each pipeline keeps enough row slots).
 constexpr int kDefaultPullGroups = 2;
-int pull_groups_from_env() { return tuning_integer_from_env("MOK_PULL_GROUPS", kMaxPullGroups); }
+int pull_groups_from_env() { return tuning_integer_from_env(TuningEnv::kPullGroups, kMaxPullGroups); }
 
 int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
 
@@ -398,7 +401,7 @@ class CudaBackend final : public BackendImpl {
         ++pull_groups_;
     } else {
       require(pull_pipeline_bytes(pull_groups_) / row_bytes >= 2,
-              "MOK_PULL_GROUPS = " + std::to_string(pull_groups_) + ": leaves fewer than 2 row slots per pull pipeline "
+              std::string(tuning_env_name(TuningEnv::kPullGroups)) + " = " + std::to_string(pull_groups_) + ": leaves fewer than 2 row slots per pull pipeline "
               "at hidden = " + std::to_string(p.hidden) + " (at most " +
                   std::to_string(pull_pipeline_bytes(pull_groups_) / 4) + ")");
     }
@@ -471,7 +474,7 @@ class CudaBackend final : public BackendImpl {
     lag_ = order.lag;
     if (task_lag_ > 0) {
       require(ring_allows_lag(band_, task_lag_, ring_tiles_, ring_wraps),
-              "MOK_TASK_LAG = " + std::to_string(task_lag_) + ": a wrapping ring of " + std::to_string(ring_tiles_) +
+              std::string(tuning_env_name(TuningEnv::kTaskLag)) + " = " + std::to_string(task_lag_) + ": a wrapping ring of " + std::to_string(ring_tiles_) +
                   " row tiles in bands of " + std::to_string(band_) + " needs ring / band > lag");
       lag_ = task_lag_;
     }

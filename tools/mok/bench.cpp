@@ -22,6 +22,7 @@
 #include "core/device_mirror.h"
 #include "core/device_timer.h"
 #include "core/rng.h"
+#include "core/tuning_env.h"
 #include "comm/group_env.h"
 #include "io/layer_io.h"
 #include "io/npy.h"
@@ -58,13 +59,11 @@ std::string json_timing(const Timing& t) {
   return s.str();
 }
 
-// The megakernel's environment knobs that were set for this run (A/B switches and tuning,
-// backend.cu), so a record says how it was made.
+// The megakernel's environment knobs that were set for this run (A/B switches and tuning;
+// src/core/tuning_env.h lists them, backend.cu reads them), so a record says how it was made.
 std::string tuning_env_json() {
   std::string out;
-  for (const char* name : {"MOK_STORE_WARP", "MOK_HALF_TILES", "MOK_COMM_JOIN", "MOK_COOPERATIVE", "MOK_PULL_AHEAD",
-                           "MOK_PULL_GROUPS", "MOK_HEAD_PULLS", "MOK_HEAD_PULL_TILES", "MOK_TASK_LAG",
-                           "MOK_WAIT_TIMEOUT_MS", "MOK_TEST_FAULT"}) {
+  for (const char* name : kTuningEnvNames) {
     const char* v = std::getenv(name);
     if (v == nullptr) continue;
     std::string value;

@@ -1,0 +1,35 @@
+// mok: the MOK_* environment variables the CUDA backend reads to A/B its kernels on the
+// device (not public API, not Config: they exist to measure one design against another and
+// to inject a test fault). One list, so that the backend's readers (src/cuda/backend.cu) and
+// `mok bench`, which records every one that is set beside its numbers (tools/mok/bench.cpp),
+// cannot drift apart: a reader names its variable by this enum, never by a string.
+#pragma once
+
+namespace mok {
+
+enum class TuningEnv : int {
+  kStoreWarp,        // MOK_STORE_WARP: the megakernel's store warp (default on)
+  kHalfTiles,        // MOK_HALF_TILES: padding halves of routed tiles skipped (default on)
+  kCommJoin,         // MOK_COMM_JOIN: communication CTAs join the compute (default on)
+  kCooperative,      // MOK_COOPERATIVE: cooperative megakernel launch (default off)
+  kPullAhead,        // MOK_PULL_AHEAD: loads each pull pipeline keeps ahead of its stores
+  kPullGroups,       // MOK_PULL_GROUPS: row tiles a communication CTA pulls at once
+  kHeadPulls,        // MOK_HEAD_PULLS: head pulls on every CTA / none / the default rule
+  kHeadPullTiles,    // MOK_HEAD_PULL_TILES: exactly this many head pulls
+  kTaskLag,          // MOK_TASK_LAG: bands between a band's gate/up and its down tiles
+  kWaitTimeoutMs,    // MOK_WAIT_TIMEOUT_MS: the cross-CTA spin-wait limit
+  kTestFault,        // MOK_TEST_FAULT: a deliberate lost arrival, for one test
+  kCount
+};
+
+// Indexed by TuningEnv; the static_assert below keeps the two the same length.
+inline constexpr const char* kTuningEnvNames[] = {
+    "MOK_STORE_WARP",  "MOK_HALF_TILES",      "MOK_COMM_JOIN", "MOK_COOPERATIVE",     "MOK_PULL_AHEAD", "MOK_PULL_GROUPS",
+    "MOK_HEAD_PULLS",  "MOK_HEAD_PULL_TILES", "MOK_TASK_LAG",  "MOK_WAIT_TIMEOUT_MS", "MOK_TEST_FAULT",
+};
+static_assert(sizeof(kTuningEnvNames) / sizeof(kTuningEnvNames[0]) == static_cast<int>(TuningEnv::kCount),
+              "kTuningEnvNames needs one name per TuningEnv");
+
+constexpr const char* tuning_env_name(TuningEnv v) { return kTuningEnvNames[static_cast<int>(v)]; }
+
+}  // namespace mok
