@@ -63,7 +63,8 @@ std::string json_timing(const Timing& t) {
 // src/core/tuning_env.h lists them, backend.cu reads them), so a record says how it was made.
 std::string tuning_env_json() {
   std::string out;
-  for (const char* name : kTuningEnvNames) {
+  for (int knob = 0; knob < static_cast<int>(TuningEnv::kCount); ++knob) {
+    const char* name = tuning_env_name(static_cast<TuningEnv>(knob));
     const char* v = std::getenv(name);
     if (v == nullptr) continue;
     std::string value;
