@@ -223,19 +223,17 @@ def clock_section(mok, peer, clocks, capability, sms, mok_performed_tflops, dens
     gpus = set(clocks["gpus"]) if clocks.get("gpus") is not None else None
     for name, window in gpu_clocks.timed_windows(mok, peer).items():
         out[name] = gpu_clocks.window_summary(samples, window, gpus)
-    mok_mhz = (out.get("mok_forward") or {}).get("sm_mhz_median")
-    dense_mhz = (out.get("dense_bf16_ceiling") or {}).get("sm_mhz_median")
-    peak = gpu_clocks.tensor_peak_tflops(capability, sms, mok_mhz)
+    mok_loop = out.get("mok_forward") or {}
+    dense_loop = out.get("dense_bf16_ceiling") or {}
+    peak = gpu_clocks.tensor_peak_tflops(capability, sms, mok_loop.get("sm_mhz_median"))
     out["tensor_peak_bf16_tflops_at_mok_clock"] = peak
     out["mok_forward_performed_of_tensor_peak"] = ratio(mok_performed_tflops, peak)
     out["dense_bf16_of_tensor_peak_at_its_clock"] = ratio(
-        dense_tflops, gpu_clocks.tensor_peak_tflops(capability, sms, dense_mhz))
+        dense_tflops, gpu_clocks.tensor_peak_tflops(capability, sms, dense_loop.get("sm_mhz_median")))
     # At the power cap a kernel's time is its energy over the capped power, so energy per FLOP
     # (board power in the loop over its rate) says how far a layer is from the dense GEMM.
-    out["mok_forward_pj_per_flop"] = pj_per_flop((out.get("mok_forward") or {}).get("power_w_median"),
-                                                 mok_performed_tflops)
-    out["dense_bf16_pj_per_flop"] = pj_per_flop((out.get("dense_bf16_ceiling") or {}).get("power_w_median"),
-                                                dense_tflops)
+    out["mok_forward_pj_per_flop"] = pj_per_flop(mok_loop.get("power_w_median"), mok_performed_tflops)
+    out["dense_bf16_pj_per_flop"] = pj_per_flop(dense_loop.get("power_w_median"), dense_tflops)
     return out
 
 

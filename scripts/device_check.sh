@@ -101,7 +101,6 @@ if [ $PACK = 1 ]; then
       sanitizer_memcheck.log sanitizer_racecheck.log; do
       [ -f "$OUT/$f" ] && { echo; echo "######## $f"; tail -c 200000 "$OUT/$f"; }
     done
-    grep -A1 forward_megakernel "$OUT/resource_usage.txt" 2>/dev/null
   } > "$FINAL_OUT/device_log.txt"
 fi
 echo

@@ -151,10 +151,11 @@ class DeviceBuffer {
 // MOK_WAIT_TIMEOUT_MS: the cross-CTA spin-wait limit (default 20 s); a positive number of
 // milliseconds, anything else an error naming the variable.
 std::uint64_t wait_timeout_ns() {
-  const char* env = std::getenv(tuning_env_name(TuningEnv::kWaitTimeoutMs));
+  const char* name = tuning_env_name(TuningEnv::kWaitTimeoutMs);
+  const char* env = std::getenv(name);
   if (env == nullptr || *env == '\0') return 20000ull * 1000000ull;
-  const double ms = parse_finite(env, tuning_env_name(TuningEnv::kWaitTimeoutMs));
-  require(ms > 0 && ms <= 3.6e6, std::string(tuning_env_name(TuningEnv::kWaitTimeoutMs)) + " = " + env + ": must be in (0, 3600000] ms");
+  const double ms = parse_finite(env, name);
+  require(ms > 0 && ms <= 3.6e6, std::string(name) + " = " + env + ": must be in (0, 3600000] ms");
   return static_cast<std::uint64_t>(ms * 1e6);
 }
 
@@ -217,10 +218,11 @@ unsigned phase_wait_units(std::uint64_t timeout_ns) {
 // MOK_TEST_FAULT=lose_staging_read: a deliberate lost arrival, for the test that proves a
 // stuck phase wait is reported rather than hung. Anything else set is an error.
 int test_fault_from_env() {
-  const char* env = std::getenv(tuning_env_name(TuningEnv::kTestFault));
+  const char* name = tuning_env_name(TuningEnv::kTestFault);
+  const char* env = std::getenv(name);
   if (env == nullptr || *env == '\0') return kNoFault;
   if (std::string(env) == "lose_staging_read") return kFaultLoseStagingRead;
-  throw Error(std::string(tuning_env_name(TuningEnv::kTestFault)) + " = '" + env + "': must be lose_staging_read (or unset)");
+  throw Error(std::string(name) + " = '" + env + "': must be lose_staging_read (or unset)");
 }
 
 // A tuning knob's integer: 0 (the library's default) when unset or empty, else parsed and
