@@ -39,3 +39,11 @@ add_executable(mok_pull_rate bench/micro/pull_rate.cu)
 target_include_directories(mok_pull_rate PRIVATE src include)
 target_compile_options(mok_pull_rate PRIVATE -gencode=arch=compute_90a,code=sm_90a -lineinfo -Xptxas=-v)
 target_link_libraries(mok_pull_rate PRIVATE CUDA::cudart_static ${CMAKE_DL_LIBS})
+
+# mok_feed_rate (bench/micro/feed_rate.cu): the compute CTAs' mainloop alone (TMA stages of
+# the megakernel's shape, with or without the wgmmas, alone or as 2-CTA multicast pairs), for
+# the question of what bounds the operand feed. A benchmark, not a test; it needs a GPU.
+add_executable(mok_feed_rate bench/micro/feed_rate.cu)
+target_include_directories(mok_feed_rate PRIVATE src include)
+target_compile_options(mok_feed_rate PRIVATE -gencode=arch=compute_90a,code=sm_90a -lineinfo -Xptxas=-v)
+target_link_libraries(mok_feed_rate PRIVATE CUDA::cudart_static ${CMAKE_DL_LIBS})

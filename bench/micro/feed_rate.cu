@@ -1,0 +1,438 @@
+// mok_feed_rate: the compute CTAs' mainloop alone (src/cuda/megakernel.cuh), as a grouped
+// GEMM with nothing else on the GPU: no pulls, no epilogue, no schedule.
+//
+// DESIGN.md's leave-one-out table says the megakernel with no tensor work still needs
+// 90-94% of its cycles, and that sharing B between two SMs (task pairs, TMA multicast) is the
+// only lever left, yet pairs only broke even. This benchmark asks the two questions that
+// decide whether that lever can ever pay:
+//   - how many bytes per cycle one SM takes in through TMA with the megakernel's stage shape
+//     (A 128x64 + B 256x64, 128B swizzle, 48 KB per stage) at 2, 3 and 4 stages, with and
+//     without the wgmmas that consume them;
+//   - whether a 2-CTA cluster that loads each B half once and multicasts it to both CTAs
+//     (a third fewer bytes read from L2 per SM) raises that rate, or only moves the limit.
+// The work is the Qwen3.5 slice's gate/up GEMM shape: `experts` experts of `rows` rows, each
+// [rows, K] x [N, K]^T, K = 4096, N = 2048 (gate and up), tasks of one 128x256 tile in the
+// megakernel's band order (per expert, per band of row tiles: column by column), CTAs
+// taking tasks round robin (a pair: consecutive tasks, the same weight tile).
+// Prints, per case, the median of `iters` launches (CUDA events): the GEMM's TFLOP/s (of
+// the FLOPs the mma cases do), the bytes landed in each SM's shared memory per SM clock
+// (clock64 inside the CTAs) and per microsecond, and the SM clock the CTAs ran at. Every
+// case with wgmmas is checked once against the host (inputs are multiples of 1/8 in [-1, 1],
+// so every sum is exact in fp32 and any difference is a failure, exit 1).
+//
+// usage: mok_feed_rate [--experts N] [--rows N] [--band N] [--grid N] [--iters N] [--case I] [--out FILE]
+// (--case I runs only the I-th row of the table, for a sanitizer or a profiler.)
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cuda/sm90.cuh"
+
+namespace {
+
+using namespace mok::cuda;
+
+constexpr int kThreads = 384;  // warpgroup 0: producer; 1-2: consumers (a 64-row half each)
+constexpr int kTileM = 128, kTileN = 256, kTileK = 64;
+constexpr int kK = 4096, kN = 2048;
+constexpr int kMaxStages = 4;
+constexpr int kStageA = kTileM * kTileK * 2, kStageB = kTileN * kTileK * 2, kStage = kStageA + kStageB;
+constexpr int kSmem = 1024 + kMaxStages * kStage + 2 * kMaxStages * 8;
+constexpr long long kSpinLimit = 1ll << 31;  // a lost arrival ends the run with an error, not a hang
+
+struct Args {
+  CUtensorMap a_map;  // [experts * rows, K], boxes of 64 x 128
+  CUtensorMap b_map;  // [experts * N, K], boxes of 64 x 128
+  int row_tiles, band, tasks;  // row tiles per expert; tasks in all
+  int stages, mma, pairs;
+  float* out;                  // [experts * rows, N] or nullptr: accumulators discarded
+  long long* cycles;           // [grid] clock64 from the first load to the last release
+  int* error;
+};
+
+struct TaskTile {
+  int a_row, b_row;  // first row of the A tile and of the B tile (in the stacked tensors)
+};
+
+// Task i in band order: expert e, band b, column n, row tile t of the band.
+__device__ __forceinline__ TaskTile task_tile(const Args& a, int i) {
+  const int per_expert = a.row_tiles * (kN / kTileN);
+  const int e = i / per_expert, j = i % per_expert;
+  const int per_band = a.band * (kN / kTileN);
+  const int b = j / per_band, k = j % per_band;
+  const int n = k / a.band, t = b * a.band + k % a.band;
+  return {(e * a.row_tiles + t) * kTileM, e * kN + n * kTileN};
+}
+
+// False once any wait of the launch has spun past kSpinLimit: every role then runs out its
+// loops without waiting, so that all threads reach the final barriers and the host reports it.
+__device__ bool wait(std::uint64_t* bar, std::uint32_t phase, int* error) {
+  long long spins = 0;
+  while (!sm90::mbar_try_wait(bar, phase)) {
+    if (++spins > kSpinLimit) atomicExch(error, 1);
+    if ((spins & 1023) == 0 && *static_cast<volatile int*>(error) != 0) return false;
+  }
+  return true;
+}
+
+struct Ring {
+  int slot = 0, n;
+  std::uint32_t phase = 0;
+  __device__ explicit Ring(int size) : n(size) {}
+  __device__ void advance() {
+    if (++slot == n) {
+      slot = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+__global__ void __launch_bounds__(kThreads, 1) feed_kernel(const __grid_constant__ Args a) {
+  extern __shared__ std::uint8_t smem_raw[];
+  std::uint8_t* base = align_shared(smem_raw, 1024);
+  auto stage_a = [&](int s) { return base + s * kStage; };
+  auto stage_b = [&](int s) { return base + s * kStage + kStageA; };
+  auto* full = reinterpret_cast<std::uint64_t*>(base + kMaxStages * kStage);
+  std::uint64_t* empty = full + kMaxStages;
+  const std::uint32_t me = a.pairs ? sm90::cluster_ctarank() : 0, peer = me ^ 1u;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < a.stages; ++s) {
+      sm90::mbar_init(&full[s], 1);
+      sm90::mbar_init(&empty[s], a.pairs ? 4 : 2);  // both warpgroups (of both CTAs of a pair)
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  if (a.pairs) sm90::cluster_sync();  // the peer's barriers exist before anyone arrives on them
+  // Round robin: CTA c takes tasks c, c + grid, ...; a pair takes pairs of consecutive tasks.
+  const int units = a.pairs ? a.tasks / 2 : a.tasks;
+  const int first = a.pairs ? static_cast<int>(blockIdx.x) / 2 : static_cast<int>(blockIdx.x);
+  const int step = a.pairs ? static_cast<int>(gridDim.x) / 2 : static_cast<int>(gridDim.x);
+  auto my_task = [&](int unit) { return a.pairs ? 2 * unit + static_cast<int>(me) : unit; };
+  const long long start = clock64();
+  Ring stage(a.stages);
+  if (threadIdx.x == 0) {
+    for (int u = first; u < units; u += step) {
+      const TaskTile tt = task_tile(a, my_task(u));
+      for (int kb = 0; kb < kK / kTileK; ++kb) {
+        if (!wait(&empty[stage.slot], stage.phase ^ 1, a.error)) break;
+        std::uint64_t* bar = &full[stage.slot];
+        sm90::mbar_arrive_expect_tx(bar, kStage);
+        sm90::tma_load_2d(stage_a(stage.slot), &a.a_map, bar, kb * kTileK, tt.a_row);
+        if (a.pairs) {  // this CTA's 128-row half of B, into both CTAs
+          sm90::tma_load_2d_multicast(stage_b(stage.slot) + me * (kStageB / 2), &a.b_map, bar, kb * kTileK,
+                                      tt.b_row + static_cast<int>(me) * 128, 0x3);
+        } else {
+          sm90::tma_load_2d(stage_b(stage.slot), &a.b_map, bar, kb * kTileK, tt.b_row);
+          sm90::tma_load_2d(stage_b(stage.slot) + kStageB / 2, &a.b_map, bar, kb * kTileK, tt.b_row + 128);
+        }
+        stage.advance();
+      }
+    }
+  } else if (threadIdx.x >= 128) {
+    const int wg = threadIdx.x / 128 - 1;
+    const bool leader = threadIdx.x % 128 == 0;
+    auto release = [&](int s) {
+      if (!leader) return;
+      sm90::mbar_arrive(&empty[s]);
+      if (a.pairs) sm90::mbar_arrive_remote(&empty[s], peer);
+    };
+    float acc[128];
+    for (int u = first; u < units; u += step) {
+#pragma unroll
+      for (int r = 0; r < 128; ++r) acc[r] = 0.0f;
+      int prev = -1;
+      for (int kb = 0; kb < kK / kTileK; ++kb) {
+        if (!wait(&full[stage.slot], stage.phase, a.error)) break;
+        if (a.mma) {
+          sm90::wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < kTileK / 16; ++kk) {
+            const std::uint64_t da = sm90::make_smem_desc(stage_a(stage.slot) + wg * 64 * kTileK * 2 + kk * 32);
+            const std::uint64_t db = sm90::make_smem_desc(stage_b(stage.slot) + kk * 32);
+            sm90::wgmma_m64n256k16(acc, da, db, 1);
+          }
+          sm90::wgmma_commit();
+          if (prev >= 0) {
+            sm90::wgmma_wait<1>();
+            release(prev);
+          }
+          prev = stage.slot;
+        } else {
+          release(stage.slot);
+        }
+        stage.advance();
+      }
+      if (prev >= 0) {
+        sm90::wgmma_wait<0>();
+        release(prev);
+      }
+      sm90::fence_accumulators(acc);
+      if (a.out != nullptr) {  // (a run-time test: the wgmmas must not be dead code)
+        const TaskTile tt = task_tile(a, my_task(u));
+        const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+        const int row = tt.a_row + wg * 64 + 16 * warp + lane / 4;
+        const int col = tt.b_row % kN;
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+#pragma unroll
+          for (int c = 0; c < 4; ++c)
+            a.out[static_cast<long long>(row + 8 * (c / 2)) * kN + col + 8 * j + 2 * (lane % 4) + c % 2] =
+                acc[4 * j + c];
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) a.cycles[blockIdx.x] = clock64() - start;
+  if (a.pairs) sm90::cluster_sync();  // no CTA leaves while its peer may multicast into it
+}
+
+// Input element i: a multiple of 1/8 in [-1, 1] (exact in bf16; sums of 4096 products of
+// them are multiples of 1/64 below 2^12, exact in fp32).
+__host__ __device__ inline float input_value(unsigned long long i, unsigned salt) {
+  unsigned long long h = (i + salt) * 0x9E3779B97F4A7C15ull;
+  h ^= h >> 29;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 32;
+  return static_cast<float>(static_cast<int>(h % 17) - 8) / 8.0f;
+}
+
+__global__ void fill_kernel(__nv_bfloat16* p, unsigned long long n, unsigned salt) {
+  for (unsigned long long i = blockIdx.x * 256ull + threadIdx.x; i < n; i += gridDim.x * 256ull)
+    p[i] = __float2bfloat16(input_value(i, salt));
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "mok_feed_rate: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+int parse(const char* name, const char* value, int lo, int hi) {
+  char* end = nullptr;
+  const long v = std::strtol(value, &end, 10);
+  if (end == value || *end != '\0' || v < lo || v > hi) {
+    std::fprintf(stderr, "mok_feed_rate: %s = '%s': must be an integer in [%d, %d]\n", name, value, lo, hi);
+    std::exit(2);
+  }
+  return static_cast<int>(v);
+}
+
+CUtensorMap encode(const void* base, unsigned long long outer) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q),
+        "cudaGetDriverEntryPointByVersion");
+  if (q != cudaDriverEntryPointSuccess || fn == nullptr) {
+    std::fprintf(stderr, "mok_feed_rate: the CUDA driver has no cuTensorMapEncodeTiled\n");
+    std::exit(1);
+  }
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {kK, outer};
+  const cuuint64_t strides[1] = {kK * 2};
+  const cuuint32_t box[2] = {kTileK, 128};
+  const cuuint32_t elem[2] = {1, 1};
+  const CUresult r = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)(
+      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, elem,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "mok_feed_rate: cuTensorMapEncodeTiled failed (code %d)\n", static_cast<int>(r));
+    std::exit(1);
+  }
+  return map;
+}
+
+struct Case {
+  int stages, mma, pairs;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int experts = 8, rows = 2560, band = 10, grid = 128, iters = 50, only = -1;
+  std::string out;
+  const char* usage =
+      "usage: mok_feed_rate [--experts N] [--rows N] [--band N] [--grid N] [--iters N] [--case I] [--out FILE]\n";
+  for (int i = 1; i < argc; ++i) {
+    const std::string opt = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "mok_feed_rate: %s needs a value\n%s", opt.c_str(), usage);
+      return 2;
+    }
+    const char* v = argv[++i];
+    if (opt == "--experts") experts = parse("--experts", v, 1, 64);
+    else if (opt == "--rows") rows = parse("--rows", v, 256, 1 << 16);
+    else if (opt == "--band") band = parse("--band", v, 2, 512);
+    else if (opt == "--grid") grid = parse("--grid", v, 2, 1024);
+    else if (opt == "--iters") iters = parse("--iters", v, 1, 10000);
+    else if (opt == "--case") only = parse("--case", v, 0, 1000);
+    else if (opt == "--out") out = v;
+    else {
+      std::fprintf(stderr, "mok_feed_rate: unknown argument '%s'\n%s", opt.c_str(), usage);
+      return 2;
+    }
+  }
+  // A pair's two tasks must be two row tiles of one band and column (the same weight tile).
+  if (rows % kTileM != 0 || (rows / kTileM) % band != 0 || band % 2 != 0 || grid % 2 != 0) {
+    std::fprintf(stderr,
+                 "mok_feed_rate: --rows = %d, --band = %d, --grid = %d: rows must be a multiple of 128 whose row "
+                 "tiles split into whole bands, and band and grid must be even (pairs)\n",
+                 rows, band, grid);
+    return 2;
+  }
+  int device_count = 0;
+  if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+    std::fprintf(stderr, "mok_feed_rate: no CUDA device: nothing measured\n");
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  const unsigned long long a_elems = 1ull * experts * rows * kK, b_elems = 1ull * experts * kN * kK;
+  __nv_bfloat16 *a_dev = nullptr, *b_dev = nullptr;
+  float* out_dev = nullptr;
+  long long* cycles_dev = nullptr;
+  int* error_dev = nullptr;
+  check(cudaMalloc(&a_dev, a_elems * 2), "cudaMalloc A");
+  check(cudaMalloc(&b_dev, b_elems * 2), "cudaMalloc B");
+  check(cudaMalloc(&out_dev, 1ull * experts * rows * kN * sizeof(float)), "cudaMalloc out");
+  check(cudaMalloc(&cycles_dev, grid * sizeof(long long)), "cudaMalloc cycles");
+  check(cudaMalloc(&error_dev, sizeof(int)), "cudaMalloc error");
+  check(cudaMemset(error_dev, 0, sizeof(int)), "cudaMemset error");
+  fill_kernel<<<1024, 256>>>(a_dev, a_elems, 1);
+  fill_kernel<<<1024, 256>>>(b_dev, b_elems, 2);
+  check(cudaGetLastError(), "fill");
+  check(cudaFuncSetAttribute(feed_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), "cudaFuncSetAttribute");
+
+  Args args{};
+  args.a_map = encode(a_dev, 1ull * experts * rows);
+  args.b_map = encode(b_dev, 1ull * experts * kN);
+  args.row_tiles = rows / kTileM;
+  args.band = band;
+  args.tasks = experts * args.row_tiles * (kN / kTileN);
+  args.cycles = cycles_dev;
+  args.error = error_dev;
+  const double flops = 2.0 * experts * rows * kN * kK;
+  const double bytes_per_task = (kK / kTileK) * static_cast<double>(kStage);  // landed in one CTA's shared memory
+
+  std::vector<Case> cases;
+  for (int mma : {0, 1})
+    for (int pairs : {0, 1})
+      for (int stages : {2, 3, 4}) cases.push_back({stages, mma, pairs});
+  cudaEvent_t e0, e1;
+  check(cudaEventCreate(&e0), "cudaEventCreate");
+  check(cudaEventCreate(&e1), "cudaEventCreate");
+  std::printf("%s, %d SMs; %d experts x %d rows, K = %d, N = %d; %d tasks of 128x256 on %d CTAs, band %d; median of %d\n",
+              prop.name, prop.multiProcessorCount, experts, rows, kK, kN, args.tasks, grid, band, iters);
+  std::printf("%-4s %6s %5s %9s %9s %12s %12s %12s %9s %s\n", "mma", "stages", "pairs", "ms", "TFLOP/s",
+              "B/clk/SM in", "from L2", "GB/s per SM", "SM MHz", "check");
+  std::string json = "{\"gpu\": \"" + std::string(prop.name) + "\", \"experts\": " + std::to_string(experts) +
+                     ", \"rows\": " + std::to_string(rows) + ", \"k\": " + std::to_string(kK) +
+                     ", \"n\": " + std::to_string(kN) + ", \"grid\": " + std::to_string(grid) +
+                     ", \"band\": " + std::to_string(band) + ", \"cases\": [";
+  bool first = true, all_ok = true;
+  for (std::size_t ci = 0; ci < cases.size(); ++ci) {
+    if (only >= 0 && static_cast<int>(ci) != only) continue;
+    const Case& c = cases[ci];
+    args.stages = c.stages;
+    args.mma = c.mma;
+    args.pairs = c.pairs;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = kSmem;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 2;
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = c.pairs ? 1 : 0;
+    auto launch = [&](float* to) {
+      args.out = to;
+      check(cudaLaunchKernelEx(&cfg, feed_kernel, args), "launch");
+    };
+    std::vector<float> ms;
+    std::vector<double> mhz;
+    std::vector<long long> cycles(grid);
+    for (int it = 0; it < iters + 2; ++it) {
+      check(cudaEventRecord(e0), "cudaEventRecord");
+      launch(nullptr);
+      check(cudaEventRecord(e1), "cudaEventRecord");
+      check(cudaEventSynchronize(e1), "cudaEventSynchronize");
+      float t = 0;
+      check(cudaEventElapsedTime(&t, e0, e1), "cudaEventElapsedTime");
+      if (it < 2) continue;  // the first two warm up
+      ms.push_back(t);
+      check(cudaMemcpy(cycles.data(), cycles_dev, grid * sizeof(long long), cudaMemcpyDeviceToHost), "cycles");
+      mhz.push_back(static_cast<double>(*std::max_element(cycles.begin(), cycles.end())) / (t * 1e3));
+    }
+    int failed = 0;
+    check(cudaMemcpy(&failed, error_dev, sizeof(int), cudaMemcpyDeviceToHost), "cudaMemcpy error");
+    if (failed) {
+      std::fprintf(stderr, "mok_feed_rate: a wait spun past its limit (case %zu): the results are not valid\n", ci);
+      return 1;
+    }
+    std::string verdict = "-";
+    if (c.mma) {  // one more launch writing C, sampled against the host
+      check(cudaMemset(out_dev, 0xff, 1ull * experts * rows * kN * sizeof(float)), "cudaMemset out");
+      launch(out_dev);
+      check(cudaDeviceSynchronize(), "check launch");
+      int bad = 0;
+      for (int s = 0; s < 512; ++s) {
+        const long long r = (1237ll * s + 11) % (1ll * experts * rows), n = (977ll * s + 5) % kN;
+        const long long e = r / rows;
+        double want = 0;
+        for (int k = 0; k < kK; ++k)
+          want += static_cast<double>(input_value(static_cast<unsigned long long>(r) * kK + k, 1)) *
+                  input_value(static_cast<unsigned long long>(e * kN + n) * kK + k, 2);
+        float got = 0;
+        check(cudaMemcpy(&got, out_dev + r * kN + n, sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy out");
+        if (!(static_cast<double>(got) == want)) {
+          if (bad++ < 3) std::fprintf(stderr, "mok_feed_rate: case %zu: C[%lld][%lld] = %g, want %g\n", ci, r, n, got, want);
+        }
+      }
+      verdict = bad == 0 ? "ok" : "FAILED";
+      all_ok = all_ok && bad == 0;
+    }
+    std::vector<float> sorted = ms;
+    std::sort(sorted.begin(), sorted.end());
+    std::sort(mhz.begin(), mhz.end());
+    const double median_ms = sorted[sorted.size() / 2], clock_mhz = mhz[mhz.size() / 2];
+    const double tasks_per_cta = static_cast<double>(args.tasks) / grid;
+    const double bytes_per_cta = tasks_per_cta * bytes_per_task;
+    const double per_clk = bytes_per_cta / (median_ms * 1e-3 * clock_mhz * 1e6);
+    const double gbps = bytes_per_cta / (median_ms * 1e-3) / 1e9;
+    const double tflops = c.mma ? flops / (median_ms * 1e-3) / 1e12 : 0.0;
+    // A pair reads each B half from L2 once for both CTAs: two thirds of the landed bytes.
+    const double from_l2 = c.pairs ? per_clk * (kStageA + kStageB / 2) / kStage : per_clk;
+    std::printf("%-4d %6d %5d %9.3f %9.1f %12.1f %12.1f %12.1f %9.0f %s\n", c.mma, c.stages, c.pairs, median_ms, tflops,
+                per_clk, from_l2, gbps, clock_mhz, verdict.c_str());
+    json += std::string(first ? "" : ", ") + "{\"mma\": " + std::to_string(c.mma) +
+            ", \"stages\": " + std::to_string(c.stages) + ", \"pairs\": " + std::to_string(c.pairs) +
+            ", \"median_ms\": " + std::to_string(median_ms) + ", \"tflops\": " + std::to_string(tflops) +
+            ", \"bytes_per_clock_per_sm\": " + std::to_string(per_clk) +
+            ", \"l2_bytes_per_clock_per_sm\": " + std::to_string(from_l2) + ", \"sm_mhz\": " + std::to_string(clock_mhz) +
+            ", \"check\": \"" + verdict + "\"}";
+    first = false;
+  }
+  json += "]}\n";
+  if (!out.empty()) {
+    FILE* f = std::fopen(out.c_str(), "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "mok_feed_rate: --out %s: cannot write\n", out.c_str());
+      return 1;
+    }
+    std::fputs(json.c_str(), f);
+    std::fclose(f);
+  }
+  return all_ok ? 0 : 1;
+}
