@@ -9,7 +9,8 @@
 //     (A 128x64 + B 256x64, 128B swizzle, 48 KB per stage) at 2, 3 and 4 stages, with and
 //     without the wgmmas that consume them;
 //   - whether a 2-CTA cluster that loads each B half once and multicasts it to both CTAs
-//     (a third fewer bytes read from L2 per SM) raises that rate, or only moves the limit.
+//     (a third fewer bytes read from L2 per SM) raises that rate, or only moves the limit;
+//   - and, on the way, whether B as one 256-row box (two loads per stage, not three) matters.
 // The work is the Qwen3.5 slice's gate/up GEMM shape: `experts` experts of `rows` rows, each
 // [rows, K] x [N, K]^T, K = 4096, N = 2048 (gate and up), tasks of one 128x256 tile in the
 // megakernel's band order (per expert, per band of row tiles: column by column), CTAs
@@ -51,8 +52,10 @@ constexpr long long kSpinLimit = 1ll << 31;  // a lost arrival ends the run with
 struct Args {
   CUtensorMap a_map;  // [experts * rows, K], boxes of 64 x 128
   CUtensorMap b_map;  // [experts * N, K], boxes of 64 x 128
+  CUtensorMap b_map_whole;  // the same, boxes of 64 x 256 (one load per B tile)
   int row_tiles, band, tasks;  // row tiles per expert; tasks in all
   int stages, mma, pairs;
+  int b_whole;                 // 1: B as one 256-row box (3 loads per stage become 2)
   float* out;                  // [experts * rows, N] or nullptr: accumulators discarded
   long long* cycles;           // [grid] clock64 from the first load to the last release
   int* error;
@@ -130,6 +133,8 @@ __global__ void __launch_bounds__(kThreads, 1) feed_kernel(const __grid_constant
         if (a.pairs) {  // this CTA's 128-row half of B, into both CTAs
           sm90::tma_load_2d_multicast(stage_b(stage.slot) + me * (kStageB / 2), &a.b_map, bar, kb * kTileK,
                                       tt.b_row + static_cast<int>(me) * 128, 0x3);
+        } else if (a.b_whole) {
+          sm90::tma_load_2d(stage_b(stage.slot), &a.b_map_whole, bar, kb * kTileK, tt.b_row);
         } else {
           sm90::tma_load_2d(stage_b(stage.slot), &a.b_map, bar, kb * kTileK, tt.b_row);
           sm90::tma_load_2d(stage_b(stage.slot) + kStageB / 2, &a.b_map, bar, kb * kTileK, tt.b_row + 128);
@@ -227,7 +232,7 @@ int parse(const char* name, const char* value, int lo, int hi) {
   return static_cast<int>(v);
 }
 
-CUtensorMap encode(const void* base, unsigned long long outer) {
+CUtensorMap encode(const void* base, unsigned long long outer, unsigned box_rows) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult q;
   check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q),
@@ -239,7 +244,7 @@ CUtensorMap encode(const void* base, unsigned long long outer) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {kK, outer};
   const cuuint64_t strides[1] = {kK * 2};
-  const cuuint32_t box[2] = {kTileK, 128};
+  const cuuint32_t box[2] = {kTileK, box_rows};
   const cuuint32_t elem[2] = {1, 1};
   const CUresult r = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)(
       &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, elem,
@@ -253,7 +258,7 @@ CUtensorMap encode(const void* base, unsigned long long outer) {
 }
 
 struct Case {
-  int stages, mma, pairs;
+  int stages, mma, pairs, b_whole;
 };
 
 }  // namespace
@@ -314,8 +319,9 @@ int main(int argc, char** argv) {
   check(cudaFuncSetAttribute(feed_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), "cudaFuncSetAttribute");
 
   Args args{};
-  args.a_map = encode(a_dev, 1ull * experts * rows);
-  args.b_map = encode(b_dev, 1ull * experts * kN);
+  args.a_map = encode(a_dev, 1ull * experts * rows, 128);
+  args.b_map = encode(b_dev, 1ull * experts * kN, 128);
+  args.b_map_whole = encode(b_dev, 1ull * experts * kN, 256);
   args.row_tiles = rows / kTileM;
   args.band = band;
   args.tasks = experts * args.row_tiles * (kN / kTileN);
@@ -327,13 +333,15 @@ int main(int argc, char** argv) {
   std::vector<Case> cases;
   for (int mma : {0, 1})
     for (int pairs : {0, 1})
-      for (int stages : {2, 3, 4}) cases.push_back({stages, mma, pairs});
+      for (int stages : {2, 3, 4}) cases.push_back({stages, mma, pairs, 0});
+  for (int mma : {0, 1})
+    for (int stages : {3, 4}) cases.push_back({stages, mma, 0, 1});
   cudaEvent_t e0, e1;
   check(cudaEventCreate(&e0), "cudaEventCreate");
   check(cudaEventCreate(&e1), "cudaEventCreate");
   std::printf("%s, %d SMs; %d experts x %d rows, K = %d, N = %d; %d tasks of 128x256 on %d CTAs, band %d; median of %d\n",
               prop.name, prop.multiProcessorCount, experts, rows, kK, kN, args.tasks, grid, band, iters);
-  std::printf("%-4s %6s %5s %9s %9s %12s %12s %12s %9s %s\n", "mma", "stages", "pairs", "ms", "TFLOP/s",
+  std::printf("%-4s %6s %5s %7s %9s %9s %12s %12s %12s %9s %s\n", "mma", "stages", "pairs", "B box", "ms", "TFLOP/s",
               "B/clk/SM in", "from L2", "GB/s per SM", "SM MHz", "check");
   std::string json = "{\"gpu\": \"" + std::string(prop.name) + "\", \"experts\": " + std::to_string(experts) +
                      ", \"rows\": " + std::to_string(rows) + ", \"k\": " + std::to_string(kK) +
@@ -346,6 +354,7 @@ int main(int argc, char** argv) {
     args.stages = c.stages;
     args.mma = c.mma;
     args.pairs = c.pairs;
+    args.b_whole = c.b_whole;
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(grid);
     cfg.blockDim = dim3(kThreads);
@@ -414,10 +423,12 @@ int main(int argc, char** argv) {
     const double tflops = c.mma ? flops / (median_ms * 1e-3) / 1e12 : 0.0;
     // A pair reads each B half from L2 once for both CTAs: two thirds of the landed bytes.
     const double from_l2 = c.pairs ? per_clk * (kStageA + kStageB / 2) / kStage : per_clk;
-    std::printf("%-4d %6d %5d %9.3f %9.1f %12.1f %12.1f %12.1f %9.0f %s\n", c.mma, c.stages, c.pairs, median_ms, tflops,
+    std::printf("%-4d %6d %5d %7d %9.3f %9.1f %12.1f %12.1f %12.1f %9.0f %s\n", c.mma, c.stages, c.pairs,
+                c.b_whole ? 256 : 128, median_ms, tflops,
                 per_clk, from_l2, gbps, clock_mhz, verdict.c_str());
     json += std::string(first ? "" : ", ") + "{\"mma\": " + std::to_string(c.mma) +
             ", \"stages\": " + std::to_string(c.stages) + ", \"pairs\": " + std::to_string(c.pairs) +
+            ", \"b_box_rows\": " + std::to_string(c.b_whole ? 256 : 128) +
             ", \"median_ms\": " + std::to_string(median_ms) + ", \"tflops\": " + std::to_string(tflops) +
             ", \"bytes_per_clock_per_sm\": " + std::to_string(per_clk) +
             ", \"l2_bytes_per_clock_per_sm\": " + std::to_string(from_l2) + ", \"sm_mhz\": " + std::to_string(clock_mhz) +
