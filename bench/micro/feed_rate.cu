@@ -21,7 +21,9 @@
 // case with wgmmas is checked once against the host (inputs are multiples of 1/8 in [-1, 1],
 // so every sum is exact in fp32 and any difference is a failure, exit 1).
 //
-// usage: mok_feed_rate [--experts N] [--rows N] [--band N] [--grid N] [--iters N] [--case I] [--out FILE]
+// usage: mok_feed_rate [--experts N] [--rows N] [--band N] [--grid N] [--repeat N] [--iters N] [--case I]
+//                      [--out FILE]
+// (--experts 1 --repeat 8: the same work with A and B resident in L2.)
 // (--case I runs only the I-th row of the table, for a sanitizer or a profiler.)
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -53,7 +55,8 @@ struct Args {
   CUtensorMap a_map;  // [experts * rows, K], boxes of 64 x 128
   CUtensorMap b_map;  // [experts * N, K], boxes of 64 x 128
   CUtensorMap b_map_whole;  // the same, boxes of 64 x 256 (one load per B tile)
-  int row_tiles, band, tasks;  // row tiles per expert; tasks in all
+  int row_tiles, band, tasks;  // row tiles per expert; tasks in all (every tile `repeat` times)
+  int tiles;                   // distinct tiles: task i computes tile i % tiles
   int stages, mma, pairs;
   int b_whole;                 // 1: B as one 256-row box (3 loads per stage become 2)
   float* out;                  // [experts * rows, N] or nullptr: accumulators discarded
@@ -66,7 +69,8 @@ struct TaskTile {
 };
 
 // Task i in band order: expert e, band b, column n, row tile t of the band.
-__device__ __forceinline__ TaskTile task_tile(const Args& a, int i) {
+__device__ __forceinline__ TaskTile task_tile(const Args& a, int task) {
+  const int i = task % a.tiles;
   const int per_expert = a.row_tiles * (kN / kTileN);
   const int e = i / per_expert, j = i % per_expert;
   const int per_band = a.band * (kN / kTileN);
@@ -264,10 +268,11 @@ struct Case {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int experts = 8, rows = 2560, band = 10, grid = 128, iters = 50, only = -1;
+  int experts = 8, rows = 2560, band = 10, grid = 128, iters = 50, repeat = 1, only = -1;
   std::string out;
   const char* usage =
-      "usage: mok_feed_rate [--experts N] [--rows N] [--band N] [--grid N] [--iters N] [--case I] [--out FILE]\n";
+      "usage: mok_feed_rate [--experts N] [--rows N] [--band N] [--grid N] [--repeat N] [--iters N] [--case I] "
+      "[--out FILE]\n";
   for (int i = 1; i < argc; ++i) {
     const std::string opt = argv[i];
     if (i + 1 >= argc) {
@@ -279,6 +284,7 @@ int main(int argc, char** argv) {
     else if (opt == "--rows") rows = parse("--rows", v, 256, 1 << 16);
     else if (opt == "--band") band = parse("--band", v, 2, 512);
     else if (opt == "--grid") grid = parse("--grid", v, 2, 1024);
+    else if (opt == "--repeat") repeat = parse("--repeat", v, 1, 64);
     else if (opt == "--iters") iters = parse("--iters", v, 1, 10000);
     else if (opt == "--case") only = parse("--case", v, 0, 1000);
     else if (opt == "--out") out = v;
@@ -324,10 +330,11 @@ int main(int argc, char** argv) {
   args.b_map_whole = encode(b_dev, 1ull * experts * kN, 256);
   args.row_tiles = rows / kTileM;
   args.band = band;
-  args.tasks = experts * args.row_tiles * (kN / kTileN);
+  args.tiles = experts * args.row_tiles * (kN / kTileN);
+  args.tasks = args.tiles * repeat;
   args.cycles = cycles_dev;
   args.error = error_dev;
-  const double flops = 2.0 * experts * rows * kN * kK;
+  const double flops = 2.0 * experts * rows * kN * kK * repeat;
   const double bytes_per_task = (kK / kTileK) * static_cast<double>(kStage);  // landed in one CTA's shared memory
 
   std::vector<Case> cases;
@@ -339,14 +346,15 @@ int main(int argc, char** argv) {
   cudaEvent_t e0, e1;
   check(cudaEventCreate(&e0), "cudaEventCreate");
   check(cudaEventCreate(&e1), "cudaEventCreate");
-  std::printf("%s, %d SMs; %d experts x %d rows, K = %d, N = %d; %d tasks of 128x256 on %d CTAs, band %d; median of %d\n",
-              prop.name, prop.multiProcessorCount, experts, rows, kK, kN, args.tasks, grid, band, iters);
+  std::printf("%s, %d SMs; %d experts x %d rows, K = %d, N = %d; %d tasks of 128x256 (each tile %d times) on %d CTAs, "
+              "band %d; median of %d\n",
+              prop.name, prop.multiProcessorCount, experts, rows, kK, kN, args.tasks, repeat, grid, band, iters);
   std::printf("%-4s %6s %5s %7s %9s %9s %12s %12s %12s %9s %s\n", "mma", "stages", "pairs", "B box", "ms", "TFLOP/s",
               "B/clk/SM in", "from L2", "GB/s per SM", "SM MHz", "check");
   std::string json = "{\"gpu\": \"" + std::string(prop.name) + "\", \"experts\": " + std::to_string(experts) +
                      ", \"rows\": " + std::to_string(rows) + ", \"k\": " + std::to_string(kK) +
                      ", \"n\": " + std::to_string(kN) + ", \"grid\": " + std::to_string(grid) +
-                     ", \"band\": " + std::to_string(band) + ", \"cases\": [";
+                     ", \"band\": " + std::to_string(band) + ", \"repeat\": " + std::to_string(repeat) + ", \"cases\": [";
   bool first = true, all_ok = true;
   for (std::size_t ci = 0; ci < cases.size(); ++ci) {
     if (only >= 0 && static_cast<int>(ci) != only) continue;
