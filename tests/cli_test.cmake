@@ -7,7 +7,8 @@
 # MODE unknown_shape: `mok run --shape nope` must exit with a non-zero status (not a crash)
 #                     and say 'unknown name' on stderr; anything else fails.
 # MODE bad_numbers:   out-of-range, partial or non-finite numbers on the command line fail,
-#                     naming the option (they were truncated or partly read).
+#                     naming the option (they were truncated or partly read; --iters and
+#                     --warmup near INT_MAX overflowed their sum and timed nothing).
 # MODE bad_input:     malformed options, fields, directories and sizes are refused up front,
 #                     naming what is wrong (each was accepted, silently changed, or crashed).
 # MODE bad_active_rank: `mok run --shape tiny --ep-mode slice --active-rank X` for X out of
@@ -103,7 +104,9 @@ elseif(MODE STREQUAL "bad_numbers")
       "--shared|128abc|'128abc' is not an integer"
       "--swiglu-limit|nan|option --swiglu-limit: must be a finite number"
       "--capacity|inf|option --capacity: must be a finite number"
-      "--seed|-1|option --seed: -1 is out of range")
+      "--seed|-1|option --seed: -1 is out of range"
+      "--iters|2147483647|option --iters: must be in [1, 1000000]"
+      "--warmup|2000000|option --warmup: must be in [0, 1000000]")
   foreach(c IN LISTS cases)
     string(REPLACE "|" ";" parts "${c}")
     list(GET parts 0 opt)
@@ -130,6 +133,12 @@ elseif(MODE STREQUAL "bad_input")
   run_mok(rc so se run ${small} --backend cpu --pass backward --save "${WORK}/bwd")
   if(NOT rc STREQUAL "0" OR EXISTS "${WORK}/bwd/rank0/y.npy" OR NOT EXISTS "${WORK}/bwd/rank0/dx.npy")
     message(FATAL_ERROR "--pass backward --save: exit '${rc}', it must save dx and no y\n${se}")
+  endif()
+  # --expect's files are looked for before any work, and before --save claims its directory.
+  expect_refused("option --expect ${WORK}/none: no file ${WORK}/none/rank0/y.npy"
+                 run ${small} --backend cpu --expect "${WORK}/none" --save "${WORK}/unclaimed")
+  if(EXISTS "${WORK}/unclaimed")
+    message(FATAL_ERROR "--expect with a missing file: --save's directory was created before the refusal")
   endif()
   # A save never mixes two runs' files.
   expect_refused("already holds files" run ${small} --save "${WORK}/bwd")

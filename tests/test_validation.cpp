@@ -126,6 +126,25 @@ TEST_F(BadInput, PlacementOfTheTensorsMovedInBulk) {
   bad = args;
   bad[1].weights.shared[0].w_up.device_index = 1;
   EXPECT_THAT(check(bad, here), AllOf(HasSubstr("w_up[rank 1][shared 0]"), HasSubstr("must be on cuda:0")));
+  // The routing: on the device, aligned to its 4-byte elements (16 is not asked of it). A
+  // misaligned id tensor reached the schedule kernels and lost the CUDA context.
+  HostTensor routing_spare(DType::i32, {args[1].inputs.top_experts.numel() + 4});
+  auto moved = [&](TensorView t, std::size_t bytes) {
+    t.data = static_cast<char*>(routing_spare.view().data) + bytes;
+    return t;
+  };
+  bad = args;
+  bad[1].inputs.top_experts = moved(bad[1].inputs.top_experts, 4);
+  bad[1].inputs.router_weights = moved(bad[1].inputs.router_weights, 4);
+  EXPECT_NO_THROW(check_forward_args(p_, o, bad, Device::cpu, here));
+  bad[1].inputs.top_experts = moved(bad[1].inputs.top_experts, 2);
+  EXPECT_THAT(check(bad, here), AllOf(HasSubstr("top_experts[rank 1]"), HasSubstr("4-byte aligned")));
+  bad = args;
+  bad[0].inputs.router_weights = moved(bad[0].inputs.router_weights, 6);
+  EXPECT_THAT(check(bad, here), AllOf(HasSubstr("router_weights[rank 0]"), HasSubstr("4-byte aligned")));
+  bad = args;
+  bad[0].inputs.top_experts.device_index = 1;
+  EXPECT_THAT(check(bad, here), AllOf(HasSubstr("top_experts[rank 0]"), HasSubstr("must be on cuda:0")));
 }
 
 // An output sharing bytes with any input or another output is refused before any work: the

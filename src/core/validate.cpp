@@ -150,7 +150,14 @@ void check_forward_args(const Problem& p, const LayerOptions& o, std::span<const
   check_rank_count(p, o, ranks);
   for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
     check_inputs(p, ranks[r].inputs, r, dev);
-    if (placement) check_placement(ranks[r].inputs.x, rank_name("x", r), *placement);
+    if (placement) {
+      check_placement(ranks[r].inputs.x, rank_name("x", r), *placement);
+      // The routing is read an element at a time (the schedule kernels, the ids' all-gather):
+      // the same device, and aligned to its 4-byte elements.
+      const Placement element_aligned{placement->device_index, 4};
+      check_placement(ranks[r].inputs.top_experts, rank_name("top_experts", r), element_aligned);
+      check_placement(ranks[r].inputs.router_weights, rank_name("router_weights", r), element_aligned);
+    }
     if (!is_active(o, r)) continue;
     check_weights(p, ranks[r].weights, r, dev);
     check_tensor(ranks[r].y, rank_name("y", r), DType::bf16, {p.tokens_per_rank, p.hidden}, dev);

@@ -21,7 +21,8 @@ struct Placement {
 
 // Shapes, dtypes, devices and presence of every tensor. `active` lists the ranks whose
 // weights and outputs must be present (all of them unless in rank_slice mode). With a
-// placement, x, y and the weights must also be where it says.
+// placement, x, y and the weights must also be where it says, and the routing (top_experts,
+// router_weights) on its device, aligned to its 4-byte elements.
 void check_forward_args(const Problem& p, const LayerOptions& o, std::span<const RankForward> ranks,
                         Device device, std::optional<Placement> placement = std::nullopt);
 void check_backward_args(const Problem& p, const LayerOptions& o, std::span<const RankBackward> ranks,

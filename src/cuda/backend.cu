@@ -148,14 +148,15 @@ class DeviceBuffer {
   std::size_t bytes_ = 0;
 };
 
-// MOK_WAIT_TIMEOUT_MS: the cross-CTA spin-wait limit (default 20 s); a positive number of
-// milliseconds, anything else an error naming the variable.
+// MOK_WAIT_TIMEOUT_MS: the cross-CTA spin-wait limit (default 20 s); milliseconds in [1,
+// 3600000], anything else an error naming the variable. (Below 1 ms it reached the device as
+// 0 ns and the group's rendezvous as 0 ms: every wait failed, blamed on the kernel.)
 std::uint64_t wait_timeout_ns() {
   const char* name = tuning_env_name(TuningEnv::kWaitTimeoutMs);
   const char* env = std::getenv(name);
   if (env == nullptr || *env == '\0') return 20000ull * 1000000ull;
   const double ms = parse_finite(env, name);
-  require(ms > 0 && ms <= 3.6e6, std::string(name) + " = " + env + ": must be in (0, 3600000] ms");
+  require(ms >= 1 && ms <= 3.6e6, std::string(name) + " = " + env + ": must be in [1, 3600000] ms");
   return static_cast<std::uint64_t>(ms * 1e6);
 }
 

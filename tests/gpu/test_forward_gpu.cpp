@@ -978,7 +978,7 @@ TEST(GpuErrors, MalformedEnvironmentKnobIsAClearError) {
   o.backend = Backend::cuda;
   for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
            {"MOK_COOPERATIVE", "maybe"}, {"MOK_STORE_WARP", "yes"}, {"MOK_HALF_TILES", "2"}, {"MOK_COMM_JOIN", "2"}, {"MOK_HEAD_PULLS", "2"}, {"MOK_PULL_AHEAD", "-1"},
-           {"MOK_PULL_AHEAD", "4x"}, {"MOK_PULL_GROUPS", "4"}, {"MOK_TASK_LAG", "65"}, {"MOK_HEAD_PULL_TILES", "-3"}, {"MOK_WAIT_TIMEOUT_MS", "0"}, {"MOK_WAIT_TIMEOUT_MS", "nan"}}) {
+           {"MOK_PULL_AHEAD", "4x"}, {"MOK_PULL_GROUPS", "4"}, {"MOK_TASK_LAG", "65"}, {"MOK_HEAD_PULL_TILES", "-3"}, {"MOK_WAIT_TIMEOUT_MS", "0"}, {"MOK_WAIT_TIMEOUT_MS", "nan"}, {"MOK_WAIT_TIMEOUT_MS", "0.5"}}) {
     ScopedEnv bad(name, value);
     try {
       Layer layer(p, Config{}, o);

@@ -34,8 +34,10 @@ routing and data:
   --load DIR              read problem.json and every input, routing included, from DIR (see
                           --save; the shape, routing and seed options are refused with it)
   --save DIR              write problem.json, inputs, outputs and gradients as .npy
-                          (distributed: each process writes its rank's y)
+                          (distributed: each process writes its rank's y; a slice writes no y:
+                          its combine slots from the other ranks are not filled here)
   --expect DIR            require every computed rank's y to equal DIR/rank<r>/y.npy bit for bit
+                          (not with a slice)
 execution:
   --backend cpu|cuda      default: cuda when a GPU is present, else cpu
   --ep-mode all|slice|distributed
@@ -110,10 +112,13 @@ int run_command(const std::vector<std::string>& argv) {
   const bool do_fwd = pass != "backward", do_bwd = pass != "forward";
   if (expect_dir && !do_fwd) throw Error("option --expect: compares y, which --pass backward does not compute");
   const bool check = args.take_flag("check");
-  const int iters = static_cast<int>(args.take_int("iters").value_or(on_cuda ? 20 : 1));
-  const int warmup = static_cast<int>(args.take_int("warmup").value_or(on_cuda ? 5 : 0));
-  if (iters < 1) throw Error("option --iters: must be >= 1");
-  if (warmup < 0) throw Error("option --warmup: must be >= 0");
+  // (Bounded, so that warmup + iters cannot overflow and a typo cannot run for days.)
+  constexpr long long kMaxRepetitions = 1000000;
+  const long long iters_arg = args.take_int("iters").value_or(on_cuda ? 20 : 1);
+  const long long warmup_arg = args.take_int("warmup").value_or(on_cuda ? 5 : 0);
+  if (iters_arg < 1 || iters_arg > kMaxRepetitions) throw Error("option --iters: must be in [1, 1000000]");
+  if (warmup_arg < 0 || warmup_arg > kMaxRepetitions) throw Error("option --warmup: must be in [0, 1000000]");
+  const int iters = static_cast<int>(iters_arg), warmup = static_cast<int>(warmup_arg);
 
   Config config;
   if (auto v = args.take_double("capacity")) config.schedule_capacity_factor = *v;
@@ -139,13 +144,34 @@ int run_command(const std::vector<std::string>& argv) {
     if (ec) throw Error("option --save " + target.string() + ": cannot create the directory: " + ec.message());
   };
 
+  // The options that depend on the EP mode, checked once it is settled and before any work
+  // or any file is written. A slice computes one rank's y from combine slots the other ranks
+  // would fill (not filled by mok run), so its y is not the layer's: nothing to compare.
+  auto check_mode_options = [&](int ep_size) {
+    const char* mode = options.ep_mode == EpMode::rank_slice ? "slice" : "distributed";
+    if (check && on_cuda && options.ep_mode != EpMode::all_ranks)
+      throw Error(std::string("option --check with --ep-mode ") + mode +
+                  ": the comparison needs every rank's y here (--ep-mode all); the GPU test suite (tests/gpu) "
+                  "checks a slice's rows");
+    if (expect_dir && options.ep_mode == EpMode::rank_slice)
+      throw Error("option --expect with --ep-mode slice: a slice's y depends on combine slots mok run does not "
+                  "fill, so it is not the layer's y (use --ep-mode all or distributed)");
+    if (expect_dir)
+      for (int r = 0; r < ep_size; ++r) {
+        if (my_rank >= 0 && r != my_rank) continue;
+        const std::string f = *expect_dir + "/rank" + std::to_string(r) + "/y.npy";
+        if (!std::filesystem::is_regular_file(f)) throw Error("option --expect " + *expect_dir + ": no file " + f);
+      }
+  };
+
   LayerData data;
   std::string shape_name;
   if (load_dir) {
     args.finish();
-    claim_save_dir();
     data = io::load_layer_data(*load_dir, do_bwd);
     if (ep_mode == "auto" && on_cuda && data.problem.ep_size > 8) options.ep_mode = EpMode::rank_slice;
+    check_mode_options(data.problem.ep_size);
+    claim_save_dir();
     // The loaded ids pick the slice's rank (load_layer_data has validated them).
     Routing loaded;
     for (const auto& r : data.ranks) {
@@ -162,8 +188,9 @@ int run_command(const std::vector<std::string>& argv) {
       throw Error("--ep-mode distributed: the group has " + std::to_string(group_size) + " processes but --ep is " +
                   std::to_string(pa.problem.ep_size) + " (one process per rank: mok launch -n " +
                   std::to_string(pa.problem.ep_size) + ")");
-    claim_save_dir();
     if (ep_mode == "auto" && on_cuda && pa.problem.ep_size > 8) options.ep_mode = EpMode::rank_slice;
+    check_mode_options(pa.problem.ep_size);
+    claim_save_dir();
     shape_name = pa.shape_name.empty() ? "custom" : pa.shape_name;
     // Checked before the routing is drawn: it alone is R*T*k ids and weights.
     // The CPU reference (the backend, or --check's comparison) holds its slots and work too.
@@ -200,7 +227,7 @@ int run_command(const std::vector<std::string>& argv) {
                                     {fn, [&] { layer.synchronize(); },
                                      options.ep_mode == EpMode::distributed ? 50 : 0}));
     std::vector<double> ms;
-    for (int i = 0; i < warmup + iters; ++i) {
+    for (long long i = 0; i < static_cast<long long>(warmup) + iters; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       fn();
       layer.synchronize();
@@ -239,9 +266,7 @@ int run_command(const std::vector<std::string>& argv) {
   if (check) {
     if (!on_cuda) {
       for (auto& r : rows) r.check = "reference itself";
-    } else {
-      require(options.ep_mode == EpMode::all_ranks,
-              "--check with --ep-mode slice: use the GPU test suite (tests/gpu), which checks a slice's rows");
+    } else {  // (on the GPU only with --ep-mode all: check_mode_options)
       LayerData ref = data;
       ref.poison_outputs();
       LayerOptions ro;
@@ -270,20 +295,23 @@ int run_command(const std::vector<std::string>& argv) {
       }
     }
   }
-  // Without the forward pass y was never computed (it holds the poison pattern): not saved.
-  if (!do_fwd)
+  // Without the forward pass y was never computed (it holds the poison pattern), and a slice's
+  // y is not the layer's (check_mode_options): neither is saved.
+  const bool y_saved = do_fwd && options.ep_mode != EpMode::rank_slice;
+  if (!y_saved)
     for (auto& r : data.ranks) r.y = HostTensor{};
   if (save_dir && my_rank >= 0) {
     const std::string rank_dir = *save_dir + "/rank" + std::to_string(my_rank);
     std::filesystem::create_directories(rank_dir);
-    if (do_fwd) npy::save(rank_dir + "/y.npy", data.ranks[my_rank].y);
+    if (y_saved) npy::save(rank_dir + "/y.npy", data.ranks[my_rank].y);
   } else if (save_dir) {
     io::save_layer_data(*save_dir, data);
   }
   bool expected = true;
   if (expect_dir) {
     for (int r = 0; r < p.ep_size; ++r) {
-      if (data.ranks[r].y.empty()) continue;  // not computed here
+      if (my_rank >= 0 && r != my_rank) continue;  // another process's rank
+      if (data.ranks[r].y.empty()) continue;       // not computed here
       const HostTensor want = npy::load(*expect_dir + "/rank" + std::to_string(r) + "/y.npy", DType::bf16,
                                         data.ranks[r].y.shape());
       const bool same = want.bitwise_equal(data.ranks[r].y);
@@ -316,7 +344,10 @@ int run_command(const std::vector<std::string>& argv) {
     if (r.check.rfind("FAIL", 0) == 0) all_pass = false;
   }
   if (save_dir)
-    std::printf("  saved every tensor under %s%s\n", save_dir->c_str(), do_fwd ? "" : " (no y: the forward did not run)");
+    std::printf("  saved every tensor under %s%s\n", save_dir->c_str(),
+                y_saved ? ""
+                : do_fwd ? " (no y: a slice's y is not the layer's)"
+                         : " (no y: the forward did not run)");
   return all_pass && expected ? 0 : 3;
 }
 
