@@ -558,14 +558,10 @@ __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const _
   const int num_tasks = *p.num_tasks;
   if (threadIdx.x < 128) {
     sm90::setmaxnreg_dec<40>();
-    if (threadIdx.x < 32) {
-      if (threadIdx.x == 0) producer_loop(p, sm, num_tasks);
-      // The producer's warp-mates wait for it rather than exit while its TMA loads are in
-      // flight (dispatch.cuh's pull warps do the same, for the failure mok_pull_rate showed).
-      __syncwarp();
-    } else if (threadIdx.x / 32 == 1 && p.store_warp) {
+    if (threadIdx.x == 0)
+      producer_loop(p, sm, num_tasks);
+    else if (threadIdx.x / 32 == 1 && p.store_warp)
       store_loop(p, sm);
-    }
   } else {
     sm90::setmaxnreg_inc<232>();
     consumer_loop(p, sm, p.swiglu_limit);
