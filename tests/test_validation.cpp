@@ -19,6 +19,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using test::error_message;
 
 class BadInput : public ::testing::Test {
@@ -145,6 +146,18 @@ TEST_F(BadInput, PlacementOfTheTensorsMovedInBulk) {
   bad = args;
   bad[0].inputs.top_experts.device_index = 1;
   EXPECT_THAT(check(bad, here), AllOf(HasSubstr("top_experts[rank 0]"), HasSubstr("must be on cuda:0")));
+}
+
+// A distributed process passes its own rank only, as ranks[0]: its errors name its real
+// rank (every process said "rank 0" before).
+TEST_F(BadInput, ErrorsNameTheRealRankOfTheFirstEntry) {
+  const LayerOptions o = test::cpu_options();
+  auto args = data_.forward_args();
+  args[1].inputs.x.ndim = 1;
+  const std::string e =
+      error_message([&] { check_forward_args(p_, o, args, Device::cpu, std::nullopt, /*first_rank=*/5); });
+  EXPECT_THAT(e, HasSubstr("x[rank 6]"));
+  EXPECT_THAT(e, Not(HasSubstr("[rank 1]")));
 }
 
 // An output sharing bytes with any input or another output is refused before any work: the

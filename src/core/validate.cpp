@@ -146,32 +146,34 @@ void check_routing_rank(const Problem& p, int rank, const std::int32_t* ids, con
 }
 
 void check_forward_args(const Problem& p, const LayerOptions& o, std::span<const RankForward> ranks,
-                        Device dev, std::optional<Placement> placement) {
+                        Device dev, std::optional<Placement> placement, int first_rank) {
   check_rank_count(p, o, ranks);
-  for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
-    check_inputs(p, ranks[r].inputs, r, dev);
+  for (int i = 0; i < static_cast<int>(ranks.size()); ++i) {
+    const int r = first_rank + i;  // the rank errors name (ranks[i] is rank first_rank + i)
+    check_inputs(p, ranks[i].inputs, r, dev);
     if (placement) {
-      check_placement(ranks[r].inputs.x, rank_name("x", r), *placement);
+      check_placement(ranks[i].inputs.x, rank_name("x", r), *placement);
       // The routing is read an element at a time (the schedule kernels, the ids' all-gather):
       // the same device, and aligned to its 4-byte elements.
       const Placement element_aligned{placement->device_index, 4};
-      check_placement(ranks[r].inputs.top_experts, rank_name("top_experts", r), element_aligned);
-      check_placement(ranks[r].inputs.router_weights, rank_name("router_weights", r), element_aligned);
+      check_placement(ranks[i].inputs.top_experts, rank_name("top_experts", r), element_aligned);
+      check_placement(ranks[i].inputs.router_weights, rank_name("router_weights", r), element_aligned);
     }
-    if (!is_active(o, r)) continue;
-    check_weights(p, ranks[r].weights, r, dev);
-    check_tensor(ranks[r].y, rank_name("y", r), DType::bf16, {p.tokens_per_rank, p.hidden}, dev);
+    if (!is_active(o, i)) continue;
+    check_weights(p, ranks[i].weights, r, dev);
+    check_tensor(ranks[i].y, rank_name("y", r), DType::bf16, {p.tokens_per_rank, p.hidden}, dev);
     if (placement) {
-      check_weight_placement(ranks[r].weights, r, *placement);
-      check_placement(ranks[r].y, rank_name("y", r), *placement);
+      check_weight_placement(ranks[i].weights, r, *placement);
+      check_placement(ranks[i].y, rank_name("y", r), *placement);
     }
   }
   SpanList spans;
-  for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
-    spans.add_inputs(ranks[r].inputs, r);
-    if (!is_active(o, r)) continue;
-    spans.add_weights(ranks[r].weights, r);
-    spans.add(ranks[r].y, rank_name("y", r), true);
+  for (int i = 0; i < static_cast<int>(ranks.size()); ++i) {
+    const int r = first_rank + i;
+    spans.add_inputs(ranks[i].inputs, r);
+    if (!is_active(o, i)) continue;
+    spans.add_weights(ranks[i].weights, r);
+    spans.add(ranks[i].y, rank_name("y", r), true);
   }
   spans.require_outputs_apart();
 }

@@ -23,8 +23,10 @@ struct Placement {
 // weights and outputs must be present (all of them unless in rank_slice mode). With a
 // placement, x, y and the weights must also be where it says, and the routing (top_experts,
 // router_weights) on its device, aligned to its 4-byte elements.
+// `first_rank`: the rank ranks[0] is, for the names errors give (a distributed process
+// passes its own rank only).
 void check_forward_args(const Problem& p, const LayerOptions& o, std::span<const RankForward> ranks,
-                        Device device, std::optional<Placement> placement = std::nullopt);
+                        Device device, std::optional<Placement> placement = std::nullopt, int first_rank = 0);
 void check_backward_args(const Problem& p, const LayerOptions& o, std::span<const RankBackward> ranks,
                          Device device);
 

@@ -534,7 +534,8 @@ class CudaBackend final : public BackendImpl {
   void enqueue_forward(std::span<const RankForward> ranks) {
     // x rows and weights move with bulk copies and TMA, y is written in 16-byte stores (a
     // misaligned one would fault and lose the context): all on this layer's device, aligned.
-    check_forward_args(problem_, options_, ranks, Device::cuda, Placement{options_.cuda_device, 16});
+    check_forward_args(problem_, options_, ranks, Device::cuda, Placement{options_.cuda_device, 16},
+                       group_ ? first_rank_ : 0);
     const CallArgs& a = call_args(ranks);
     const Problem& p = problem_;
     const int T = p.tokens_per_rank, H = p.hidden;
