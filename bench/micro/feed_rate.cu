@@ -38,11 +38,14 @@
 #include <vector>
 
 #include "cuda/sm90.cuh"
+#include "micro_tool.h"
 #include "mok_commit.h"  // MOK_GIT_COMMIT, MOK_GIT_DIRTY (generated at build time)
 
 namespace {
 
 using namespace mok::cuda;
+
+constexpr mok::micro::Tool kTool{"mok_feed_rate"};
 
 constexpr int kThreads = 384;  // warpgroup 0: producer; 1-2: consumers (a 64-row half each)
 constexpr int kTileM = 128, kTileN = 256, kTileK = 64;
@@ -220,27 +223,10 @@ __global__ void fill_kernel(__nv_bfloat16* p, unsigned long long n, unsigned sal
     p[i] = __float2bfloat16(input_value(i, salt));
 }
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "mok_feed_rate: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-int parse(const char* name, const char* value, int lo, int hi) {
-  char* end = nullptr;
-  const long v = std::strtol(value, &end, 10);
-  if (end == value || *end != '\0' || v < lo || v > hi) {
-    std::fprintf(stderr, "mok_feed_rate: %s = '%s': must be an integer in [%d, %d]\n", name, value, lo, hi);
-    std::exit(2);
-  }
-  return static_cast<int>(v);
-}
-
 CUtensorMap encode(const void* base, unsigned long long outer, unsigned box_rows) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult q;
-  check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q),
+  kTool.check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q),
         "cudaGetDriverEntryPointByVersion");
   if (q != cudaDriverEntryPointSuccess || fn == nullptr) {
     std::fprintf(stderr, "mok_feed_rate: the CUDA driver has no cuTensorMapEncodeTiled\n");
@@ -281,13 +267,13 @@ int main(int argc, char** argv) {
       return 2;
     }
     const char* v = argv[++i];
-    if (opt == "--experts") experts = parse("--experts", v, 1, 64);
-    else if (opt == "--rows") rows = parse("--rows", v, 256, 1 << 16);
-    else if (opt == "--band") band = parse("--band", v, 2, 512);
-    else if (opt == "--grid") grid = parse("--grid", v, 2, 1024);
-    else if (opt == "--repeat") repeat = parse("--repeat", v, 1, 64);
-    else if (opt == "--iters") iters = parse("--iters", v, 1, 10000);
-    else if (opt == "--case") only = parse("--case", v, 0, 1000);
+    if (opt == "--experts") experts = kTool.parse("--experts", v, 1, 64);
+    else if (opt == "--rows") rows = kTool.parse("--rows", v, 256, 1 << 16);
+    else if (opt == "--band") band = kTool.parse("--band", v, 2, 512);
+    else if (opt == "--grid") grid = kTool.parse("--grid", v, 2, 1024);
+    else if (opt == "--repeat") repeat = kTool.parse("--repeat", v, 1, 64);
+    else if (opt == "--iters") iters = kTool.parse("--iters", v, 1, 10000);
+    else if (opt == "--case") only = kTool.parse("--case", v, 0, 1000);
     else if (opt == "--out") out = v;
     else {
       std::fprintf(stderr, "mok_feed_rate: unknown argument '%s'\n%s", opt.c_str(), usage);
@@ -308,22 +294,23 @@ int main(int argc, char** argv) {
     return 1;
   }
   cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  kTool.check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   const unsigned long long a_elems = 1ull * experts * rows * kK, b_elems = 1ull * experts * kN * kK;
   __nv_bfloat16 *a_dev = nullptr, *b_dev = nullptr;
   float* out_dev = nullptr;
   long long* cycles_dev = nullptr;
   int* error_dev = nullptr;
-  check(cudaMalloc(&a_dev, a_elems * 2), "cudaMalloc A");
-  check(cudaMalloc(&b_dev, b_elems * 2), "cudaMalloc B");
-  check(cudaMalloc(&out_dev, 1ull * experts * rows * kN * sizeof(float)), "cudaMalloc out");
-  check(cudaMalloc(&cycles_dev, grid * sizeof(long long)), "cudaMalloc cycles");
-  check(cudaMalloc(&error_dev, sizeof(int)), "cudaMalloc error");
-  check(cudaMemset(error_dev, 0, sizeof(int)), "cudaMemset error");
+  kTool.check(cudaMalloc(&a_dev, a_elems * 2), "cudaMalloc A");
+  kTool.check(cudaMalloc(&b_dev, b_elems * 2), "cudaMalloc B");
+  kTool.check(cudaMalloc(&out_dev, 1ull * experts * rows * kN * sizeof(float)), "cudaMalloc out");
+  kTool.check(cudaMalloc(&cycles_dev, grid * sizeof(long long)), "cudaMalloc cycles");
+  kTool.check(cudaMalloc(&error_dev, sizeof(int)), "cudaMalloc error");
+  kTool.check(cudaMemset(error_dev, 0, sizeof(int)), "cudaMemset error");
   fill_kernel<<<1024, 256>>>(a_dev, a_elems, 1);
   fill_kernel<<<1024, 256>>>(b_dev, b_elems, 2);
-  check(cudaGetLastError(), "fill");
-  check(cudaFuncSetAttribute(feed_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), "cudaFuncSetAttribute");
+  kTool.check(cudaGetLastError(), "fill");
+  kTool.check(cudaFuncSetAttribute(feed_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+              "cudaFuncSetAttribute");
 
   Args args{};
   args.a_map = encode(a_dev, 1ull * experts * rows, 128);
@@ -345,8 +332,8 @@ int main(int argc, char** argv) {
   for (int mma : {0, 1})
     for (int stages : {3, 4}) cases.push_back({stages, mma, 0, 1});
   cudaEvent_t e0, e1;
-  check(cudaEventCreate(&e0), "cudaEventCreate");
-  check(cudaEventCreate(&e1), "cudaEventCreate");
+  kTool.check(cudaEventCreate(&e0), "cudaEventCreate");
+  kTool.check(cudaEventCreate(&e1), "cudaEventCreate");
   std::printf("%s, %d SMs; %d experts x %d rows, K = %d, N = %d; %d tasks of 128x256 (each tile %d times) on %d CTAs, "
               "band %d; median of %d\n",
               prop.name, prop.multiProcessorCount, experts, rows, kK, kN, args.tasks, repeat, grid, band, iters);
@@ -377,34 +364,34 @@ int main(int argc, char** argv) {
     cfg.numAttrs = c.pairs ? 1 : 0;
     auto launch = [&](float* to) {
       args.out = to;
-      check(cudaLaunchKernelEx(&cfg, feed_kernel, args), "launch");
+      kTool.check(cudaLaunchKernelEx(&cfg, feed_kernel, args), "launch");
     };
     std::vector<float> ms;
     std::vector<double> mhz;
     std::vector<long long> cycles(grid);
     for (int it = 0; it < iters + 2; ++it) {
-      check(cudaEventRecord(e0), "cudaEventRecord");
+      kTool.check(cudaEventRecord(e0), "cudaEventRecord");
       launch(nullptr);
-      check(cudaEventRecord(e1), "cudaEventRecord");
-      check(cudaEventSynchronize(e1), "cudaEventSynchronize");
+      kTool.check(cudaEventRecord(e1), "cudaEventRecord");
+      kTool.check(cudaEventSynchronize(e1), "cudaEventSynchronize");
       float t = 0;
-      check(cudaEventElapsedTime(&t, e0, e1), "cudaEventElapsedTime");
+      kTool.check(cudaEventElapsedTime(&t, e0, e1), "cudaEventElapsedTime");
       if (it < 2) continue;  // the first two warm up
       ms.push_back(t);
-      check(cudaMemcpy(cycles.data(), cycles_dev, grid * sizeof(long long), cudaMemcpyDeviceToHost), "cycles");
+      kTool.check(cudaMemcpy(cycles.data(), cycles_dev, grid * sizeof(long long), cudaMemcpyDeviceToHost), "cycles");
       mhz.push_back(static_cast<double>(*std::max_element(cycles.begin(), cycles.end())) / (t * 1e3));
     }
     int failed = 0;
-    check(cudaMemcpy(&failed, error_dev, sizeof(int), cudaMemcpyDeviceToHost), "cudaMemcpy error");
+    kTool.check(cudaMemcpy(&failed, error_dev, sizeof(int), cudaMemcpyDeviceToHost), "cudaMemcpy error");
     if (failed) {
       std::fprintf(stderr, "mok_feed_rate: a wait spun past its limit (case %zu): the results are not valid\n", ci);
       return 1;
     }
     std::string verdict = "-";
     if (c.mma) {  // one more launch writing C, sampled against the host
-      check(cudaMemset(out_dev, 0xff, 1ull * experts * rows * kN * sizeof(float)), "cudaMemset out");
+      kTool.check(cudaMemset(out_dev, 0xff, 1ull * experts * rows * kN * sizeof(float)), "cudaMemset out");
       launch(out_dev);
-      check(cudaDeviceSynchronize(), "check launch");
+      kTool.check(cudaDeviceSynchronize(), "check launch");
       int bad = 0;
       for (int s = 0; s < 512; ++s) {
         const long long r = (1237ll * s + 11) % (1ll * experts * rows), n = (977ll * s + 5) % kN;
@@ -414,7 +401,7 @@ int main(int argc, char** argv) {
           want += static_cast<double>(input_value(static_cast<unsigned long long>(r) * kK + k, 1)) *
                   input_value(static_cast<unsigned long long>(e * kN + n) * kK + k, 2);
         float got = 0;
-        check(cudaMemcpy(&got, out_dev + r * kN + n, sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy out");
+        kTool.check(cudaMemcpy(&got, out_dev + r * kN + n, sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy out");
         if (!(static_cast<double>(got) == want)) {
           if (bad++ < 3) std::fprintf(stderr, "mok_feed_rate: case %zu: C[%lld][%lld] = %g, want %g\n", ci, r, n, got, want);
         }

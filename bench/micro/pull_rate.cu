@@ -31,10 +31,13 @@
 #include <vector>
 
 #include "cuda/sm90.cuh"
+#include "micro_tool.h"
 
 namespace {
 
 using namespace mok::cuda;
+
+constexpr mok::micro::Tool kTool{"mok_pull_rate"};
 
 constexpr int kThreads = 384;         // the megakernel's CTA size
 constexpr int kMaxPipes = 12;         // one per warp
@@ -159,23 +162,6 @@ __global__ void __launch_bounds__(kThreads, 1) pull_kernel(const Args a) {
   __syncwarp();
 }
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "mok_pull_rate: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-int parse(const char* name, const char* value, int lo, int hi) {
-  char* end = nullptr;
-  const long v = std::strtol(value, &end, 10);
-  if (end == value || *end != '\0' || v < lo || v > hi) {
-    std::fprintf(stderr, "mok_pull_rate: %s = '%s': must be an integer in [%d, %d]\n", name, value, lo, hi);
-    std::exit(2);
-  }
-  return static_cast<int>(v);
-}
-
 struct Case {
   const char* name;
   int mode, grid, pipes, slots, ahead;
@@ -192,10 +178,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "mok_pull_rate: %s needs a value\nusage: mok_pull_rate [--row-bytes N] [--rows N] [--iters N] [--case I] [--out FILE]\n", a.c_str());
       return 2;
     }
-    if (a == "--row-bytes") row_bytes = parse("--row-bytes", argv[++i], 16, 32768);
-    else if (a == "--rows") rows = parse("--rows", argv[++i], 1, 1 << 16);
-    else if (a == "--iters") iters = parse("--iters", argv[++i], 1, 10000);
-    else if (a == "--case") only = parse("--case", argv[++i], 0, 1000);
+    if (a == "--row-bytes") row_bytes = kTool.parse("--row-bytes", argv[++i], 16, 32768);
+    else if (a == "--rows") rows = kTool.parse("--rows", argv[++i], 1, 1 << 16);
+    else if (a == "--iters") iters = kTool.parse("--iters", argv[++i], 1, 10000);
+    else if (a == "--case") only = kTool.parse("--case", argv[++i], 0, 1000);
     else if (a == "--out") out = argv[++i];
     else {
       std::fprintf(stderr, "mok_pull_rate: unknown argument '%s'\n", a.c_str());
@@ -212,17 +198,17 @@ int main(int argc, char** argv) {
     return 1;
   }
   cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  kTool.check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   const int sms = prop.multiProcessorCount;
   const int src_rows = 1 << 16;  // 512 MB of 8 KB rows: far past L2
   std::uint8_t *src = nullptr, *dst = nullptr;
   int* error = nullptr;
-  check(cudaMalloc(&src, static_cast<std::size_t>(src_rows) * row_bytes), "cudaMalloc src");
-  check(cudaMalloc(&dst, static_cast<std::size_t>(sms) * rows * row_bytes), "cudaMalloc dst");
-  check(cudaMalloc(&error, sizeof(int)), "cudaMalloc error");
-  check(cudaMemset(src, 1, static_cast<std::size_t>(src_rows) * row_bytes), "cudaMemset src");
-  check(cudaMemset(error, 0, sizeof(int)), "cudaMemset error");
-  check(cudaFuncSetAttribute(pull_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)),
+  kTool.check(cudaMalloc(&src, static_cast<std::size_t>(src_rows) * row_bytes), "cudaMalloc src");
+  kTool.check(cudaMalloc(&dst, static_cast<std::size_t>(sms) * rows * row_bytes), "cudaMalloc dst");
+  kTool.check(cudaMalloc(&error, sizeof(int)), "cudaMalloc error");
+  kTool.check(cudaMemset(src, 1, static_cast<std::size_t>(src_rows) * row_bytes), "cudaMemset src");
+  kTool.check(cudaMemset(error, 0, sizeof(int)), "cudaMemset error");
+  kTool.check(cudaFuncSetAttribute(pull_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)),
         "cudaFuncSetAttribute");
   const std::size_t slot_room = kSmem - 128 - kMaxPipes * kMaxSlots * sizeof(std::uint64_t);
   auto slots_for = [&](int pipes) {
@@ -243,8 +229,8 @@ int main(int argc, char** argv) {
     cases.push_back({"ldst", kLdSt, grid, 0, 0, 0});
   }
   cudaEvent_t e0, e1;
-  check(cudaEventCreate(&e0), "cudaEventCreate");
-  check(cudaEventCreate(&e1), "cudaEventCreate");
+  kTool.check(cudaEventCreate(&e0), "cudaEventCreate");
+  kTool.check(cudaEventCreate(&e1), "cudaEventCreate");
   std::printf("%s, %d SMs; %d rows of %d bytes per CTA; median of %d launches\n", prop.name, sms, rows, row_bytes, iters);
   std::printf("%-6s %5s %5s %5s %5s %12s %12s\n", "mode", "ctas", "pipes", "slots", "ahead", "GB/s per CTA", "GB/s total");
   std::string json = "{\"gpu\": \"" + std::string(prop.name) + "\", \"row_bytes\": " + std::to_string(row_bytes) +
@@ -257,17 +243,17 @@ int main(int argc, char** argv) {
     const Args a{src, dst, src_rows, rows, row_bytes, c.pipes, c.slots, c.ahead, c.mode, error};
     std::vector<float> ms;
     for (int it = 0; it < iters + 2; ++it) {
-      check(cudaEventRecord(e0), "cudaEventRecord");
+      kTool.check(cudaEventRecord(e0), "cudaEventRecord");
       pull_kernel<<<c.grid, kThreads, kSmem>>>(a);
-      check(cudaGetLastError(), "launch");
-      check(cudaEventRecord(e1), "cudaEventRecord");
-      check(cudaEventSynchronize(e1), "cudaEventSynchronize");
+      kTool.check(cudaGetLastError(), "launch");
+      kTool.check(cudaEventRecord(e1), "cudaEventRecord");
+      kTool.check(cudaEventSynchronize(e1), "cudaEventSynchronize");
       float t = 0;
-      check(cudaEventElapsedTime(&t, e0, e1), "cudaEventElapsedTime");
+      kTool.check(cudaEventElapsedTime(&t, e0, e1), "cudaEventElapsedTime");
       if (it >= 2) ms.push_back(t);  // the first two warm up
     }
     int failed = 0;
-    check(cudaMemcpy(&failed, error, sizeof(int), cudaMemcpyDeviceToHost), "cudaMemcpy error");
+    kTool.check(cudaMemcpy(&failed, error, sizeof(int), cudaMemcpyDeviceToHost), "cudaMemcpy error");
     if (failed) {
       std::fprintf(stderr, "mok_pull_rate: a wait spun past its limit in mode %s: the results are not valid\n", c.name);
       return 1;
