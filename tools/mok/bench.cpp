@@ -153,12 +153,7 @@ int bench_command(const std::vector<std::string>& argv) {
   Args args(argv, {"pairs"});
   const std::string work_dir = args.take_or("work-dir", "");
   if (work_dir.empty()) throw Error("option --work-dir: needed (where mok.json and the peer inputs go)");
-  // (Bounded, as mok run's: warmup + iters must not overflow.)
-  const long long warmup_arg = args.take_int("warmup").value_or(500);
-  const long long iters_arg = args.take_int("iters").value_or(100);
-  if (warmup_arg < 0 || warmup_arg > 1000000) throw Error("option --warmup: must be in [0, 1000000]");
-  if (iters_arg < 1 || iters_arg > 1000000) throw Error("option --iters: must be in [1, 1000000]");
-  const int warmup = static_cast<int>(warmup_arg), iters = static_cast<int>(iters_arg);
+  const auto [warmup, iters] = take_repetitions(args, 500, 100);
   const std::uint64_t seed = args.take_seed("seed").value_or(1);
   const RoutingSpec routing_spec = RoutingSpec::parse(args.take_or("routing", "gaussian"));
   const std::string ep_mode = args.take_or("ep-mode", "auto");

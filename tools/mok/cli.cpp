@@ -83,6 +83,15 @@ void Args::finish() const {
   if (!unknown.empty()) throw Error("unknown or unused option(s):" + unknown + " (see --help)");
 }
 
+Repetitions take_repetitions(Args& args, int default_warmup, int default_iters) {
+  constexpr int kMax = 1000000;
+  const int warmup = args.take_int("warmup").value_or(default_warmup);
+  const int iters = args.take_int("iters").value_or(default_iters);
+  if (warmup < 0 || warmup > kMax) throw Error("option --warmup: must be in [0, " + std::to_string(kMax) + "]");
+  if (iters < 1 || iters > kMax) throw Error("option --iters: must be in [1, " + std::to_string(kMax) + "]");
+  return {warmup, iters};
+}
+
 int resolve_active_rank(const std::optional<std::string>& given, bool slice, const Problem& problem,
                         const Routing& routing) {
   if (!slice) {

@@ -29,6 +29,14 @@ class Args {
   std::map<std::string, bool> flags_set_;
 };
 
+// --warmup and --iters, the timed repetitions: warmup in [0, 1000000], iters in [1, 1000000]
+// (bounded so that their sum fits an int and a typo cannot run for days; near INT_MAX the
+// sum overflowed and nothing was timed). Throws naming the option.
+struct Repetitions {
+  int warmup, iters;
+};
+Repetitions take_repetitions(Args& args, int default_warmup, int default_iters);
+
 // The problem described by --shape/--experts/... (see `mok run --help`).
 struct ProblemArgs {
   Problem problem;

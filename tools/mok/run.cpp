@@ -112,13 +112,7 @@ int run_command(const std::vector<std::string>& argv) {
   const bool do_fwd = pass != "backward", do_bwd = pass != "forward";
   if (expect_dir && !do_fwd) throw Error("option --expect: compares y, which --pass backward does not compute");
   const bool check = args.take_flag("check");
-  // (Bounded, so that warmup + iters cannot overflow and a typo cannot run for days.)
-  constexpr long long kMaxRepetitions = 1000000;
-  const long long iters_arg = args.take_int("iters").value_or(on_cuda ? 20 : 1);
-  const long long warmup_arg = args.take_int("warmup").value_or(on_cuda ? 5 : 0);
-  if (iters_arg < 1 || iters_arg > kMaxRepetitions) throw Error("option --iters: must be in [1, 1000000]");
-  if (warmup_arg < 0 || warmup_arg > kMaxRepetitions) throw Error("option --warmup: must be in [0, 1000000]");
-  const int iters = static_cast<int>(iters_arg), warmup = static_cast<int>(warmup_arg);
+  const auto [warmup, iters] = take_repetitions(args, on_cuda ? 5 : 0, on_cuda ? 20 : 1);
 
   Config config;
   if (auto v = args.take_double("capacity")) config.schedule_capacity_factor = *v;
@@ -227,7 +221,7 @@ int run_command(const std::vector<std::string>& argv) {
                                     {fn, [&] { layer.synchronize(); },
                                      options.ep_mode == EpMode::distributed ? 50 : 0}));
     std::vector<double> ms;
-    for (long long i = 0; i < static_cast<long long>(warmup) + iters; ++i) {
+    for (int i = 0; i < warmup + iters; ++i) {  // (take_repetitions bounds the sum)
       const auto t0 = std::chrono::steady_clock::now();
       fn();
       layer.synchronize();
