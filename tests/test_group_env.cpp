@@ -2,9 +2,15 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <thread>
 
 #include "comm/group_env.h"
+#include "comm/rendezvous.h"
 #include "mok/error.h"
 
 namespace mok::comm {
@@ -62,6 +68,105 @@ TEST(GroupEnvironment, ErrorsNameTheVariable) {
   EXPECT_THAT(error_of({{"MOK_RANK", "2"}, {"MOK_WORLD_SIZE", "2"}, {"MOK_LAUNCH_DIR", "/d"}}),
               HasSubstr("must be below MOK_WORLD_SIZE"));
   EXPECT_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}}), HasSubstr("MOK_RENDEZVOUS_DIR"));
+}
+
+TEST(GroupEnvironment, JobKeyComesFromTheLauncher) {
+  const std::map<std::string, std::string> torchrun = {
+      {"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MOK_RENDEZVOUS_DIR", "/d"}};
+  auto with = [&](std::map<std::string, std::string> extra) {
+    extra.insert(torchrun.begin(), torchrun.end());
+    return read(extra).job_key;
+  };
+  EXPECT_EQ(with({}), "");
+  EXPECT_EQ(with({{"TORCHELASTIC_RUN_ID", "none"}}), "");  // torchrun's default is no id
+  EXPECT_EQ(with({{"TORCHELASTIC_RUN_ID", "ab12"}, {"TORCHELASTIC_RESTART_COUNT", "3"}}), "ab12.restart3");
+  EXPECT_EQ(with({{"TORCHELASTIC_RUN_ID", "none"}, {"TORCHELASTIC_RESTART_COUNT", "0"}}), "restart0");
+  EXPECT_EQ(with({{"OMPI_MCA_ess_base_jobid", "4711"}}), "4711");
+  EXPECT_EQ(with({{"PMIX_NAMESPACE", "prterun-host-99@1"}}), "prterun-host-99_1");
+  // MOK_RUN_ID wins over every launcher's id; what a file name cannot hold is replaced.
+  EXPECT_EQ(with({{"MOK_RUN_ID", "job/7 a"}, {"TORCHELASTIC_RUN_ID", "ab12"}}), "job_7_a");
+  const std::string long_id = std::string(100, 'a') + std::string(100, 'z');
+  const std::string key = with({{"MOK_RUN_ID", long_id}});
+  EXPECT_EQ(key.size(), 96u);
+  EXPECT_EQ(key.front(), 'a');
+  EXPECT_EQ(key.back(), 'z');  // the tail, where job ids usually differ, is kept
+}
+
+// A fresh directory per test, removed after it.
+class Rendezvous : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("mok_rendezvous_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  GroupEnvironment rank(int r, const std::string& job) const {
+    GroupEnvironment env;
+    env.rank = r;
+    env.world_size = 2;
+    env.rendezvous_dir = dir_.string();
+    env.job_key = job;
+    return env;
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(Rendezvous, TheIdArrivesWholeAndIsRemovedOnceTheGroupFormed) {
+  const IdRendezvous root(rank(0, "")), other(rank(1, ""));
+  EXPECT_EQ(root.file(), other.file());
+  EXPECT_EQ(root.file().filename(), "nccl_unique_id");
+  char sent[128], got[128] = {};
+  for (int i = 0; i < 128; ++i) sent[i] = static_cast<char>(i * 7 + 1);
+  // The reader starts first and waits for rank 0.
+  std::thread reader([&] { other.receive(got, sizeof(got), 10000); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  root.publish(sent, sizeof(sent));
+  reader.join();
+  EXPECT_EQ(0, std::memcmp(sent, got, sizeof(sent)));
+  EXPECT_FALSE(std::filesystem::exists(root.file().string() + ".tmp"));
+  root.retire();
+  EXPECT_FALSE(std::filesystem::exists(root.file()));
+  root.retire();  // already gone: quiet
+}
+
+TEST_F(Rendezvous, AnotherJobsIdInTheSameDirectoryIsNotTaken) {
+  const IdRendezvous earlier(rank(0, "job1")), root(rank(0, "job2")), other(rank(1, "job2"));
+  EXPECT_EQ(root.file().filename(), "nccl_unique_id.job2");
+  char stale[128], fresh[128], got[128] = {};
+  std::memset(stale, 0x55, sizeof(stale));
+  std::memset(fresh, 0x2a, sizeof(fresh));
+  earlier.publish(stale, sizeof(stale));  // job 1 died before its group formed
+  std::thread reader([&] { other.receive(got, sizeof(got), 10000); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  root.publish(fresh, sizeof(fresh));
+  reader.join();
+  EXPECT_EQ(0, std::memcmp(fresh, got, sizeof(fresh)));
+}
+
+TEST_F(Rendezvous, AWaitThatEndsNamesTheFileAndTheRank) {
+  const IdRendezvous other(rank(1, "j"));
+  char got[128];
+  try {
+    other.receive(got, sizeof(got), 50);
+    FAIL() << "receive returned without an id";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("rank 1 waited 50 ms"));
+    EXPECT_THAT(e.what(), HasSubstr(other.file().string()));
+  }
+  // A short file (rank 0 died mid-write without the rename) is not an id either.
+  std::ofstream(other.file(), std::ios::binary).write("abc", 3);
+  EXPECT_THROW(other.receive(got, sizeof(got), 50), Error);
+}
+
+TEST_F(Rendezvous, AnUnwritableDirectoryIsAnError) {
+  GroupEnvironment env = rank(0, "");
+  env.rendezvous_dir = (dir_ / "missing" / "deeper").string();
+  char id[128] = {};
+  EXPECT_THAT([&] { IdRendezvous(env).publish(id, sizeof(id)); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("cannot write its NCCL id")));
 }
 
 }  // namespace

@@ -9,11 +9,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <thread>
 #include <vector>
 
+#include "comm/rendezvous.h"
 #include "mok/error.h"
 
 namespace mok::comm {
@@ -106,28 +105,25 @@ EpGroup::EpGroup(const GroupEnvironment& env, std::uint64_t timeout_ms) : impl_(
                 " visible)");
   check_cuda(cudaSetDevice(env.local_rank), "cudaSetDevice");
 
-  // Rendezvous: rank 0 publishes the unique id (write, then rename: readers never see half).
+  // Rendezvous: rank 0 publishes the unique id; once the communicator exists every rank
+  // has read it, and rank 0 removes it (comm/rendezvous.h says why).
   ncclUniqueId id;
-  const std::filesystem::path file = std::filesystem::path(env.rendezvous_dir) / "nccl_unique_id";
+  const IdRendezvous rendezvous(env);
   if (env.rank == 0) {
     check_nccl(nccl.GetUniqueId(&id), "ncclGetUniqueId");
-    if (env.world_size > 1) {
-      const auto tmp = file.string() + ".tmp";
-      std::ofstream(tmp, std::ios::binary).write(id.internal, sizeof(id.internal));
-      std::filesystem::rename(tmp, file);
-    }
+    if (env.world_size > 1) rendezvous.publish(id.internal, sizeof(id.internal));
   } else {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    for (;;) {
-      std::ifstream in(file, std::ios::binary);
-      if (in && in.read(id.internal, sizeof(id.internal))) break;
-      if (std::chrono::steady_clock::now() > deadline)
-        throw Error("EP group: rank " + std::to_string(env.rank) + " waited " + std::to_string(timeout_ms / 1000) +
-                    " s for rank 0's NCCL id in " + file.string() + "; is rank 0 alive?");
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    rendezvous.receive(id.internal, sizeof(id.internal), timeout_ms);
   }
-  check_nccl(nccl.CommInitRank(&impl_->comm, env.world_size, id, env.rank), "ncclCommInitRank");
+  const ncclResult_t init = nccl.CommInitRank(&impl_->comm, env.world_size, id, env.rank);
+  if (init != ncclSuccess && init != ncclInProgress)
+    throw Error(std::string("NCCL ncclCommInitRank failed on rank ") + std::to_string(env.rank) + ": " +
+                nccl.GetErrorString(init) +
+                (env.world_size > 1 ? " (the id came from " + rendezvous.file().string() +
+                                          "; an earlier job that died before its group formed leaves its id there: "
+                                          "remove the file, or give each job its own directory or MOK_RUN_ID)"
+                                    : std::string()));
+  if (env.rank == 0 && env.world_size > 1) rendezvous.retire();
 
   // Every peer must be load/store reachable (one NVLink domain): the megakernel pulls and
   // pushes rows with plain loads and stores.

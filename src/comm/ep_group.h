@@ -3,7 +3,7 @@
 // NCCL is loaded at run time (dlopen "libnccl.so.2", or MOK_NCCL_LIBRARY): mok and its tests
 // run on machines without it, and the error says where to point when it is missing.
 // Bootstrap: rank 0 creates the unique id and leaves it in the rendezvous directory; the
-// others wait for it (bounded). Symmetric buffers come from ncclMemAlloc registered as
+// others wait for it (bounded); rank 0 removes it once the group formed (comm/rendezvous.h). Symmetric buffers come from ncclMemAlloc registered as
 // windows; peers are reached through load/store (LSA) pointers, so every rank must be in one
 // NVLink domain. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 is set before NCCL starts).
 // No CUDA or NCCL type appears here: handles are opaque.

@@ -18,6 +18,20 @@ int parse_int(const std::string& name, const std::string& text) {
   }
 }
 
+// A file-name-safe form of a launcher's job id: anything else becomes '_', and a long id is
+// cut (the id's head and tail both kept: job ids often differ only at the end).
+std::string file_safe(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    const bool safe = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
+                      c == '_' || c == '-';
+    out += safe ? c : '_';
+  }
+  constexpr std::size_t kMax = 96;
+  if (out.size() > kMax) out = out.substr(0, kMax / 2) + out.substr(out.size() - kMax / 2);
+  return out;
+}
+
 }  // namespace
 
 GroupEnvironment GroupEnvironment::from_environment(
@@ -50,6 +64,19 @@ GroupEnvironment GroupEnvironment::from_environment(
     env.local_rank = local ? parse_int(s.local, *local) : env.rank;
     if (auto dir = get("MOK_LAUNCH_DIR")) env.rendezvous_dir = *dir;
     else if (auto dir2 = get("MOK_RENDEZVOUS_DIR")) env.rendezvous_dir = *dir2;
+    std::string job;
+    if (auto id = get("MOK_RUN_ID")) {
+      job = *id;
+    } else {
+      auto add = [&](const std::optional<std::string>& part, const char* prefix) {
+        if (part && !part->empty() && *part != "none") job += (job.empty() ? "" : ".") + std::string(prefix) + *part;
+      };
+      add(get("TORCHELASTIC_RUN_ID"), "");
+      add(get("TORCHELASTIC_RESTART_COUNT"), "restart");
+      if (job.empty()) add(get("OMPI_MCA_ess_base_jobid"), "");
+      if (job.empty()) add(get("PMIX_NAMESPACE"), "");
+    }
+    env.job_key = file_safe(job);
     if (env.world_size > 1 && env.rendezvous_dir.empty())
       throw Error("environment: no rendezvous directory for the NCCL unique id: start the ranks with "
                   "`mok launch`, or set MOK_RENDEZVOUS_DIR to a directory every rank can read (" +

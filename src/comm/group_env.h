@@ -3,7 +3,12 @@
 //   mok launch:  MOK_RANK, MOK_WORLD_SIZE, MOK_LOCAL_RANK, MOK_LAUNCH_DIR
 //   torchrun:    RANK, WORLD_SIZE, LOCAL_RANK (+ MOK_LAUNCH_DIR or MOK_RENDEZVOUS_DIR, shared)
 //   Open MPI:    OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK
-// The rendezvous directory is where rank 0 leaves the NCCL unique id for the others.
+// The rendezvous directory is where rank 0 leaves the NCCL unique id for the others; the job
+// key names that file after the launcher's job, so two jobs sharing a directory never read
+// each other's id (comm/rendezvous.h):
+//   MOK_RUN_ID if set; else torchrun's TORCHELASTIC_RUN_ID (not its default "none") and
+//   TORCHELASTIC_RESTART_COUNT; else Open MPI's OMPI_MCA_ess_base_jobid or PMIX_NAMESPACE.
+//   `mok launch` needs none: its directory is private to one launch.
 #pragma once
 #include <functional>
 #include <optional>
@@ -16,6 +21,7 @@ struct GroupEnvironment {
   int world_size = 1;
   int local_rank = 0;
   std::string rendezvous_dir;
+  std::string job_key;  // [A-Za-z0-9._-] only, at most 96 characters; empty when none is known
   std::string source;  // which launcher's variables were used
 
   // Throws mok::Error naming the variable that is missing or malformed. `getenv` is

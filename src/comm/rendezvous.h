@@ -1,0 +1,44 @@
+// mok: how the NCCL unique id travels from rank 0 to the other ranks of a group, through a
+// directory every rank can read (GroupEnvironment::rendezvous_dir).
+//
+// What must stay true:
+//  - a reader never sees half an id (rank 0 writes a temporary file, then renames it);
+//  - a reader never takes an id another job left behind: the file is named after the
+//    launcher's job (GroupEnvironment::job_key), and rank 0 removes it as soon as the group
+//    has formed (every rank has read it by then), so a reused directory holds no old id;
+//  - every wait is bounded and its error names the file it waited for.
+// Host-only (no CUDA, no NCCL): the id is opaque bytes here, and this is tested on the CPU.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+
+#include "comm/group_env.h"
+
+namespace mok::comm {
+
+class IdRendezvous {
+ public:
+  explicit IdRendezvous(const GroupEnvironment& env);
+
+  // The file the id goes through: <rendezvous_dir>/nccl_unique_id[.<job key>].
+  const std::filesystem::path& file() const { return file_; }
+
+  // Rank 0: leaves the id for the others (whole or not at all). Throws mok::Error when the
+  // directory cannot be written.
+  void publish(const void* id, std::size_t bytes) const;
+
+  // Another rank: waits up to `timeout_ms` for rank 0's id and copies it out; throws
+  // mok::Error naming the file and the rank on a timeout.
+  void receive(void* id, std::size_t bytes, std::uint64_t timeout_ms) const;
+
+  // Rank 0, once every rank holds the id (the group formed): removes the file, so that the
+  // next job in the same directory cannot read it. Quiet when it is already gone.
+  void retire() const;
+
+ private:
+  std::filesystem::path file_;
+  int rank_ = 0;
+};
+
+}  // namespace mok::comm
