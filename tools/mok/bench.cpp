@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "mok/cli_args.h"
+#include "mok/work_dir.h"
 
 #if defined(MOK_HAS_CUDA)
 #include <cuda_runtime.h>
@@ -197,6 +198,12 @@ int bench_command(const std::vector<std::string>& argv) {
   namespace fs = std::filesystem;
   const fs::path dir = distributed ? fs::path(work_dir) / ("rank" + std::to_string(me)) : fs::path(work_dir);
   fs::create_directories(dir);
+  // Nothing an earlier run left here may be read as this run's (tools/mok/work_dir.h). This
+  // comes before the group forms: a rank reads another's directory only after it.
+  const auto cleared = clear_bench_outputs(dir);
+  if (distributed && me == 0) fs::remove(fs::path(work_dir) / "peer.json");
+  if (!cleared.empty())
+    std::printf("mok bench: removed %zu files an earlier run left in %s\n", cleared.size(), dir.string().c_str());
   auto path = [&](const std::string& name) { return (dir / name).string(); };
   auto rank_file = [&](int r, const std::string& name) { return fs::path(work_dir) / ("rank" + std::to_string(r)) / name; };
 
