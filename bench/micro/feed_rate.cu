@@ -28,7 +28,6 @@
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -38,6 +37,7 @@
 #include <vector>
 
 #include "cuda/sm90.cuh"
+#include "cuda/tensor_map.h"
 #include "micro_tool.h"
 #include "mok_commit.h"  // MOK_GIT_COMMIT, MOK_GIT_DIRTY (generated at build time)
 
@@ -48,7 +48,7 @@ using namespace mok::cuda;
 constexpr mok::micro::Tool kTool{"mok_feed_rate"};
 
 constexpr int kThreads = 384;  // warpgroup 0: producer; 1-2: consumers (a 64-row half each)
-constexpr int kTileM = 128, kTileN = 256, kTileK = 64;
+constexpr int kTileN = kDownCols;  // B rows per tile: gate 128 + up 128, as the megakernel's gate/up tiles
 constexpr int kK = 4096, kN = 2048;
 constexpr int kMaxStages = 4;
 constexpr int kStageA = kTileM * kTileK * 2, kStageB = kTileN * kTileK * 2, kStage = kStageA + kStageB;
@@ -223,26 +223,13 @@ __global__ void fill_kernel(__nv_bfloat16* p, unsigned long long n, unsigned sal
     p[i] = __float2bfloat16(input_value(i, salt));
 }
 
+// The megakernel's own descriptor (cuda/tensor_map.h): [outer, kK] bf16, boxes of 64 x box_rows.
 CUtensorMap encode(const void* base, unsigned long long outer, unsigned box_rows) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult q;
-  kTool.check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q),
-        "cudaGetDriverEntryPointByVersion");
-  if (q != cudaDriverEntryPointSuccess || fn == nullptr) {
-    std::fprintf(stderr, "mok_feed_rate: the CUDA driver has no cuTensorMapEncodeTiled\n");
-    std::exit(1);
-  }
   CUtensorMap map;
-  const cuuint64_t dims[2] = {kK, outer};
-  const cuuint64_t strides[1] = {kK * 2};
-  const cuuint32_t box[2] = {kTileK, box_rows};
-  const cuuint32_t elem[2] = {1, 1};
-  const CUresult r = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)(
-      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, elem,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = encode_bf16_tiles(&map, base, kK, outer, box_rows);
   if (r != CUDA_SUCCESS) {
-    std::fprintf(stderr, "mok_feed_rate: cuTensorMapEncodeTiled failed (code %d)\n", static_cast<int>(r));
+    std::fprintf(stderr, "mok_feed_rate: cuTensorMapEncodeTiled failed (code %d%s)\n", static_cast<int>(r),
+                 r == CUDA_ERROR_NOT_FOUND ? ": the CUDA driver has none" : "");
     std::exit(1);
   }
   return map;

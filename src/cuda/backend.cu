@@ -7,7 +7,6 @@
 // reads the real row counts. Device-side input errors (bad expert ids, capacity) are
 // recorded on the device, poison y, and are raised by Layer::synchronize().
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -33,6 +32,7 @@
 #include "cuda/forward_types.h"
 #include "cuda/megakernel.cuh"
 #include "cuda/schedule.cuh"
+#include "cuda/tensor_map.h"
 
 namespace mok {
 namespace cuda {
@@ -99,28 +99,12 @@ std::string describe_device_error(const DeviceError& e, int T, int k) {
 
 namespace {
 
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    MOK_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
-    require(q == cudaDriverEntryPointSuccess && p != nullptr, "CUDA driver has no cuTensorMapEncodeTiled");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
-}
-
-// A 2D bf16 tensor [outer, inner] (row-major) read in boxes of 64 x box_rows, 128B swizzle.
+// A 2D bf16 tensor [outer, inner] (row-major) read in boxes of 64 x box_rows, 128B swizzle
+// (cuda/tensor_map.h).
 CUtensorMap encode_2d(const void* base, std::uint64_t inner, std::uint64_t outer, std::uint32_t box_rows) {
   CUtensorMap map;
-  const cuuint64_t dims[2] = {inner, outer};
-  const cuuint64_t strides[1] = {inner * 2};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kTileK), box_rows};
-  const cuuint32_t elem[2] = {1, 1};
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims,
-                                          strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = encode_bf16_tiles(&map, base, inner, outer, box_rows);
+  require(r != CUDA_ERROR_NOT_FOUND, "CUDA driver has no cuTensorMapEncodeTiled");
   require(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (code " + std::to_string(int(r)) + ")");
   return map;
 }
