@@ -15,6 +15,14 @@ target_compile_options(mok_core PRIVATE
 set_target_properties(mok_core PROPERTIES CUDA_SEPARABLE_COMPILATION OFF POSITION_INDEPENDENT_CODE ON)
 target_link_libraries(mok_core PUBLIC CUDA::cudart_static ${CMAKE_DL_LIBS})
 target_compile_definitions(mok_core PUBLIC MOK_HAS_CUDA=1)
+# The NCCL of the toolkit whose headers mok is built with: the distributed provider's second
+# choice after the dynamic loader's libnccl.so.2 (comm/ep_group.h: nccl_library()). NCCL is
+# never linked: it is opened at run time.
+find_file(MOK_BUILD_NCCL_LIBRARY libnccl.so.2 PATHS ${CUDAToolkit_LIBRARY_DIR} NO_DEFAULT_PATH)
+if(MOK_BUILD_NCCL_LIBRARY)
+  set_property(SOURCE src/comm/ep_group.cpp APPEND PROPERTY COMPILE_DEFINITIONS
+               MOK_BUILD_NCCL_LIBRARY="${MOK_BUILD_NCCL_LIBRARY}")
+endif()
 
 # MOK_MEASURE_LEAVE_OUT=staging|stores|mma: a measurement build whose megakernel leaves one part
 # of every compute tile out (the staging math, the store warp's row stores, or the wgmmas), to

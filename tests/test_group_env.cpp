@@ -3,13 +3,18 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "comm/group_env.h"
+#ifdef MOK_HAS_CUDA
+#include "comm/ep_group.h"
+#endif
 #include "comm/rendezvous.h"
 #include "mok/error.h"
 
@@ -168,6 +173,55 @@ TEST_F(Rendezvous, AnUnwritableDirectoryIsAnError) {
   EXPECT_THAT([&] { IdRendezvous(env).publish(id, sizeof(id)); },
               ::testing::ThrowsMessage<Error>(HasSubstr("cannot write its NCCL id")));
 }
+
+#ifdef MOK_HAS_CUDA
+// MOK_NCCL_LIBRARY set for one test, restored after it.
+class NcclLibrary : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (const char* v = std::getenv("MOK_NCCL_LIBRARY")) saved_ = v;
+  }
+  void TearDown() override {
+    if (saved_) setenv("MOK_NCCL_LIBRARY", saved_->c_str(), 1);
+    else unsetenv("MOK_NCCL_LIBRARY");
+  }
+  static std::string error_with(const char* library) {
+    setenv("MOK_NCCL_LIBRARY", library, 1);
+    try {
+      const auto choice = nccl_library();
+      return "no error: took " + choice.path;
+    } catch (const Error& e) {
+      return e.what();
+    }
+  }
+  std::optional<std::string> saved_;
+};
+
+TEST_F(NcclLibrary, AMissingOrForeignLibraryIsNamedWithTheFix) {
+  std::string e = error_with("/nonexistent/libnccl.so.2");
+  EXPECT_THAT(e, HasSubstr("/nonexistent/libnccl.so.2: cannot load"));
+  EXPECT_THAT(e, HasSubstr("Set MOK_NCCL_LIBRARY"));
+  e = error_with("libc.so.6");
+  EXPECT_THAT(e, HasSubstr("libc.so.6: not an NCCL library"));
+}
+
+TEST_F(NcclLibrary, TheOneTakenMatchesTheHeadersRelease) {
+  unsetenv("MOK_NCCL_LIBRARY");
+  NcclLibraryChoice choice;
+  try {
+    choice = nccl_library();
+  } catch (const Error& e) {
+    // No NCCL of the right release on this machine: the error must say what was tried.
+    EXPECT_THAT(e.what(), HasSubstr("libnccl.so.2"));
+    GTEST_SKIP() << "no NCCL of the headers' release here: " << e.what();
+  }
+  EXPECT_FALSE(choice.path.empty());
+  EXPECT_GE(choice.version, 22800);  // NCCL 2.28: the first with symmetric windows and the device API
+  // Asking for that very file by name gives the same answer.
+  setenv("MOK_NCCL_LIBRARY", choice.path.c_str(), 1);
+  EXPECT_EQ(nccl_library().version, choice.version);
+}
+#endif
 
 }  // namespace
 }  // namespace mok::comm

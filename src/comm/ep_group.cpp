@@ -18,6 +18,66 @@
 namespace mok::comm {
 namespace {
 
+std::string nccl_version_text(int code) {
+  // NCCL_VERSION(X, Y, Z) = X * 10000 + Y * 100 + Z since 2.9.
+  return std::to_string(code / 10000) + "." + std::to_string(code / 100 % 100) + "." + std::to_string(code % 100);
+}
+
+struct OpenedNccl {
+  void* handle = nullptr;
+  NcclLibraryChoice choice;
+};
+
+// The first candidate that loads and whose NCCL release has the device API mok was compiled
+// against: the same major.minor as the headers, patch at least theirs (the window and
+// device-communicator layouts that mok's kernels read change between releases, and an older
+// library refuses or misreads them: 2.28.3 answers ncclDevCommCreate with "invalid usage").
+OpenedNccl open_nccl_library() {
+  std::vector<std::string> candidates;
+  const char* chosen = std::getenv("MOK_NCCL_LIBRARY");
+  if (chosen != nullptr && *chosen != '\0') {
+    candidates.push_back(chosen);
+  } else {
+    candidates.push_back("libnccl.so.2");  // the dynamic loader's search: LD_LIBRARY_PATH, ld.so.cache
+#ifdef MOK_BUILD_NCCL_LIBRARY
+    candidates.push_back(MOK_BUILD_NCCL_LIBRARY);  // the CUDA toolkit's, whose headers mok was built with
+#endif
+  }
+  std::string tried;
+  for (const auto& path : candidates) {
+    // Local while probing: a library passed over must not lend its symbols to the one taken.
+    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      tried += "\n  " + path + ": cannot load (" + dlerror() + ")";
+      continue;
+    }
+    auto get_version = reinterpret_cast<decltype(&::ncclGetVersion)>(dlsym(lib, "ncclGetVersion"));
+    int version = 0;
+    if (get_version == nullptr || get_version(&version) != ncclSuccess) {
+      tried += "\n  " + path + ": not an NCCL library (no ncclGetVersion)";
+      dlclose(lib);
+      continue;
+    }
+    const bool same_release = version / 100 == NCCL_VERSION_CODE / 100;
+    if (!same_release || version < NCCL_VERSION_CODE) {
+      tried += "\n  " + path + ": NCCL " + nccl_version_text(version);
+      dlclose(lib);
+      continue;
+    }
+    Dl_info info{};
+    std::string where = path;
+    if (void* sym = dlsym(lib, "ncclGetVersion"); sym != nullptr && dladdr(sym, &info) != 0 && info.dli_fname)
+      where = info.dli_fname;
+    dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);  // the one taken, as before: global
+    return OpenedNccl{lib, NcclLibraryChoice{where, version}};
+  }
+  throw Error("ep_mode = distributed needs NCCL " + nccl_version_text(NCCL_VERSION_CODE) + " or a later " +
+              nccl_version_text(NCCL_VERSION_CODE).substr(0, nccl_version_text(NCCL_VERSION_CODE).rfind('.')) +
+              ".x (the headers mok was built with: the device API's layouts change between releases). Tried:" + tried +
+              "\nSet MOK_NCCL_LIBRARY to such a libnccl.so.2 (PyTorch's is site-packages/nvidia/nccl/lib/libnccl.so.2), "
+              "or put its directory first in LD_LIBRARY_PATH");
+}
+
 // The NCCL entry points mok uses, resolved from the shared library at run time.
 struct NcclApi {
   void* lib = nullptr;
@@ -44,12 +104,7 @@ struct NcclApi {
  private:
   static NcclApi load() {
     NcclApi a;
-    const char* name = std::getenv("MOK_NCCL_LIBRARY");
-    a.lib = dlopen(name ? name : "libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
-    if (!a.lib)
-      throw Error(std::string("ep_mode = distributed needs NCCL: cannot load ") + (name ? name : "libnccl.so.2") +
-                  " (" + dlerror() + "); add NCCL's lib directory (e.g. the CUDA toolkit's lib64, or PyTorch's "
-                  "nvidia/nccl/lib) to LD_LIBRARY_PATH or set MOK_NCCL_LIBRARY");
+    a.lib = open_nccl_library().handle;
     auto sym = [&](auto& fn, const char* s) {
       fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(a.lib, s));
       if (!fn) throw Error(std::string("NCCL library lacks ") + s + " (mok needs NCCL >= 2.28 for symmetric windows)");
@@ -82,6 +137,13 @@ void check_cuda(cudaError_t e, const char* what) {
 }
 
 }  // namespace
+
+NcclLibraryChoice nccl_library() {
+  const OpenedNccl opened = open_nccl_library();
+  NcclLibraryChoice choice = opened.choice;
+  dlclose(opened.handle);  // (NCCL stays loaded when a group holds it: dlopen counts references)
+  return choice;
+}
 
 struct EpGroup::Impl {
   GroupEnvironment env;

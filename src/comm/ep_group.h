@@ -1,7 +1,7 @@
 // mok: a real EP group over NCCL, one process per GPU (EpMode::distributed).
 //
-// NCCL is loaded at run time (dlopen "libnccl.so.2", or MOK_NCCL_LIBRARY): mok and its tests
-// run on machines without it, and the error says where to point when it is missing.
+// NCCL is loaded at run time (nccl_library() below says which): mok and its tests run on
+// machines without it, and the error says where to point when it is missing or too old.
 // Bootstrap: rank 0 creates the unique id and leaves it in the rendezvous directory; the
 // others wait for it (bounded); rank 0 removes it once the group formed (comm/rendezvous.h). Symmetric buffers come from ncclMemAlloc registered as
 // windows; peers are reached through load/store (LSA) pointers, so every rank must be in one
@@ -17,6 +17,16 @@
 #include "comm/group_env.h"
 
 namespace mok::comm {
+
+// The NCCL library a distributed layer uses: MOK_NCCL_LIBRARY when set, else the first of
+// the dynamic loader's libnccl.so.2 and the build's CUDA toolkit NCCL whose release matches
+// the headers mok was compiled with (same major.minor, patch at least theirs). Throws
+// mok::Error listing every candidate and why it was passed over.
+struct NcclLibraryChoice {
+  std::string path;  // the file loaded
+  int version = 0;   // NCCL_VERSION_CODE of that library
+};
+NcclLibraryChoice nccl_library();
 
 struct SymmetricBuffer {
   void* local = nullptr;   // this rank's device memory
