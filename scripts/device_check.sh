@@ -75,6 +75,38 @@ if [ $RUN_TESTS = 1 ]; then
   fi
 fi
 
+# The NCCL provider (EpMode::distributed) on every GPU of this machine, one process each:
+# the group's y bitwise equal to virtual ranks' on the same batch, then mok bench twice into
+# one work directory (the second run must clear the first's files). NCCL must be of the
+# headers' release (comm/ep_group.h); PyTorch's is taken when MOK_NCCL_LIBRARY is not set.
+if [ $RUN_TESTS = 1 ]; then
+  if [ -z "${MOK_NCCL_LIBRARY:-}" ]; then
+    torch_nccl=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib', 'libnccl.so.2'))" 2>/dev/null)
+    [ -n "$torch_nccl" ] && [ -f "$torch_nccl" ] && export MOK_NCCL_LIBRARY=$torch_nccl
+  fi
+  gpus=$(nvidia-smi -L | grep -c '^GPU')
+  group_dir=$(mktemp -d)
+  start=$(date +%s)
+  grc=0
+  {
+    echo "MOK_NCCL_LIBRARY=${MOK_NCCL_LIBRARY:-(unset)} gpus=$gpus"
+    timeout 180 "$BIN/mok" launch -n "$gpus" -- "$BIN/mok" run --backend cuda --ep-mode distributed --shape medium \
+      --ep "$gpus" --iters 3 --warmup 1 --save "$group_dir/group" &&
+      timeout 120 "$BIN/mok" run --backend cuda --shape medium --ep "$gpus" --iters 1 --warmup 0 \
+        --expect "$group_dir/group" &&
+      timeout 180 "$BIN/mok" launch -n "$gpus" -- "$BIN/mok" bench --ep-mode distributed --shape medium --ep "$gpus" \
+        --warmup 5 --iters 5 --work-dir "$group_dir/bench" &&
+      timeout 180 "$BIN/mok" launch -n "$gpus" -- "$BIN/mok" bench --ep-mode distributed --shape medium --ep "$gpus" \
+        --warmup 5 --iters 5 --work-dir "$group_dir/bench"
+  } > "$OUT/group.log" 2>&1 || grc=$?
+  # Every rank of the second bench found the first one's files and removed them.
+  [ $grc = 0 ] && [ "$(grep -c 'removed .* files an earlier run left' "$OUT/group.log")" != "$gpus" ] && grc=8
+  [ $grc = 0 ] || FAILED=1
+  note "nccl group of $gpus GPU(s): rc=$grc, $(grep -cE 'check PASS|bitwise' "$OUT/group.log") passing checks in $(( $(date +%s) - start )) s"
+  [ $grc = 0 ] || tail -20 "$OUT/group.log"
+  rm -rf "$group_dir"
+fi
+
 if [ ${#BENCH_ARGS[@]} -gt 0 ]; then
   PYTHONUNBUFFERED=1 timeout ${BENCH_TIMEOUT:-400} python3 bench/run.py --mok-bin "$BIN/mok" "${BENCH_ARGS[@]}" 2>&1 | tee "$OUT/bench.log"
   brc=${PIPESTATUS[0]}
@@ -97,7 +129,7 @@ fi
 if [ $PACK = 1 ]; then
   {
     printf '%s\n' "${summary[@]}"
-    for f in gpu.txt ptxas.txt gpu_checks.txt gpu_tests.log gpu_tests_store_warp_off.log bench.log \
+    for f in gpu.txt ptxas.txt gpu_checks.txt gpu_tests.log gpu_tests_store_warp_off.log group.log bench.log \
       sanitizer_memcheck.log sanitizer_racecheck.log; do
       [ -f "$OUT/$f" ] && { echo; echo "######## $f"; tail -c 200000 "$OUT/$f"; }
     done
