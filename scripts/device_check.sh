@@ -124,13 +124,25 @@ if [ $RUN_SAN = 1 ] && command -v compute-sanitizer > /dev/null; then
     # The first reports, where the table is read (the full log is in the pack).
     [ $src = 0 ] || grep -v '^mok\|^  ' "$OUT/sanitizer_$tool.log" | head -40
   done
+  # memcheck over the NCCL provider too (a group of one GPU: the windows' LSA pointers, the
+  # all-gather and barrier kernels). NCCL's own probing makes CUDA API calls that fail by
+  # design (kernel images for other GPUs, fabric handles), so API errors are not reported.
+  if [ $RUN_TESTS = 1 ]; then
+    timeout 240 compute-sanitizer --tool memcheck --report-api-errors no --target-processes all --error-exitcode 9 \
+      "$BIN/mok" launch -n 1 -- "$BIN/mok" run --backend cuda --ep-mode distributed --shape tiny --ep 1 \
+      --iters 1 --warmup 0 > "$OUT/sanitizer_group.log" 2>&1
+    src=$?
+    [ $src = 0 ] || FAILED=1
+    note "compute-sanitizer memcheck, NCCL group of 1: rc=$src $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_group.log" | head -1)"
+    [ $src = 0 ] || grep -v '^mok\|^  ' "$OUT/sanitizer_group.log" | head -40
+  fi
 fi
 
 if [ $PACK = 1 ]; then
   {
     printf '%s\n' "${summary[@]}"
     for f in gpu.txt ptxas.txt gpu_checks.txt gpu_tests.log gpu_tests_store_warp_off.log group.log bench.log \
-      sanitizer_memcheck.log sanitizer_racecheck.log; do
+      sanitizer_memcheck.log sanitizer_racecheck.log sanitizer_group.log; do
       [ -f "$OUT/$f" ] && { echo; echo "######## $f"; tail -c 200000 "$OUT/$f"; }
     done
   } > "$FINAL_OUT/device_log.txt"
