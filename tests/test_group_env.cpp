@@ -11,6 +11,8 @@
 #include <optional>
 #include <thread>
 
+#include <unistd.h>
+
 #include "comm/group_env.h"
 #ifdef MOK_HAS_CUDA
 #include "comm/ep_group.h"
@@ -86,6 +88,11 @@ TEST(GroupEnvironment, JobKeyComesFromTheLauncher) {
   EXPECT_EQ(with({{"TORCHELASTIC_RUN_ID", "none"}}), "");  // torchrun's default is no id
   EXPECT_EQ(with({{"TORCHELASTIC_RUN_ID", "ab12"}, {"TORCHELASTIC_RESTART_COUNT", "3"}}), "ab12.restart3");
   EXPECT_EQ(with({{"TORCHELASTIC_RUN_ID", "none"}, {"TORCHELASTIC_RESTART_COUNT", "0"}}), "restart0");
+  // torchrun's default id: its store's address and port tell two jobs at once apart.
+  EXPECT_EQ(with({{"TORCHELASTIC_RUN_ID", "none"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"},
+                  {"TORCHELASTIC_RESTART_COUNT", "1"}}),
+            "10.0.0.1_29500.restart1");
+  EXPECT_EQ(with({{"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}), "");  // not torchrun: no job to name
   EXPECT_EQ(with({{"OMPI_MCA_ess_base_jobid", "4711"}}), "4711");
   EXPECT_EQ(with({{"PMIX_NAMESPACE", "prterun-host-99@1"}}), "prterun-host-99_1");
   // MOK_RUN_ID wins over every launcher's id; what a file name cannot hold is replaced.
@@ -102,7 +109,7 @@ class Rendezvous : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = std::filesystem::temp_directory_path() /
-           ("mok_rendezvous_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
+           ("mok_rendezvous_" + std::to_string(getpid()) + "_" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
@@ -131,7 +138,8 @@ TEST_F(Rendezvous, TheIdArrivesWholeAndIsRemovedOnceTheGroupFormed) {
   root.publish(sent, sizeof(sent));
   reader.join();
   EXPECT_EQ(0, std::memcmp(sent, got, sizeof(sent)));
-  EXPECT_FALSE(std::filesystem::exists(root.file().string() + ".tmp"));
+  for (const auto& entry : std::filesystem::directory_iterator(dir_))  // no temporary left behind
+    EXPECT_EQ(entry.path(), root.file());
   root.retire();
   EXPECT_FALSE(std::filesystem::exists(root.file()));
   root.retire();  // already gone: quiet
@@ -200,9 +208,18 @@ class NcclLibrary : public ::testing::Test {
 TEST_F(NcclLibrary, AMissingOrForeignLibraryIsNamedWithTheFix) {
   std::string e = error_with("/nonexistent/libnccl.so.2");
   EXPECT_THAT(e, HasSubstr("/nonexistent/libnccl.so.2: cannot load"));
-  EXPECT_THAT(e, HasSubstr("Set MOK_NCCL_LIBRARY"));
+  EXPECT_THAT(e, HasSubstr("Point MOK_NCCL_LIBRARY at such a libnccl.so.2"));
   e = error_with("libc.so.6");
   EXPECT_THAT(e, HasSubstr("libc.so.6: not an NCCL library"));
+}
+
+TEST(NcclRelease, OnlyTheHeadersReleaseAtTheirPatchOrLaterIsTaken) {
+  const int headers = nccl_headers_version();  // e.g. 22809 for 2.28.9
+  EXPECT_TRUE(nccl_release_accepted(headers));
+  EXPECT_TRUE(nccl_release_accepted(headers + 1));                 // a later patch
+  EXPECT_FALSE(nccl_release_accepted(headers - 1));                // an earlier patch
+  EXPECT_FALSE(nccl_release_accepted(headers / 100 * 100 + 100));  // the next minor release
+  EXPECT_FALSE(nccl_release_accepted(headers / 100 * 100 - 100 + 99));
 }
 
 TEST_F(NcclLibrary, TheOneTakenMatchesTheHeadersRelease) {
@@ -216,7 +233,7 @@ TEST_F(NcclLibrary, TheOneTakenMatchesTheHeadersRelease) {
     GTEST_SKIP() << "no NCCL of the headers' release here: " << e.what();
   }
   EXPECT_FALSE(choice.path.empty());
-  EXPECT_GE(choice.version, 22800);  // NCCL 2.28: the first with symmetric windows and the device API
+  EXPECT_TRUE(nccl_release_accepted(choice.version)) << choice.version;
   // Asking for that very file by name gives the same answer.
   setenv("MOK_NCCL_LIBRARY", choice.path.c_str(), 1);
   EXPECT_EQ(nccl_library().version, choice.version);

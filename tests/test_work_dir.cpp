@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <unistd.h>
+
 #include "mok/work_dir.h"
 
 namespace mok::cli {
@@ -23,7 +25,7 @@ TEST(WorkDir, KnowsWhatTheBenchAndItsPeersWrite) {
 TEST(WorkDir, ClearingRemovesOnlyTheBenchOutputs) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() /
-                       ("mok_work_dir_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
+                       ("mok_work_dir_" + std::to_string(getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir / "rank0");
   for (const char* name : {"mok.json", "peer.json", "rows_for1.npy", "x_local.npy.tmp", "keep.npy", "README"})

@@ -226,10 +226,9 @@ __global__ void fill_kernel(__nv_bfloat16* p, unsigned long long n, unsigned sal
 // The megakernel's own descriptor (cuda/tensor_map.h): [outer, kK] bf16, boxes of 64 x box_rows.
 CUtensorMap encode(const void* base, unsigned long long outer, unsigned box_rows) {
   CUtensorMap map;
-  const CUresult r = encode_bf16_tiles(&map, base, kK, outer, box_rows);
-  if (r != CUDA_SUCCESS) {
-    std::fprintf(stderr, "mok_feed_rate: cuTensorMapEncodeTiled failed (code %d%s)\n", static_cast<int>(r),
-                 r == CUDA_ERROR_NOT_FOUND ? ": the CUDA driver has none" : "");
+  const TensorMapStatus status = encode_bf16_tiles(&map, base, kK, outer, box_rows);
+  if (!status.ok()) {
+    std::fprintf(stderr, "mok_feed_rate: %s\n", status.describe().c_str());
     std::exit(1);
   }
   return map;

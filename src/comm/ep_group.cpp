@@ -19,8 +19,10 @@ namespace mok::comm {
 namespace {
 
 std::string nccl_version_text(int code) {
-  // NCCL_VERSION(X, Y, Z) = X * 10000 + Y * 100 + Z since 2.9.
-  return std::to_string(code / 10000) + "." + std::to_string(code / 100 % 100) + "." + std::to_string(code % 100);
+  // NCCL_VERSION(X, Y, Z) = X * 10000 + Y * 100 + Z since 2.9, X * 1000 + Y * 100 + Z before.
+  const int major = code >= 10000 ? code / 10000 : code / 1000;
+  const int minor = code >= 10000 ? code / 100 % 100 : code / 100 % 10;
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(code % 100);
 }
 
 struct OpenedNccl {
@@ -53,29 +55,36 @@ OpenedNccl open_nccl_library() {
     }
     auto get_version = reinterpret_cast<decltype(&::ncclGetVersion)>(dlsym(lib, "ncclGetVersion"));
     int version = 0;
-    if (get_version == nullptr || get_version(&version) != ncclSuccess) {
+    if (get_version == nullptr) {
       tried += "\n  " + path + ": not an NCCL library (no ncclGetVersion)";
       dlclose(lib);
       continue;
     }
-    const bool same_release = version / 100 == NCCL_VERSION_CODE / 100;
-    if (!same_release || version < NCCL_VERSION_CODE) {
+    if (const ncclResult_t r = get_version(&version); r != ncclSuccess) {
+      tried += "\n  " + path + ": ncclGetVersion failed (error " + std::to_string(int(r)) + ")";
+      dlclose(lib);
+      continue;
+    }
+    if (!nccl_release_accepted(version)) {
       tried += "\n  " + path + ": NCCL " + nccl_version_text(version);
       dlclose(lib);
       continue;
     }
     Dl_info info{};
     std::string where = path;
-    if (void* sym = dlsym(lib, "ncclGetVersion"); sym != nullptr && dladdr(sym, &info) != 0 && info.dli_fname)
-      where = info.dli_fname;
-    dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);  // the one taken, as before: global
+    if (dladdr(reinterpret_cast<void*>(get_version), &info) != 0 && info.dli_fname) where = info.dli_fname;
+    // It stays local: mok reaches every entry point through this handle, and a global copy
+    // could stand in for another NCCL the process already holds (PyTorch's, say).
     return OpenedNccl{lib, NcclLibraryChoice{where, version}};
   }
-  throw Error("ep_mode = distributed needs NCCL " + nccl_version_text(NCCL_VERSION_CODE) + " or a later " +
-              nccl_version_text(NCCL_VERSION_CODE).substr(0, nccl_version_text(NCCL_VERSION_CODE).rfind('.')) +
+  const std::string release = nccl_version_text(NCCL_VERSION_CODE);
+  throw Error("ep_mode = distributed needs NCCL " + release + " or a later " + release.substr(0, release.rfind('.')) +
               ".x (the headers mok was built with: the device API's layouts change between releases). Tried:" + tried +
-              "\nSet MOK_NCCL_LIBRARY to such a libnccl.so.2 (PyTorch's is site-packages/nvidia/nccl/lib/libnccl.so.2), "
-              "or put its directory first in LD_LIBRARY_PATH");
+              (chosen != nullptr && *chosen != '\0'
+                   ? "\nPoint MOK_NCCL_LIBRARY at such a libnccl.so.2 (PyTorch's is "
+                     "site-packages/nvidia/nccl/lib/libnccl.so.2)"
+                   : "\nSet MOK_NCCL_LIBRARY to such a libnccl.so.2 (PyTorch's is "
+                     "site-packages/nvidia/nccl/lib/libnccl.so.2), or put its directory first in LD_LIBRARY_PATH"));
 }
 
 // The NCCL entry points mok uses, resolved from the shared library at run time.
@@ -138,11 +147,16 @@ void check_cuda(cudaError_t e, const char* what) {
 
 }  // namespace
 
+bool nccl_release_accepted(int version) {
+  return version / 100 == NCCL_VERSION_CODE / 100 && version >= NCCL_VERSION_CODE;
+}
+
+int nccl_headers_version() { return NCCL_VERSION_CODE; }
+
 NcclLibraryChoice nccl_library() {
   const OpenedNccl opened = open_nccl_library();
-  NcclLibraryChoice choice = opened.choice;
-  dlclose(opened.handle);  // (NCCL stays loaded when a group holds it: dlopen counts references)
-  return choice;
+  dlclose(opened.handle);  // (a group's own handle keeps NCCL loaded: dlopen counts references)
+  return opened.choice;
 }
 
 struct EpGroup::Impl {
@@ -159,6 +173,9 @@ EpGroup::EpGroup(const GroupEnvironment& env, std::uint64_t timeout_ms) : impl_(
   setenv("NCCL_NVLS_ENABLE", "0", 1);
   setenv("NVSHMEM_DISABLE_NVLS", "1", 1);
   setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1", 1);
+  // Calls that return when their work is done: the rendezvous removes the id only once the
+  // communicator exists (comm/rendezvous.h).
+  setenv("NCCL_COMM_BLOCKING", "1", 1);
   const NcclApi& nccl = NcclApi::get();
   int devices = 0;
   check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
@@ -168,24 +185,45 @@ EpGroup::EpGroup(const GroupEnvironment& env, std::uint64_t timeout_ms) : impl_(
   check_cuda(cudaSetDevice(env.local_rank), "cudaSetDevice");
 
   // Rendezvous: rank 0 publishes the unique id; once the communicator exists every rank
-  // has read it, and rank 0 removes it (comm/rendezvous.h says why).
+  // has read it, and rank 0 removes it (comm/rendezvous.h says why) -- also when anything
+  // after the publish fails, so a failed start leaves no id for the next job.
   ncclUniqueId id;
   const IdRendezvous rendezvous(env);
+  struct RetireOnExit {
+    const IdRendezvous* rendezvous = nullptr;
+    ~RetireOnExit() {
+      if (rendezvous) rendezvous->retire();
+    }
+  } retire_on_exit;
   if (env.rank == 0) {
     check_nccl(nccl.GetUniqueId(&id), "ncclGetUniqueId");
-    if (env.world_size > 1) rendezvous.publish(id.internal, sizeof(id.internal));
+    if (env.world_size > 1) {
+      rendezvous.publish(id.internal, sizeof(id.internal));
+      retire_on_exit.rendezvous = &rendezvous;
+    }
   } else {
     rendezvous.receive(id.internal, sizeof(id.internal), timeout_ms);
   }
-  const ncclResult_t init = nccl.CommInitRank(&impl_->comm, env.world_size, id, env.rank);
-  if (init != ncclSuccess && init != ncclInProgress)
+  ncclResult_t init = nccl.CommInitRank(&impl_->comm, env.world_size, id, env.rank);
+  // (NCCL_COMM_BLOCKING=1 above makes the call blocking; should a library still answer "in
+  // progress", the communicator is waited for: the id may be removed only once it exists.)
+  const auto init_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (init == ncclInProgress && impl_->comm != nullptr) {
+    if (std::chrono::steady_clock::now() > init_deadline)
+      throw Error("EP group: rank " + std::to_string(env.rank) + "'s NCCL communicator was not ready after " +
+                  std::to_string(timeout_ms) + " ms");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    nccl.CommGetAsyncError(impl_->comm, &init);
+  }
+  if (init != ncclSuccess) {
+    std::string hint;
+    if (env.world_size > 1 && env.rank != 0)
+      hint = " (the id came from " + rendezvous.file().string() +
+             "; an earlier job that died before its group formed can leave its id there: remove the file, or give "
+             "each job its own directory or MOK_RUN_ID)";
     throw Error(std::string("NCCL ncclCommInitRank failed on rank ") + std::to_string(env.rank) + ": " +
-                nccl.GetErrorString(init) +
-                (env.world_size > 1 ? " (the id came from " + rendezvous.file().string() +
-                                          "; an earlier job that died before its group formed leaves its id there: "
-                                          "remove the file, or give each job its own directory or MOK_RUN_ID)"
-                                    : std::string()));
-  if (env.rank == 0 && env.world_size > 1) rendezvous.retire();
+                nccl.GetErrorString(init) + hint);
+  }
 
   // Every peer must be load/store reachable (one NVLink domain): the megakernel pulls and
   // pushes rows with plain loads and stores.

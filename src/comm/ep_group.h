@@ -27,6 +27,9 @@ struct NcclLibraryChoice {
   int version = 0;   // NCCL_VERSION_CODE of that library
 };
 NcclLibraryChoice nccl_library();
+// The rule above for one NCCL_VERSION_CODE, and the headers' own code.
+bool nccl_release_accepted(int version);
+int nccl_headers_version();
 
 struct SymmetricBuffer {
   void* local = nullptr;   // this rank's device memory

@@ -69,9 +69,18 @@ GroupEnvironment GroupEnvironment::from_environment(
       job = *id;
     } else {
       auto add = [&](const std::optional<std::string>& part, const char* prefix) {
-        if (part && !part->empty() && *part != "none") job += (job.empty() ? "" : ".") + std::string(prefix) + *part;
+        if (!part || part->empty() || *part == "none") return;
+        if (!job.empty()) job += '.';
+        job += prefix;
+        job += *part;
       };
       add(get("TORCHELASTIC_RUN_ID"), "");
+      // torchrun without --rdzv-id has no run id ("none"): its store's address tells two jobs
+      // running at once apart (one after another may share it; the id is removed by then).
+      if (job.empty() && get("TORCHELASTIC_RUN_ID")) {
+        const auto addr = get("MASTER_ADDR"), port = get("MASTER_PORT");
+        if (addr && port) job = *addr + "_" + *port;
+      }
       add(get("TORCHELASTIC_RESTART_COUNT"), "restart");
       if (job.empty()) add(get("OMPI_MCA_ess_base_jobid"), "");
       if (job.empty()) add(get("PMIX_NAMESPACE"), "");

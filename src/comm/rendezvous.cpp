@@ -6,6 +6,8 @@
 #include <system_error>
 #include <thread>
 
+#include <unistd.h>
+
 #include "mok/error.h"
 
 namespace mok::comm {
@@ -16,15 +18,20 @@ IdRendezvous::IdRendezvous(const GroupEnvironment& env) : rank_(env.rank) {
 }
 
 void IdRendezvous::publish(const void* id, std::size_t bytes) const {
-  const std::filesystem::path tmp = file_.string() + ".tmp";
+  // This process's own temporary name: two rank 0s sharing a directory and a key (a
+  // misconfiguration) still never rename a file the other is writing.
+  const std::filesystem::path tmp = file_.string() + "." + std::to_string(getpid()) + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out.write(static_cast<const char*>(id), static_cast<std::streamsize>(bytes));
     out.close();
-    if (!out) throw Error("EP group: rank 0 cannot write its NCCL id to " + tmp.string() + " (is the directory writable?)");
+    if (!out)
+      throw Error("EP group: rank 0 cannot write its NCCL id to " + tmp.string() +
+                  " (does the directory exist, and may this process write there?)");
   }
   std::error_code ec;
   std::filesystem::rename(tmp, file_, ec);
+  if (ec) std::filesystem::remove(tmp);
   if (ec) throw Error("EP group: rank 0 cannot rename " + tmp.string() + " to " + file_.string() + ": " + ec.message());
 }
 

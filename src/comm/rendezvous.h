@@ -3,9 +3,11 @@
 //
 // What must stay true:
 //  - a reader never sees half an id (rank 0 writes a temporary file, then renames it);
-//  - a reader never takes an id another job left behind: the file is named after the
-//    launcher's job (GroupEnvironment::job_key), and rank 0 removes it as soon as the group
-//    has formed (every rank has read it by then), so a reused directory holds no old id;
+//  - a reader does not take an id another job left behind: the file is named after the
+//    launcher's job where the launcher says which (GroupEnvironment::job_key), and rank 0
+//    removes it as soon as the group has formed (every rank has read it by then) or its
+//    start failed, so a reused directory holds no old id (only a rank 0 killed between
+//    publishing and the group forming leaves one: NCCL's error then names the file);
 //  - every wait is bounded and its error names the file it waited for.
 // Host-only (no CUDA, no NCCL): the id is opaque bytes here, and this is tested on the CPU.
 #pragma once

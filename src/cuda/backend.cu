@@ -103,9 +103,8 @@ namespace {
 // (cuda/tensor_map.h).
 CUtensorMap encode_2d(const void* base, std::uint64_t inner, std::uint64_t outer, std::uint32_t box_rows) {
   CUtensorMap map;
-  const CUresult r = encode_bf16_tiles(&map, base, inner, outer, box_rows);
-  require(r != CUDA_ERROR_NOT_FOUND, "CUDA driver has no cuTensorMapEncodeTiled");
-  require(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (code " + std::to_string(int(r)) + ")");
+  const TensorMapStatus status = encode_bf16_tiles(&map, base, inner, outer, box_rows);
+  require(status.ok(), status.describe());
   return map;
 }
 

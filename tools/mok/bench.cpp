@@ -200,10 +200,10 @@ int bench_command(const std::vector<std::string>& argv) {
   fs::create_directories(dir);
   // Nothing an earlier run left here may be read as this run's (tools/mok/work_dir.h). This
   // comes before the group forms: a rank reads another's directory only after it.
-  const auto cleared = clear_bench_outputs(dir);
-  if (distributed && me == 0) fs::remove(fs::path(work_dir) / "peer.json");
-  if (!cleared.empty())
-    std::printf("mok bench: removed %zu files an earlier run left in %s\n", cleared.size(), dir.string().c_str());
+  // (In a group, rank 0 also clears WORK_DIR itself: peer_dist.py's peer.json goes there.)
+  for (const fs::path& d : distributed && me == 0 ? std::vector<fs::path>{dir, work_dir} : std::vector<fs::path>{dir})
+    if (const auto cleared = clear_bench_outputs(d); !cleared.empty())
+      std::printf("mok bench: removed %zu files an earlier run left in %s\n", cleared.size(), d.string().c_str());
   auto path = [&](const std::string& name) { return (dir / name).string(); };
   auto rank_file = [&](int r, const std::string& name) { return fs::path(work_dir) / ("rank" + std::to_string(r)) / name; };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <string>
 #include <system_error>
 
 #include "mok/error.h"
@@ -41,21 +42,28 @@ bool is_bench_output(const std::string& file_name) {
 }
 
 std::vector<std::string> clear_bench_outputs(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
   std::vector<std::string> removed;
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    if (!entry.is_regular_file()) continue;
-    const std::string name = entry.path().filename().string();
+  if (!fs::exists(dir, ec)) return removed;  // nothing written there yet
+  auto fail = [&](const std::string& what, const std::error_code& e) -> Error {
+    return Error("mok bench: cannot " + what + " (" + e.message() +
+                 "); an earlier run's file could be read as this run's: remove it, or use another --work-dir");
+  };
+  fs::directory_iterator it(dir, ec);
+  if (ec) throw fail("list --work-dir " + dir.string(), ec);
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    if (ec) throw fail("list --work-dir " + dir.string(), ec);
+    const std::string name = it->path().filename().string();
     if (!is_bench_output(name)) continue;
+    std::error_code kind;
+    if (!it->is_regular_file(kind)) continue;  // (a directory of that name is not ours)
     std::error_code rm;
-    std::filesystem::remove(entry.path(), rm);
-    if (rm)
-      throw Error("mok bench: cannot remove " + entry.path().string() + " left by an earlier run (" + rm.message() +
-                  "); it could be read as this run's: remove it, or use another --work-dir");
+    fs::remove(it->path(), rm);
+    if (rm) throw fail("remove " + it->path().string() + ", left by an earlier run", rm);
     removed.push_back(name);
   }
-  if (ec && ec != std::errc::no_such_file_or_directory)
-    throw Error("mok bench: cannot list --work-dir " + dir.string() + ": " + ec.message());
+  if (ec) throw fail("list --work-dir " + dir.string(), ec);
   std::sort(removed.begin(), removed.end());
   return removed;
 }
