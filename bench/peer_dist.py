@@ -176,6 +176,14 @@ def nccl_all_to_all(nbytes, warmup, iters, world):
     return {**t, "bytes_per_rank": n * 2, "algbw_gbps": algbw, "busbw_gbps": algbw * (world - 1) / world}
 
 
+def multicast_off(environ=os.environ):
+    """NVLink multicast off in this process before torch or NCCL start, whatever the launcher
+    left set (torchrun passes the caller's environment through; on these machines multicast
+    can take the host's GPUs out of service)."""
+    for k, v in NCCL_ENV.items():
+        environ[k] = v
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("work_dir", help="the directory `mok bench --ep-mode distributed --work-dir` wrote")
@@ -183,8 +191,7 @@ def main(argv=None):
     ap.add_argument("--a2a-mib", type=float, default=256.0, help="bytes per rank of the NCCL all-to-all ceiling")
     ap.add_argument("--gemm-n", type=int, default=8192)
     args = ap.parse_args(argv)
-    for k, v in NCCL_ENV.items():
-        os.environ.setdefault(k, v)
+    multicast_off()
     try:
         rank, world, local, rdv = group_env()
     except RuntimeError as exc:

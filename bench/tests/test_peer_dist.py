@@ -61,5 +61,13 @@ class Group(unittest.TestCase):
         self.assertEqual(peer_dist.slowest_per_iteration([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]), [3.0, 5.0, 2.5])
 
 
+class MulticastOff(unittest.TestCase):
+    def test_inherited_settings_are_overwritten(self):
+        env = {"NCCL_NVLS_ENABLE": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "0", "OTHER": "x"}
+        peer_dist.multicast_off(env)
+        self.assertEqual(env, {"NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1",
+                               "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "OTHER": "x"})
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -11,6 +11,15 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// A process of a distributed EP group stopped waiting for its peers: one died or hangs, or
+// NCCL reported an error. The `mok` tool exits with status 4 for it, so that `mok launch`
+// can tell a rank that gave up on its peers from the rank that failed (kPeerWaitExitStatus).
+class PeerWaitError : public Error {
+ public:
+  using Error::Error;
+};
+inline constexpr int kPeerWaitExitStatus = 4;
+
 // Throws mok::Error(message) unless cond holds. Used for argument validation, never for
 // internal invariants (those are asserts).
 inline void require(bool cond, const std::string& message) {

@@ -6,7 +6,10 @@
 #include <nccl_device/core.h>
 #include <nccl_device/impl/comm__types.h>
 
+#include <algorithm>
 #include <chrono>
+#include <exception>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -202,7 +205,9 @@ EpGroup::EpGroup(const GroupEnvironment& env, std::uint64_t timeout_ms) : impl_(
       retire_on_exit.rendezvous = &rendezvous;
     }
   } else {
-    rendezvous.receive(id.internal, sizeof(id.internal), timeout_ms);
+    // Start-up skew (each process makes its data and CUDA context first) can exceed a
+    // forward's timeout: the wait for rank 0 gets at least two minutes.
+    rendezvous.receive(id.internal, sizeof(id.internal), std::max<std::uint64_t>(timeout_ms, 120000));
   }
   ncclResult_t init = nccl.CommInitRank(&impl_->comm, env.world_size, id, env.rank);
   // (NCCL_COMM_BLOCKING=1 above makes the call blocking; should a library still answer "in
@@ -240,8 +245,18 @@ EpGroup::EpGroup(const GroupEnvironment& env, std::uint64_t timeout_ms) : impl_(
 }
 
 EpGroup::~EpGroup() {
+  // Destroying a communicator waits for the peers (it is collective in effect); while an
+  // error unwinds (this rank failed, the others may not have), it is aborted instead.
+  if (std::uncaught_exceptions() > 0) abort_communicator();
   const NcclApi& nccl = NcclApi::get();
   if (impl_->comm) (impl_->aborted ? nccl.CommAbort : nccl.CommDestroy)(impl_->comm);
+}
+
+void EpGroup::abort_communicator() {
+  if (impl_->comm == nullptr) return;
+  NcclApi::get().CommAbort(impl_->comm);
+  impl_->comm = nullptr;
+  impl_->aborted = true;
 }
 
 int EpGroup::rank() const { return impl_->env.rank; }
@@ -285,7 +300,8 @@ SymmetricBuffer EpGroup::alloc_symmetric(std::size_t bytes) {
 
 void EpGroup::free_symmetric(SymmetricBuffer& b) {
   const NcclApi& nccl = NcclApi::get();
-  if (b.window) nccl.CommWindowDeregister(impl_->comm, static_cast<ncclWindow_t>(b.window));
+  // (After an abort the windows went with the communicator; only the memory is freed.)
+  if (b.window && impl_->comm) nccl.CommWindowDeregister(impl_->comm, static_cast<ncclWindow_t>(b.window));
   if (b.local) nccl.MemFree(b.local);
   b = SymmetricBuffer{};
 }
@@ -315,13 +331,17 @@ void EpGroup::wait(void* stream, const std::string& what, std::uint64_t deadline
     nccl.CommGetAsyncError(impl_->comm, &async);
     const bool late = std::chrono::steady_clock::now() > deadline;
     if ((async != ncclSuccess && async != ncclInProgress) || late) {
-      nccl.CommAbort(impl_->comm);
-      impl_->comm = nullptr;
-      impl_->aborted = true;
-      throw Error("EP group: rank " + std::to_string(rank()) + " stopped while " + what + ": " +
-                  (late ? "no progress for " + std::to_string(limit_ms / 1000) +
-                              " s (a peer rank died or hangs; `mok launch` names it)"
-                        : std::string("NCCL error ") + nccl.GetErrorString(async)));
+      const std::string message =
+          "EP group: rank " + std::to_string(rank()) + " stopped while " + what + ": " +
+          (late ? "no progress for " + std::to_string(limit_ms / 1000) +
+                      " s (a peer rank died or hangs; `mok launch` names it)"
+                : std::string("NCCL error ") + nccl.GetErrorString(async));
+      // Said before the abort: tearing down a communicator whose peers are gone can itself
+      // block, and the launcher's log must hold this rank's reason either way.
+      std::fprintf(stderr, "mok: rank %d: %s; aborting its NCCL communicator\n", rank(), message.c_str());
+      std::fflush(stderr);
+      abort_communicator();
+      throw PeerWaitError(message);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

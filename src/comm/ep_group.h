@@ -67,8 +67,13 @@ class EpGroup {
   // watching NCCL's asynchronous errors; on a timeout or error aborts the communicator and
   // throws mok::Error saying so. `check`, when given, runs while waiting and may throw a
   // better diagnosis (a trapped kernel, say) before the group blames a peer.
+  // Throws mok::PeerWaitError (mok/error.h) when it gives up on the peers.
   void wait(void* stream, const std::string& what, std::uint64_t deadline_ms = 0,
             const std::function<void()>& check = {});
+
+  // Aborts the communicator now (idempotent): NCCL work waiting on peers returns, so the
+  // process can free its memory and exit. The group is unusable after it.
+  void abort_communicator();
 
  private:
   struct Impl;

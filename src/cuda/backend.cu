@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <exception>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
@@ -754,7 +755,7 @@ class CudaBackend final : public BackendImpl {
       int group_code = kOk;
       MOK_CUDA_CHECK(cudaMemcpy(&group_code, group_error_.as<int>(), sizeof(int), cudaMemcpyDeviceToHost));
       if (group_code != kOk)
-        throw Error("forward: another rank of the EP group recorded a device error (code " +
+        throw PeerWaitError("forward: another rank of the EP group recorded a device error (code " +
                     std::to_string(group_code) + "; its Layer::synchronize says what), so rows for this rank's "
                     "tokens may be missing: y was poisoned with NaN");
     }
@@ -853,6 +854,9 @@ class CudaBackend final : public BackendImpl {
       Launch(dim3(1), dim3(R), 0, stream_)("peer_pointers_kernel", peer_pointers_kernel,
                                            static_cast<ncclWindow_t>(x_sym_.window),
                                            static_cast<ncclWindow_t>(combine_sym_.window), R, peers.as<void*>());
+      // The copy below runs on the legacy stream, which does not wait for a non-blocking
+      // stream_ (mok bench's): the table is read only once the kernel has written it.
+      MOK_CUDA_CHECK(cudaStreamSynchronize(stream_));
       std::vector<void*> host(2 * R);
       MOK_CUDA_CHECK(cudaMemcpy(host.data(), peers.as<void>(), host.size() * sizeof(void*), cudaMemcpyDeviceToHost));
       peer_x_.assign(host.begin(), host.begin() + R);
@@ -1089,6 +1093,9 @@ class CudaBackend final : public BackendImpl {
 
  public:
   ~CudaBackend() override {
+    // A rank that fails while its peers carry on may have NCCL kernels on its stream waiting
+    // for them; the frees below would wait for those: abort the communicator first.
+    if (group_ && std::uncaught_exceptions() > 0) group_->abort_communicator();
     for (auto e : phase_events_) cudaEventDestroy(e);
     if (phase_trap_) cudaFreeHost(phase_trap_);
     if (group_) {

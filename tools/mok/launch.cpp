@@ -10,6 +10,10 @@
 // then SIGKILL after a grace period) and the launcher exits non-zero naming that rank: with
 // that rank's exit status when it exited, else 1. SIGINT/SIGTERM/SIGHUP to the launcher stop
 // every rank the same way, and a rank whose launcher dies gets SIGTERM (PR_SET_PDEATHSIG).
+// A rank that exits with mok's "gave up on its peers" status (mok::kPeerWaitExitStatus) is
+// not the culprit but a witness: the launcher waits up to --peer-grace seconds (default 10)
+// for a rank that fails for its own reason and names that one, else names the ranks still
+// running then (the hung ones), else the first witness.
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/types.h>
@@ -46,12 +50,16 @@ extern "C" void on_launcher_signal(int sig) { g_launcher_signal = sig; }
 }  // namespace
 
 int launch_command(const std::vector<std::string>& argv) {
-  const char* usage = "usage: mok launch -n N [--timeout SECONDS] [--grace SECONDS] -- COMMAND [ARGS...]";
+  const char* usage =
+      "usage: mok launch -n N [--timeout SECONDS] [--grace SECONDS] [--peer-grace SECONDS] -- COMMAND [ARGS...]";
   // Split at "--": options before, the command after.
   const auto dash = std::find(argv.begin(), argv.end(), "--");
   if (std::find(argv.begin(), dash, "--help") != dash) {
     std::printf("%s\nStarts N processes running COMMAND, one per rank (MOK_RANK, MOK_WORLD_SIZE, "
-                "MOK_LOCAL_RANK set), and stops the others when one fails.\n", usage);
+                "MOK_LOCAL_RANK set), and stops the others when one fails. A rank exiting with status %d gave "
+                "up waiting for its peers: the launcher then waits up to --peer-grace s (10) for the rank that "
+                "failed, or names the ranks still running.\n",
+                usage, kPeerWaitExitStatus);
     return 0;
   }
   if (dash == argv.end() || dash + 1 == argv.end()) throw Error(std::string("mok launch: ") + usage);
@@ -64,10 +72,13 @@ int launch_command(const std::vector<std::string>& argv) {
   const long long n = *given_n;
   const double timeout_s = args.take_double("timeout").value_or(0);
   const double grace_s = args.take_double("grace").value_or(10);
+  const double peer_grace_s = args.take_double("peer-grace").value_or(10);
   args.finish();
   require(n >= 1 && n <= 4096, "mok launch: -n must be in [1, 4096], got " + std::to_string(n));
   require(timeout_s >= 0, "mok launch: --timeout must be >= 0 (0 = none)");
   require(grace_s >= 0, "mok launch: --grace must be >= 0 (seconds between SIGTERM and SIGKILL)");
+  require(peer_grace_s >= 0, "mok launch: --peer-grace must be >= 0 (seconds to wait for the culprit after a "
+                             "rank gave up on its peers)");
 
   char dir_template[] = "/tmp/mok-launch-XXXXXX";
   require(mkdtemp(dir_template) != nullptr, "mok launch: cannot create a rendezvous directory in /tmp");
@@ -130,6 +141,17 @@ int launch_command(const std::vector<std::string>& argv) {
     for (long long r = 0; r < n; ++r)
       if (!done[r]) kill(-pids[r], sig);
   };
+  // The first rank that gave up on its peers (a witness), while the culprit is awaited.
+  int witness_rank = -1;
+  double witness_at = 0;
+  auto elapsed_s = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  auto fail = [&](int rank, int code, const std::string& what) {
+    failed_rank = rank;
+    exit_code = code;
+    failure = what;
+    std::fprintf(stderr, "mok launch: %s; stopping the other ranks\n", failure.c_str());
+    stop_all(SIGTERM);
+  };
   while (remaining > 0) {
     int status = 0;
     const pid_t pid = waitpid(-1, &status, WNOHANG);
@@ -139,17 +161,34 @@ int launch_command(const std::vector<std::string>& argv) {
           done[r] = true;
           --remaining;
           const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-          if (!ok && failed_rank < 0) {
-            failed_rank = static_cast<int>(r);
-            if (WIFEXITED(status)) exit_code = WEXITSTATUS(status);
-            failure = "rank " + std::to_string(r) + " " + describe_status(status);
-            std::fprintf(stderr, "mok launch: %s; stopping the other ranks\n", failure.c_str());
-            stop_all(SIGTERM);
+          if (ok || failed_rank >= 0) continue;
+          const bool witness = WIFEXITED(status) && WEXITSTATUS(status) == kPeerWaitExitStatus;
+          if (witness) {
+            if (witness_rank < 0) {
+              witness_rank = static_cast<int>(r);
+              witness_at = elapsed_s();
+              std::fprintf(stderr, "mok launch: rank %lld gave up waiting for its peers; looking for the rank "
+                                   "that failed (up to %s s)\n", r, format_number(peer_grace_s).c_str());
+            }
+            continue;
           }
+          fail(static_cast<int>(r), WIFEXITED(status) ? WEXITSTATUS(status) : 1,
+               "rank " + std::to_string(r) + " " + describe_status(status));
         }
       continue;
     }
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double elapsed = elapsed_s();
+    if (failed_rank < 0 && witness_rank >= 0 && (elapsed - witness_at > peer_grace_s || remaining == 0)) {
+      std::string running;
+      for (long long r = 0; r < n; ++r)
+        if (!done[r]) running += (running.empty() ? "rank " : ", rank ") + std::to_string(r);
+      fail(witness_rank, kPeerWaitExitStatus,
+           running.empty() ? "rank " + std::to_string(witness_rank) +
+                                 " gave up waiting for its peers, and no rank failed for another reason"
+                           : running + " still running " + std::to_string(static_cast<int>(elapsed - witness_at)) +
+                                 " s after rank " +
+                                 std::to_string(witness_rank) + " gave up waiting for its peers (died or hangs)");
+    }
     if (failed_rank < 0 && g_launcher_signal != 0) {
       failed_rank = n;
       exit_code = 128 + g_launcher_signal;
@@ -168,6 +207,12 @@ int launch_command(const std::vector<std::string>& argv) {
       if (elapsed - stopped_at > grace_s) stop_all(SIGKILL);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (failed_rank < 0 && witness_rank >= 0) {  // every rank is gone, none for its own reason
+    failed_rank = witness_rank;
+    exit_code = kPeerWaitExitStatus;
+    failure = "rank " + std::to_string(witness_rank) +
+              " gave up waiting for its peers, and no rank failed for another reason";
   }
   std::error_code ec;
   std::filesystem::remove_all(launch_dir, ec);

@@ -46,6 +46,9 @@ int main(int argc, char** argv) {
       return 2;
     }
     return rc;
+  } catch (const mok::PeerWaitError& e) {
+    std::fprintf(stderr, "mok: error: %s\n", e.what());
+    return mok::kPeerWaitExitStatus;
   } catch (const mok::Error& e) {
     std::fprintf(stderr, "mok: error: %s\n", e.what());
     return 2;
