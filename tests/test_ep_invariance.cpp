@@ -119,6 +119,20 @@ std::vector<Bytes> outputs(const LayerData& d) {
 
 class Determinism : public ::testing::TestWithParam<Precision> {};
 
+// A token's output never depends on its neighbours: moving tokens over positions and
+// ranks, and replacing a quarter of them, leaves every kept token's y bitwise unchanged.
+TEST(Composition, ATokensOutputDoesNotDependOnItsNeighbours) {
+  for (int R : {1, 4}) {
+    const Problem p = ep_problem(R, Precision::bf16);
+    LayerData a = test::make_data(p, 31, false);
+    const LayerData fresh = test::make_data(p, 32, false);
+    auto shuffled = test::shuffle_tokens(a, fresh, 33);
+    test::run_reference(a, false);
+    test::run_reference(shuffled.data, false);
+    EXPECT_GE(test::expect_same_y_where_moved(a, shuffled.data, shuffled.moved_to), kGlobalTokens / 2) << "R=" << R;
+  }
+}
+
 TEST_P(Determinism, BitwiseAcrossRunsAndThreadCounts) {
   // Big enough that every GEMM, gather and epilogue splits over several threads.
   const Problem p = test::make_problem(8, 128, 64, 3, {64, 96}, 2, 160, GetParam(), 1.0f);

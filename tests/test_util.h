@@ -104,6 +104,70 @@ inline void run_reference(LayerData& data, bool backward, const Config& config =
   if (backward) layer.backward(data.backward_args());
 }
 
+// The global batch of `a` with its tokens moved over positions and ranks and about a
+// quarter of them replaced by `fresh`'s tokens (same problem; the weights stay a's): token n
+// of `a` (global index rank*T + t) sits at global position moved_to[n] of `data`, or was
+// replaced (moved_to[n] = -1). MISSION: a token's output never depends on its neighbours,
+// so y at moved_to[n] must equal a's y of token n bit for bit.
+struct ShuffledBatch {
+  LayerData data;
+  std::vector<std::int64_t> moved_to;
+};
+
+inline ShuffledBatch shuffle_tokens(const LayerData& a, const LayerData& fresh, std::uint64_t seed) {
+  const Problem& p = a.problem;
+  const std::int64_t T = p.tokens_per_rank, N = std::int64_t(p.ep_size) * T, H = p.hidden, k = p.top_k;
+  ShuffledBatch out{a, std::vector<std::int64_t>(N, -1)};
+  std::vector<std::int64_t> position(N);
+  for (std::int64_t n = 0; n < N; ++n) position[n] = n;
+  std::uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&] {  // splitmix64: a fixed sequence on every platform
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  for (std::int64_t n = N - 1; n > 0; --n) std::swap(position[n], position[next() % (n + 1)]);
+  auto copy_token = [&](const LayerData& from, std::int64_t src, std::int64_t dst) {
+    const RankData& f = from.ranks[src / T];
+    RankData& t = out.data.ranks[dst / T];
+    const std::int64_t fs = src % T, ts = dst % T;
+    std::memcpy(t.x.data<std::uint16_t>() + ts * H, f.x.data<std::uint16_t>() + fs * H, H * 2);
+    std::memcpy(t.top_experts.data<std::int32_t>() + ts * k, f.top_experts.data<std::int32_t>() + fs * k, k * 4);
+    std::memcpy(t.router_weights.data<float>() + ts * k, f.router_weights.data<float>() + fs * k, k * 4);
+  };
+  for (std::int64_t n = 0; n < N; ++n) {
+    const std::int64_t dst = position[n];
+    if (next() % 4 == 0) {
+      copy_token(fresh, dst, dst);
+    } else {
+      copy_token(a, n, dst);
+      out.moved_to[n] = dst;
+    }
+  }
+  return out;
+}
+
+// y of token n of `a` against y at its new place in `shuffled` (shuffle_tokens), bit for
+// bit; returns how many tokens were compared (a test asks for a fair number).
+inline std::int64_t expect_same_y_where_moved(const LayerData& a, const LayerData& shuffled,
+                                              const std::vector<std::int64_t>& moved_to) {
+  const std::int64_t T = a.problem.tokens_per_rank, H = a.problem.hidden;
+  std::int64_t compared = 0, differing = 0;
+  for (std::int64_t n = 0; n < std::int64_t(moved_to.size()); ++n) {
+    if (moved_to[n] < 0) continue;
+    const std::int64_t d = moved_to[n];
+    const std::uint16_t* want = a.ranks[n / T].y.data<std::uint16_t>() + (n % T) * H;
+    const std::uint16_t* got = shuffled.ranks[d / T].y.data<std::uint16_t>() + (d % T) * H;
+    ++compared;
+    if (std::memcmp(want, got, H * 2) != 0 && differing++ < 5)
+      ADD_FAILURE() << "token " << n << " (rank " << n / T << ") moved to " << d << " (rank " << d / T
+                    << "): its y differs from where it was";
+  }
+  EXPECT_EQ(differing, 0) << "of " << compared << " tokens whose neighbours changed";
+  return compared;
+}
+
 // Catches the mok::Error `fn` must throw and returns its message; fails the test if
 // nothing (or something else) is thrown.
 template <typename Fn>

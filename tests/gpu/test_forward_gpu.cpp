@@ -297,6 +297,26 @@ TEST(GpuDeterminism, EpSizesGiveBitwiseIdenticalOutputs) {
   }
 }
 
+// MISSION: a token's output never depends on its neighbours. The tokens of a global batch
+// moved over positions and ranks (other rows beside them in every tile, other padding) and
+// a quarter replaced: every kept token's y is bitwise what it was, and the new batch still
+// matches the reference.
+TEST(GpuDeterminism, ATokensOutputDoesNotDependOnItsNeighbours) {
+  MOK_REQUIRE_GPU();
+  Config config;
+  config.schedule_capacity_factor = 1.0;  // the shuffle moves rows between experts' counts
+  for (int R : {1, 4}) {
+    const Problem p = make_problem(16, 512, 256, 4, {256}, R, 1024 / R);
+    const LayerData a = make_data(p, "gaussian");
+    const LayerData fresh = make_data(p, "zipf:1.2", 977);
+    const auto shuffled = test::shuffle_tokens(a, fresh, 41 + R);
+    const GpuRun before = run_gpu_all_ranks(a, config);
+    const GpuRun after = run_gpu_all_ranks(shuffled.data, config);
+    EXPECT_GE(test::expect_same_y_where_moved(before.data, after.data, shuffled.moved_to), 600) << "R=" << R;
+    expect_close(after.data, run_reference(shuffled.data, config), p.precision, "shuffled batch, R=" + std::to_string(R));
+  }
+}
+
 TEST(GpuTaskBands, EveryBandSizeMatchesReferenceBitwiseAlike) {
   MOK_REQUIRE_GPU();
   // Task order changes which CTA computes a tile and when, never what it computes: y must be
