@@ -135,6 +135,7 @@ inline ShuffledBatch shuffle_tokens(const LayerData& a, const LayerData& fresh, 
     std::memcpy(t.x.data<std::uint16_t>() + ts * H, f.x.data<std::uint16_t>() + fs * H, H * 2);
     std::memcpy(t.top_experts.data<std::int32_t>() + ts * k, f.top_experts.data<std::int32_t>() + fs * k, k * 4);
     std::memcpy(t.router_weights.data<float>() + ts * k, f.router_weights.data<float>() + fs * k, k * 4);
+    if (!t.dy.empty()) std::memcpy(t.dy.data<std::uint16_t>() + ts * H, f.dy.data<std::uint16_t>() + fs * H, H * 2);
   };
   for (std::int64_t n = 0; n < N; ++n) {
     const std::int64_t dst = position[n];

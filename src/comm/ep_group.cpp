@@ -215,7 +215,7 @@ EpGroup::EpGroup(const GroupEnvironment& env, std::uint64_t timeout_ms) : impl_(
   const auto init_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (init == ncclInProgress && impl_->comm != nullptr) {
     if (std::chrono::steady_clock::now() > init_deadline)
-      throw Error("EP group: rank " + std::to_string(env.rank) + "'s NCCL communicator was not ready after " +
+      throw PeerWaitError("EP group: rank " + std::to_string(env.rank) + "'s NCCL communicator was not ready after " +
                   std::to_string(timeout_ms) + " ms");
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     nccl.CommGetAsyncError(impl_->comm, &init);

@@ -41,7 +41,7 @@ void IdRendezvous::receive(void* id, std::size_t bytes, std::uint64_t timeout_ms
     std::ifstream in(file_, std::ios::binary);
     if (in && in.read(static_cast<char*>(id), static_cast<std::streamsize>(bytes))) return;
     if (std::chrono::steady_clock::now() > deadline)
-      throw Error("EP group: rank " + std::to_string(rank_) + " waited " + std::to_string(timeout_ms) +
+      throw PeerWaitError("EP group: rank " + std::to_string(rank_) + " waited " + std::to_string(timeout_ms) +
                   " ms for rank 0's NCCL id in " + file_.string() + "; is rank 0 alive, and do both read the same "
                   "directory and job?");
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -31,7 +31,7 @@ class IdRendezvous {
   void publish(const void* id, std::size_t bytes) const;
 
   // Another rank: waits up to `timeout_ms` for rank 0's id and copies it out; throws
-  // mok::Error naming the file and the rank on a timeout.
+  // mok::PeerWaitError naming the file and the rank on a timeout.
   void receive(void* id, std::size_t bytes, std::uint64_t timeout_ms) const;
 
   // Rank 0, once every rank holds the id (the group formed): removes the file, so that the

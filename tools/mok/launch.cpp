@@ -1,6 +1,6 @@
 // mok launch: starts one process per rank of an EP group and watches them.
 //
-//   mok launch -n N [--timeout SECONDS] -- COMMAND [ARGS...]
+//   mok launch -n N [--timeout SECONDS] [--grace SECONDS] [--peer-grace SECONDS] -- COMMAND [ARGS...]
 //
 // Each child gets MOK_RANK, MOK_LOCAL_RANK, MOK_WORLD_SIZE and MOK_LAUNCH_DIR (a private
 // directory for the rendezvous, e.g. rank 0 writes the NCCL unique id there), and NVLink
@@ -143,7 +143,7 @@ int launch_command(const std::vector<std::string>& argv) {
   };
   // The first rank that gave up on its peers (a witness), while the culprit is awaited.
   int witness_rank = -1;
-  double witness_at = 0;
+  double witness_at = 0, last_witness_at = 0;
   auto elapsed_s = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   auto fail = [&](int rank, int code, const std::string& what) {
     failed_rank = rank;
@@ -164,9 +164,12 @@ int launch_command(const std::vector<std::string>& argv) {
           if (ok || failed_rank >= 0) continue;
           const bool witness = WIFEXITED(status) && WEXITSTATUS(status) == kPeerWaitExitStatus;
           if (witness) {
+            // Each witness restarts the wait (the others may still be giving up, each on its
+            // own deadline), up to three graces after the first.
+            last_witness_at = elapsed_s();
             if (witness_rank < 0) {
               witness_rank = static_cast<int>(r);
-              witness_at = elapsed_s();
+              witness_at = last_witness_at;
               std::fprintf(stderr, "mok launch: rank %lld gave up waiting for its peers; looking for the rank "
                                    "that failed (up to %s s)\n", r, format_number(peer_grace_s).c_str());
             }
@@ -178,7 +181,8 @@ int launch_command(const std::vector<std::string>& argv) {
       continue;
     }
     const double elapsed = elapsed_s();
-    if (failed_rank < 0 && witness_rank >= 0 && (elapsed - witness_at > peer_grace_s || remaining == 0)) {
+    if (failed_rank < 0 && witness_rank >= 0 &&
+        (elapsed - last_witness_at > peer_grace_s || elapsed - witness_at > 3 * peer_grace_s)) {
       std::string running;
       for (long long r = 0; r < n; ++r)
         if (!done[r]) running += (running.empty() ? "rank " : ", rank ") + std::to_string(r);
@@ -199,6 +203,13 @@ int launch_command(const std::vector<std::string>& argv) {
     if (failed_rank < 0 && timeout_s > 0 && elapsed > timeout_s) {
       failed_rank = n;  // no single rank to blame
       failure = "timed out after " + format_number(timeout_s) + " s";
+      if (witness_rank >= 0) {
+        std::string running;
+        for (long long r = 0; r < n; ++r)
+          if (!done[r]) running += " " + std::to_string(r);
+        failure += " (rank " + std::to_string(witness_rank) + " had given up waiting for its peers; still running:" +
+                   running + ")";
+      }
       std::fprintf(stderr, "mok launch: %s; stopping every rank\n", failure.c_str());
       stop_all(SIGTERM);
     }

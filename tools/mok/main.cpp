@@ -13,7 +13,7 @@ commands:
   run      run the layer on a shape (default command); mok run --help
   shapes   list the named shapes
   bench    time the CUDA forward MoK's way and write the peers' inputs (bench/run.py drives it)
-  launch   start one process per rank: mok launch -n N [--timeout S] -- COMMAND ...
+  launch   start one process per rank: mok launch -n N [--timeout S] [--grace S] [--peer-grace S] -- COMMAND ...
 With no arguments, mok runs the default shape on the best available backend.
 )";
 
