@@ -7,7 +7,10 @@
 //     combine slots are written as they would be over NVLink (CUDA backend only);
 //   - EpMode::distributed: one process per GPU (started by `mok launch`, torchrun or mpirun);
 //     this process holds one rank (its tensors are the only entry of `ranks`) and reaches the
-//     others over NVLink through NCCL symmetric memory (CUDA backend only).
+//     others over NVLink through NCCL symmetric memory (CUDA backend only). Constructing and
+//     destroying such a Layer are collective: every rank does both. A rank that gives up on
+//     its peers throws mok::PeerWaitError; a Layer destroyed while an exception propagates
+//     aborts its communicator instead of waiting for the peers.
 //
 // Tensors are row-major and contiguous; every call validates every argument and throws
 // mok::Error naming the argument and the rule it broke, before any work starts.
