@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The real multi-GPU checks in one command, on a machine with G GPUs (one process per GPU,
+# mok launch, the NCCL provider): for every EP size N in 2, 4, 8 with N <= G (1 when G = 1),
+#   1. bitwise: a group of N real ranks and N virtual ranks on one GPU give the same y on the
+#      same global batch (medium, and Qwen3.5's layer at 512 tokens per rank), and the
+#      virtual ranks pass the CPU reference check (--check) on that batch;
+#   2. reference: `mok bench --ep-mode distributed` on Qwen3.5 checks every rank's rows and y
+#      against the reference (each rank computes its own);
+#   3. a killed rank: rank 1 of a long-running group is killed with SIGKILL; the launcher
+#      must exit non-zero naming rank 1 within 60 s (N >= 2 only);
+# then, with --bench, bench/run.py --launch G on Qwen3.5 at 2048 tokens per rank against the
+# PyTorch + NCCL all-to-all peer (records under $OUT/results).
+#
+#   scripts/device_multi.sh [--bin DIR] [--bench] [--sizes 2,4,8]
+#
+# NCCL: PyTorch's directory goes first in the loader's search (mok needs its headers' release,
+# comm/ep_group.h). Multicast stays off in every process. Logs under $OUT; a table last;
+# exit 1 when any check failed.
+set -uo pipefail
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+BIN=build/bin
+BENCH=0
+SIZES=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bin) BIN=$2; shift 2 ;;
+    --bench) BENCH=1; shift ;;
+    --sizes) SIZES=$2; shift 2 ;;
+    *) echo "device_multi: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+[ -x "$BIN/mok" ] || { echo "device_multi: $BIN/mok is missing (build first, or --bin DIR)" >&2; exit 1; }
+torch_nccl_dir=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
+[ -n "$torch_nccl_dir" ] && [ -d "$torch_nccl_dir" ] && export LD_LIBRARY_PATH="$torch_nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+gpus=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || nvidia-smi -L | grep -c '^GPU')
+if [ -z "$SIZES" ]; then
+  SIZES=""
+  for n in 2 4 8; do [ "$n" -le "$gpus" ] && SIZES="$SIZES${SIZES:+,}$n"; done
+  [ -z "$SIZES" ] && SIZES=1
+fi
+table=()
+FAILED=0
+row() { table+=("$1"); echo "== $1"; }
+# verdict RC COUNT WANT: "ok" when the command succeeded and COUNT = WANT, else "FAILED".
+verdict() {
+  if [ "$1" = 0 ] && [ "$2" = "$3" ]; then echo ok; else echo FAILED; fi
+}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+for n in ${SIZES//,/ }; do
+  if [ "$n" -gt "$gpus" ]; then row "EP=$n: skipped, $gpus GPU(s) here"; continue; fi
+  # 1. real vs virtual ranks, bit for bit, and the virtual ranks against the reference.
+  for case in "medium" "qwen3.5-397b-a17b --tokens 512"; do
+    name=${case%% *}
+    log="$OUT/bitwise_${name}_ep$n.log"
+    rm -rf "$work/real"
+    # shellcheck disable=SC2086
+    { timeout 300 "$BIN/mok" launch -n "$n" -- "$BIN/mok" run --backend cuda --ep-mode distributed --shape $case \
+        --ep "$n" --iters 3 --warmup 1 --save "$work/real" &&
+      timeout 300 "$BIN/mok" run --backend cuda --ep-mode all --shape $case --ep "$n" --iters 1 --warmup 0 \
+        --expect "$work/real" --check; } > "$log" 2>&1
+    rc=$?
+    same=$(grep -c "is bitwise equal to" "$log")
+    v=$(verdict $rc "$same" "$n")
+    [ "$v" = ok ] || FAILED=1
+    row "EP=$n $name: real vs virtual ranks: rc=$rc, $same of $n ranks bitwise equal, reference check $(grep -q 'FAIL' "$log" && echo FAIL || echo passed): $v"
+  done
+  # 2. the distributed benchmark's own reference check on a MoK shape (no timing claims here).
+  log="$OUT/bench_check_ep$n.log"
+  timeout 400 "$BIN/mok" launch -n "$n" -- "$BIN/mok" bench --ep-mode distributed --shape qwen3.5-397b-a17b \
+    --ep "$n" --tokens 512 --warmup 5 --iters 5 --work-dir "$work/bench$n" > "$log" 2>&1
+  rc=$?
+  pass=$(grep -c "check PASS" "$log")
+  v=$(verdict $rc "$pass" "$n")
+  [ "$v" = ok ] || FAILED=1
+  row "EP=$n qwen3.5 T=512: mok bench reference check: rc=$rc, $pass of $n ranks PASS: $v"
+  rm -rf "$work/bench$n"
+  # 3. rank 1 killed mid-run: the launcher names it and stops the rest within 60 s.
+  if [ "$n" -ge 2 ]; then
+    log="$OUT/killed_ep$n.log"
+    start=$(date +%s)
+    timeout 240 "$BIN/mok" launch -n "$n" -- sh -c \
+      "if [ \"\$MOK_RANK\" = 1 ]; then (sleep 20; kill -9 \$\$) & fi; exec \"$BIN/mok\" run --backend cuda \
+       --ep-mode distributed --shape qwen3.5-397b-a17b --ep $n --tokens 512 --iters 1000000 --warmup 0" > "$log" 2>&1
+    rc=$?
+    took=$(( $(date +%s) - start - 20 ))
+    named=$(grep -c "rank 1 was killed by signal 9" "$log")
+    ok=1
+    [ $rc != 0 ] && [ "$named" -ge 1 ] && [ $took -le 60 ] || { ok=0; FAILED=1; }
+    row "EP=$n killed rank 1: launcher rc=$rc, named=$named, stopped ${took} s after the kill: $([ $ok = 1 ] && echo ok || echo FAILED)"
+  fi
+done
+
+if [ $BENCH = 1 ]; then
+  PYTHONUNBUFFERED=1 timeout ${BENCH_TIMEOUT:-500} python3 bench/run.py --mok-bin "$BIN/mok" --launch "$gpus" \
+    --shapes qwen3.5-397b-a17b --tokens 2048 --results-dir "$OUT/results" --work-root "$work/bw" > "$OUT/bench.log" 2>&1
+  rc=$?
+  [ $rc = 0 ] || FAILED=1
+  row "bench --launch $gpus qwen3.5 T=2048: rc=$rc; $(grep -E '^qwen3.5' "$OUT/bench.log" | tail -1 | sed 's/  */ /g')"
+fi
+
+echo
+echo "==== device_multi ($gpus GPU(s)) ===="
+printf '%s\n' "${table[@]}"
+exit $FAILED
