@@ -40,7 +40,8 @@ struct OpenedNccl {
 OpenedNccl open_nccl_library() {
   std::vector<std::string> candidates;
   const char* chosen = std::getenv("MOK_NCCL_LIBRARY");
-  if (chosen != nullptr && *chosen != '\0') {
+  const bool chosen_by_user = chosen != nullptr && *chosen != '\0';
+  if (chosen_by_user) {
     candidates.push_back(chosen);
   } else {
     candidates.push_back("libnccl.so.2");  // the dynamic loader's search: LD_LIBRARY_PATH, ld.so.cache
@@ -56,21 +57,22 @@ OpenedNccl open_nccl_library() {
       tried += "\n  " + path + ": cannot load (" + dlerror() + ")";
       continue;
     }
+    auto pass_over = [&](const std::string& why) {
+      tried += "\n  " + path + ": " + why;
+      dlclose(lib);
+    };
     auto get_version = reinterpret_cast<decltype(&::ncclGetVersion)>(dlsym(lib, "ncclGetVersion"));
     int version = 0;
     if (get_version == nullptr) {
-      tried += "\n  " + path + ": not an NCCL library (no ncclGetVersion)";
-      dlclose(lib);
+      pass_over("not an NCCL library (no ncclGetVersion)");
       continue;
     }
     if (const ncclResult_t r = get_version(&version); r != ncclSuccess) {
-      tried += "\n  " + path + ": ncclGetVersion failed (error " + std::to_string(int(r)) + ")";
-      dlclose(lib);
+      pass_over("ncclGetVersion failed (error " + std::to_string(int(r)) + ")");
       continue;
     }
     if (!nccl_release_accepted(version)) {
-      tried += "\n  " + path + ": NCCL " + nccl_version_text(version);
-      dlclose(lib);
+      pass_over("NCCL " + nccl_version_text(version));
       continue;
     }
     Dl_info info{};
@@ -83,11 +85,9 @@ OpenedNccl open_nccl_library() {
   const std::string release = nccl_version_text(NCCL_VERSION_CODE);
   throw Error("ep_mode = distributed needs NCCL " + release + " or a later " + release.substr(0, release.rfind('.')) +
               ".x (the headers mok was built with: the device API's layouts change between releases). Tried:" + tried +
-              (chosen != nullptr && *chosen != '\0'
-                   ? "\nPoint MOK_NCCL_LIBRARY at such a libnccl.so.2 (PyTorch's is "
-                     "site-packages/nvidia/nccl/lib/libnccl.so.2)"
-                   : "\nSet MOK_NCCL_LIBRARY to such a libnccl.so.2 (PyTorch's is "
-                     "site-packages/nvidia/nccl/lib/libnccl.so.2), or put its directory first in LD_LIBRARY_PATH"));
+              (chosen_by_user ? "\nPoint MOK_NCCL_LIBRARY at" : "\nSet MOK_NCCL_LIBRARY to") +
+              " such a libnccl.so.2 (PyTorch's is site-packages/nvidia/nccl/lib/libnccl.so.2)" +
+              (chosen_by_user ? "" : ", or put its directory first in LD_LIBRARY_PATH"));
 }
 
 // The NCCL entry points mok uses, resolved from the shared library at run time.

@@ -145,6 +145,12 @@ int launch_command(const std::vector<std::string>& argv) {
   int witness_rank = -1;
   double witness_at = 0, last_witness_at = 0;
   auto elapsed_s = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  auto still_running = [&] {  // "rank 2, rank 5"
+    std::string running;
+    for (long long r = 0; r < n; ++r)
+      if (!done[r]) running += (running.empty() ? "rank " : ", rank ") + std::to_string(r);
+    return running;
+  };
   auto fail = [&](int rank, int code, const std::string& what) {
     failed_rank = rank;
     exit_code = code;
@@ -183,15 +189,10 @@ int launch_command(const std::vector<std::string>& argv) {
     const double elapsed = elapsed_s();
     if (failed_rank < 0 && witness_rank >= 0 &&
         (elapsed - last_witness_at > peer_grace_s || elapsed - witness_at > 3 * peer_grace_s)) {
-      std::string running;
-      for (long long r = 0; r < n; ++r)
-        if (!done[r]) running += (running.empty() ? "rank " : ", rank ") + std::to_string(r);
+      // (Some rank is still running here: the loop ends once every rank is reaped.)
       fail(witness_rank, kPeerWaitExitStatus,
-           running.empty() ? "rank " + std::to_string(witness_rank) +
-                                 " gave up waiting for its peers, and no rank failed for another reason"
-                           : running + " still running " + std::to_string(static_cast<int>(elapsed - witness_at)) +
-                                 " s after rank " +
-                                 std::to_string(witness_rank) + " gave up waiting for its peers (died or hangs)");
+           still_running() + " still running " + std::to_string(static_cast<int>(elapsed - witness_at)) +
+               " s after rank " + std::to_string(witness_rank) + " gave up waiting for its peers (died or hangs)");
     }
     if (failed_rank < 0 && g_launcher_signal != 0) {
       failed_rank = n;
@@ -203,13 +204,9 @@ int launch_command(const std::vector<std::string>& argv) {
     if (failed_rank < 0 && timeout_s > 0 && elapsed > timeout_s) {
       failed_rank = n;  // no single rank to blame
       failure = "timed out after " + format_number(timeout_s) + " s";
-      if (witness_rank >= 0) {
-        std::string running;
-        for (long long r = 0; r < n; ++r)
-          if (!done[r]) running += " " + std::to_string(r);
-        failure += " (rank " + std::to_string(witness_rank) + " had given up waiting for its peers; still running:" +
-                   running + ")";
-      }
+      if (witness_rank >= 0)
+        failure += " (rank " + std::to_string(witness_rank) + " had given up waiting for its peers; still running: " +
+                   still_running() + ")";
       std::fprintf(stderr, "mok launch: %s; stopping every rank\n", failure.c_str());
       stop_all(SIGTERM);
     }
