@@ -77,14 +77,11 @@ fi
 
 # The NCCL provider (EpMode::distributed) on every GPU of this machine, one process each:
 # the group's y bitwise equal to virtual ranks' on the same batch, then mok bench twice into
-# one work directory (the second run must clear the first's files). NCCL must be of the
-# headers' release (comm/ep_group.h): PyTorch's NCCL directory goes first in the loader's
-# search (mok still passes over a library of another release and says so).
+# one work directory (the second run must clear the first's files). NCCL's search path and
+# the GPU count: scripts/group_env.sh.
 if [ $RUN_TESTS = 1 ]; then
-  torch_nccl_dir=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
-  [ -n "$torch_nccl_dir" ] && [ -d "$torch_nccl_dir" ] && export LD_LIBRARY_PATH="$torch_nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  # The GPUs this process may use (CUDA_VISIBLE_DEVICES included).
-  gpus=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || nvidia-smi -L | grep -c '^GPU')
+  source "$(dirname "$0")/group_env.sh"
+  gpus=$group_gpus
   group_dir=$(mktemp -d)
   start=$(date +%s)
   grc=0

@@ -13,8 +13,7 @@
 #
 #   scripts/device_multi.sh [--bin DIR] [--bench] [--sizes 2,4,8]
 #
-# NCCL: PyTorch's directory goes first in the loader's search (mok needs its headers' release,
-# comm/ep_group.h). Multicast stays off in every process. Logs under $OUT; a table last;
+# NCCL and multicast: scripts/group_env.sh. Logs under $OUT; a table last;
 # exit 1 when any check failed.
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
@@ -30,11 +29,9 @@ while [ $# -gt 0 ]; do
     *) echo "device_multi: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 [ -x "$BIN/mok" ] || { echo "device_multi: $BIN/mok is missing (build first, or --bin DIR)" >&2; exit 1; }
-torch_nccl_dir=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
-[ -n "$torch_nccl_dir" ] && [ -d "$torch_nccl_dir" ] && export LD_LIBRARY_PATH="$torch_nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-gpus=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || nvidia-smi -L | grep -c '^GPU')
+source "$(dirname "$0")/group_env.sh"  # multicast off, NCCL's search path, group_gpus
+gpus=$group_gpus
 if [ -z "$SIZES" ]; then
   SIZES=""
   for n in 2 4 8; do [ "$n" -le "$gpus" ] && SIZES="$SIZES${SIZES:+,}$n"; done
