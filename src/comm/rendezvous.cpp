@@ -31,8 +31,11 @@ void IdRendezvous::publish(const void* id, std::size_t bytes) const {
   }
   std::error_code ec;
   std::filesystem::rename(tmp, file_, ec);
-  if (ec) std::filesystem::remove(tmp);
-  if (ec) throw Error("EP group: rank 0 cannot rename " + tmp.string() + " to " + file_.string() + ": " + ec.message());
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    throw Error("EP group: rank 0 cannot rename " + tmp.string() + " to " + file_.string() + ": " + ec.message());
+  }
 }
 
 void IdRendezvous::receive(void* id, std::size_t bytes, std::uint64_t timeout_ms) const {
