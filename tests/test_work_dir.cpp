@@ -2,6 +2,7 @@
 // and nothing else there is touched.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -20,6 +21,28 @@ TEST(WorkDir, KnowsWhatTheBenchAndItsPeersWrite) {
   for (const char* name : {"notes.txt", "mok.json.bak", "my_weights.npy", "shared_w_gate.npy", "sharedX_w_up.npy",
                            "rows_for.npy", "rows_for3a.npy", "slots_for-1.npy", ".tmp", "w_gate.npz", "rank0"})
     EXPECT_FALSE(is_bench_output(name)) << name;
+}
+
+// What the bench writes is named by the same list the cleaner reads (work_dir.h).
+TEST(WorkDir, KnowsEveryNameTheBenchWritesBy) {
+  std::vector<std::string> seen;
+  for (int f = 0; f < static_cast<int>(BenchFile::kCount); ++f) {
+    const std::string name = bench_file_name(static_cast<BenchFile>(f));
+    EXPECT_FALSE(name.empty()) << "file " << f << " has no name";
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), name), 0) << name << " names two files";
+    seen.push_back(name);
+    EXPECT_TRUE(is_bench_output(name)) << name;
+    EXPECT_TRUE(is_bench_output(name + ".tmp")) << name;
+  }
+  for (int r : {0, 7, 63}) {
+    EXPECT_TRUE(is_bench_output(rows_for_file(r))) << rows_for_file(r);
+    EXPECT_TRUE(is_bench_output(slots_for_file(r))) << slots_for_file(r);
+    for (BenchFile w : {BenchFile::kWGate, BenchFile::kWUp, BenchFile::kWDown})
+      EXPECT_TRUE(is_bench_output(shared_weight_file(r, w))) << shared_weight_file(r, w);
+  }
+  EXPECT_EQ(shared_weight_file(2, BenchFile::kWUp), "shared2_w_up.npy");  // bench/README.md's contract
+  EXPECT_EQ(rows_for_file(3), "rows_for3.npy");
+  EXPECT_FALSE(is_bench_output(shared_weight_file(1, BenchFile::kXAll)));  // not a weight
 }
 
 TEST(WorkDir, ClearingRemovesOnlyTheBenchOutputs) {

@@ -206,6 +206,7 @@ int bench_command(const std::vector<std::string>& argv) {
       std::printf("mok bench: removed %zu files an earlier run left in %s\n", cleared.size(), d.string().c_str());
   auto path = [&](const std::string& name) { return (dir / name).string(); };
   auto rank_file = [&](int r, const std::string& name) { return fs::path(work_dir) / ("rank" + std::to_string(r)) / name; };
+  const std::string mok_json = bench_file_name(BenchFile::kMokJson), mok_json_tmp = mok_json + ".tmp";
 
   // ---- data and routing (every rank of a group makes the same, with its own weights) ----
   const RoutingBalance balance = routing_balance(p, routing);
@@ -356,21 +357,21 @@ int bench_command(const std::vector<std::string>& argv) {
     for (int s = 0; s < R; ++s)
       if (s != me) {
         const auto n = static_cast<std::int64_t>(slots_for[s].size());
-        save_atomic(rank_file(me, "rows_for" + std::to_string(s) + ".npy"),
+        save_atomic(rank_file(me, rows_for_file(s)),
                     tensor_from(DType::bf16, {n, H}, rows_for[s].data()));
-        save_atomic(rank_file(me, "slots_for" + std::to_string(s) + ".npy"),
+        save_atomic(rank_file(me, slots_for_file(s)),
                     tensor_from(DType::i64, {n}, slots_for[s].data()));
       }
     std::vector<fs::path> incoming;
     for (int s = 0; s < R; ++s)
-      if (s != me) incoming.push_back(rank_file(s, "slots_for" + std::to_string(me) + ".npy"));
+      if (s != me) incoming.push_back(rank_file(s, slots_for_file(me)));
     wait_for_files(incoming, exchange_timeout_s, "reference rows for this rank's tokens");
     for (int s = 0; s < R; ++s) {
       if (s == me) continue;
-      const HostTensor sl = npy::load(rank_file(s, "slots_for" + std::to_string(me) + ".npy").string(), DType::i64);
+      const HostTensor sl = npy::load(rank_file(s, slots_for_file(me)).string(), DType::i64);
       const std::int64_t n = sl.numel();
       const HostTensor rw =
-          npy::load(rank_file(s, "rows_for" + std::to_string(me) + ".npy").string(), DType::bf16, {n, H});
+          npy::load(rank_file(s, rows_for_file(me)).string(), DType::bf16, {n, H});
       for (std::int64_t i = 0; i < n; ++i) {
         const std::int64_t slot = sl.data<std::int64_t>()[i];
         require(slot >= 0 && slot < std::int64_t(T) * k && !covered[slot],
@@ -403,31 +404,30 @@ int bench_command(const std::vector<std::string>& argv) {
     for (int r = 0; r < R; ++r)
       std::memcpy(x_all.data<std::uint16_t>() + std::size_t(r) * T * H, host.ranks[r].x.data<void>(),
                   std::size_t(T) * H * 2);
-    npy::save(path("x_all.npy"), x_all);
-    npy::save(path("row_source.npy"), tensor_from(DType::i64, {N}, row_source.data()));
-    npy::save(path("row_expert.npy"), tensor_from(DType::i32, {N}, row_expert.data()));
-    npy::save(path("row_weight.npy"), tensor_from(DType::f32, {N}, row_weight.data()));
-    npy::save(path("combine_local.npy"), tensor_from(DType::bf16, {std::int64_t(T) * k, H}, combine_local.data()));
-    npy::save(path("rows_ref.npy"), tensor_from(DType::bf16, {N, H}, rows_ref.data()));
+    npy::save(path(bench_file_name(BenchFile::kXAll)), x_all);
+    npy::save(path(bench_file_name(BenchFile::kRowSource)), tensor_from(DType::i64, {N}, row_source.data()));
+    npy::save(path(bench_file_name(BenchFile::kRowExpert)), tensor_from(DType::i32, {N}, row_expert.data()));
+    npy::save(path(bench_file_name(BenchFile::kRowWeight)), tensor_from(DType::f32, {N}, row_weight.data()));
+    npy::save(path(bench_file_name(BenchFile::kCombineLocal)), tensor_from(DType::bf16, {std::int64_t(T) * k, H}, combine_local.data()));
+    npy::save(path(bench_file_name(BenchFile::kRowsRef)), tensor_from(DType::bf16, {N, H}, rows_ref.data()));
     HostTensor dy(DType::bf16, {T, H});
     for (std::int64_t i = 0; i < dy.numel(); ++i)
       dy.data<std::uint16_t>()[i] = num::bf16_from_float(rng::normal(seed, rng::kDy, std::uint64_t(me) * T * H + i));
-    npy::save(path("dy_local.npy"), dy);
+    npy::save(path(bench_file_name(BenchFile::kDyLocal)), dy);
   } else {
-    npy::save(path("top_experts.npy"), mine.top_experts);
+    npy::save(path(bench_file_name(BenchFile::kTopExperts)), mine.top_experts);
   }
-  npy::save(path("w_gate.npy"), mine.w_gate);
-  npy::save(path("w_up.npy"), mine.w_up);
-  npy::save(path("w_down.npy"), mine.w_down);
+  npy::save(path(bench_file_name(BenchFile::kWGate)), mine.w_gate);
+  npy::save(path(bench_file_name(BenchFile::kWUp)), mine.w_up);
+  npy::save(path(bench_file_name(BenchFile::kWDown)), mine.w_down);
   for (int s = 0; s < p.num_shared(); ++s) {
-    const std::string pre = "shared" + std::to_string(s) + "_";
-    npy::save(path(pre + "w_gate.npy"), mine.shared[s].w_gate);
-    npy::save(path(pre + "w_up.npy"), mine.shared[s].w_up);
-    npy::save(path(pre + "w_down.npy"), mine.shared[s].w_down);
+    npy::save(path(shared_weight_file(s, BenchFile::kWGate)), mine.shared[s].w_gate);
+    npy::save(path(shared_weight_file(s, BenchFile::kWUp)), mine.shared[s].w_up);
+    npy::save(path(shared_weight_file(s, BenchFile::kWDown)), mine.shared[s].w_down);
   }
-  npy::save(path("x_local.npy"), mine.x);
-  npy::save(path("router_weights.npy"), mine.router_weights);
-  npy::save(path("y_ref.npy"), y_ref);
+  npy::save(path(bench_file_name(BenchFile::kXLocal)), mine.x);
+  npy::save(path(bench_file_name(BenchFile::kRouterWeights)), mine.router_weights);
+  npy::save(path(bench_file_name(BenchFile::kYRef)), y_ref);
 
   cudaDeviceProp prop;
   BENCH_CUDA(cudaGetDeviceProperties(&prop, device));
@@ -435,7 +435,7 @@ int bench_command(const std::vector<std::string>& argv) {
   cudaDriverGetVersion(&driver);
   cudaRuntimeGetVersion(&runtime);
   {
-    std::ofstream js(path("mok.json.tmp"));
+    std::ofstream js(path(mok_json_tmp));
     js.precision(8);
     js << "{\n  \"tool\": \"mok bench\",\n  \"shape\": \"" << (pa.shape_name.empty() ? "custom" : pa.shape_name)
        << "\",\n  \"problem\": " << io::problem_to_json(p) << "  ,\"ep_mode\": \""
@@ -467,9 +467,9 @@ int bench_command(const std::vector<std::string>& argv) {
        << "}\n}\n";
     js.close();
     // A truncated record must never become mok.json (the Python side would read it as whole).
-    if (!js) throw Error("mok bench: writing " + path("mok.json.tmp") + " failed (disk full?)");
+    if (!js) throw Error("mok bench: writing " + path(mok_json_tmp) + " failed (disk full?)");
   }
-  fs::rename(path("mok.json.tmp"), path("mok.json"));
+  fs::rename(path(mok_json_tmp), path(mok_json));
   std::printf("mok bench: %s %s rank %d rows=%lld remote=%lld forward median %.4f ms (min %.4f max %.4f) %.1f TFLOP/s; "
               "check %s rows[%s] y[%s]\n",
               pa.shape_name.c_str(), p.describe().c_str(), me, static_cast<long long>(N),
@@ -480,7 +480,7 @@ int bench_command(const std::vector<std::string>& argv) {
     // Every rank's mok.json exists before any rank exits: mok launch stops the others as soon
     // as one exits non-zero (a failed check), which must not cost their records.
     std::vector<fs::path> records;
-    for (int r = 0; r < R; ++r) records.push_back(rank_file(r, "mok.json"));
+    for (int r = 0; r < R; ++r) records.push_back(rank_file(r, mok_json));
     wait_for_files(records, exchange_timeout_s, "every rank's record before exiting");
   }
   cudaStreamDestroy(stream);

@@ -22,23 +22,27 @@ bool numbered(const std::string& name, const std::string& prefix, const std::str
   return all_digits(name.substr(prefix.size(), name.size() - prefix.size() - suffix.size()));
 }
 
+constexpr char kShared[] = "shared", kRowsFor[] = "rows_for", kSlotsFor[] = "slots_for", kNpy[] = ".npy";
+
 }  // namespace
+
+std::string shared_weight_file(int s, BenchFile which) {
+  return kShared + std::to_string(s) + "_" + bench_file_name(which);
+}
+std::string rows_for_file(int r) { return kRowsFor + std::to_string(r) + kNpy; }
+std::string slots_for_file(int r) { return kSlotsFor + std::to_string(r) + kNpy; }
 
 bool is_bench_output(const std::string& file_name) {
   std::string name = file_name;
   const std::string tmp = ".tmp";
   if (name.size() > tmp.size() && name.compare(name.size() - tmp.size(), tmp.size(), tmp) == 0)
     name.resize(name.size() - tmp.size());
-  static const char* const kNames[] = {
-      "mok.json",       "peer.json",      "x_all.npy",          "row_source.npy", "row_expert.npy",
-      "row_weight.npy", "combine_local.npy", "rows_ref.npy",    "dy_local.npy",   "top_experts.npy",
-      "w_gate.npy",     "w_up.npy",       "w_down.npy",         "x_local.npy",    "router_weights.npy",
-      "y_ref.npy"};
-  for (const char* known : kNames)
-    if (name == known) return true;
-  for (const char* part : {"_w_gate.npy", "_w_up.npy", "_w_down.npy"})
-    if (numbered(name, "shared", part)) return true;
-  return numbered(name, "rows_for", ".npy") || numbered(name, "slots_for", ".npy");
+  for (int f = 0; f < static_cast<int>(BenchFile::kCount); ++f)
+    if (name == bench_file_name(static_cast<BenchFile>(f))) return true;
+  // The numbered names, by the same pieces the helpers above join.
+  for (const BenchFile part : {BenchFile::kWGate, BenchFile::kWUp, BenchFile::kWDown})
+    if (numbered(name, kShared, std::string("_") + bench_file_name(part))) return true;
+  return numbered(name, kRowsFor, kNpy) || numbered(name, kSlotsFor, kNpy);
 }
 
 std::vector<std::string> clear_bench_outputs(const std::filesystem::path& dir) {

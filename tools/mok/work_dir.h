@@ -7,10 +7,58 @@
 
 namespace mok::cli {
 
-// True for a file name mok bench or a peer writes into a work directory (or rank<r>/
-// subdirectory), its ".tmp" form included: mok.json, peer.json, the peer inputs (*.npy of
-// bench/README.md's contract) and a group's reference-row exchange (rows_for<r>.npy,
-// slots_for<r>.npy).
+// The files of a work directory (bench/README.md's contract with the peers), named in one
+// place: mok bench writes each through bench_file_name() and the numbered helpers below, and
+// is_bench_output() recognises exactly these, so a file added to the bench is cleared too.
+enum class BenchFile : int {
+  kMokJson,         // mok bench's record
+  kPeerJson,        // a peer's record (bench/peer_torch.py, peer_dist.py)
+  kXAll,            // the peer inputs (bench/README.md) ...
+  kRowSource,
+  kRowExpert,
+  kRowWeight,
+  kCombineLocal,
+  kRowsRef,
+  kDyLocal,
+  kTopExperts,      // ... a group rank's own routing
+  kWGate,
+  kWUp,
+  kWDown,
+  kXLocal,
+  kRouterWeights,
+  kYRef,
+  kCount
+};
+// A switch: a file added without a name is a -Wswitch warning.
+constexpr const char* bench_file_name(BenchFile f) {
+  switch (f) {
+    case BenchFile::kMokJson: return "mok.json";
+    case BenchFile::kPeerJson: return "peer.json";
+    case BenchFile::kXAll: return "x_all.npy";
+    case BenchFile::kRowSource: return "row_source.npy";
+    case BenchFile::kRowExpert: return "row_expert.npy";
+    case BenchFile::kRowWeight: return "row_weight.npy";
+    case BenchFile::kCombineLocal: return "combine_local.npy";
+    case BenchFile::kRowsRef: return "rows_ref.npy";
+    case BenchFile::kDyLocal: return "dy_local.npy";
+    case BenchFile::kTopExperts: return "top_experts.npy";
+    case BenchFile::kWGate: return "w_gate.npy";
+    case BenchFile::kWUp: return "w_up.npy";
+    case BenchFile::kWDown: return "w_down.npy";
+    case BenchFile::kXLocal: return "x_local.npy";
+    case BenchFile::kRouterWeights: return "router_weights.npy";
+    case BenchFile::kYRef: return "y_ref.npy";
+    case BenchFile::kCount: break;
+  }
+  return "";
+}
+// Shared expert s's weight `which` (kWGate, kWUp or kWDown): shared<s>_w_gate.npy, ...
+std::string shared_weight_file(int s, BenchFile which);
+// A group's reference-row exchange: the rows (and their slots) rank r needs from this rank.
+std::string rows_for_file(int r);
+std::string slots_for_file(int r);
+
+// True for a file name above, or its ".tmp" form (written, then renamed).
 bool is_bench_output(const std::string& file_name);
 
 // Removes every bench output (above) directly inside `dir`; other files and directories are
