@@ -98,6 +98,28 @@ if [ $RUN_TESTS = 1 ]; then
   } > "$OUT/group.log" 2>&1 || grc=$?
   # Every rank of the second bench found the first one's files and removed them.
   [ $grc = 0 ] && [ "$(grep -c 'removed .* files an earlier run left in .*/rank[0-9]*$' "$OUT/group.log")" != "$gpus" ] && grc=8
+  # A rank whose peer never starts stops within its start-up limit: exit status 4, naming
+  # the wait (rank 0 alone: NCCL's start-up; rank 1 alone: rank 0's id), and leaving no id.
+  for alone in 0 1; do
+    [ $grc = 0 ] || break
+    want='ncclCommInitRankConfig .forming the group. did not finish within 5 s'
+    [ $alone = 1 ] && want='rank 0.s NCCL id'
+    alone_dir=$(mktemp -d)
+    alone_start=$(date +%s)
+    MOK_RANK=$alone MOK_WORLD_SIZE=2 MOK_LOCAL_RANK=0 MOK_LAUNCH_DIR=$alone_dir MOK_GROUP_START_TIMEOUT_MS=5000 \
+      timeout 60 "$BIN/mok" run --backend cuda --ep-mode distributed --shape medium --ep 2 --iters 1 --warmup 0 \
+      > "$alone_dir/log" 2>&1
+    arc=$?
+    alone_s=$(( $(date +%s) - alone_start ))
+    { echo "== rank $alone of 2 alone: rc=$arc in $alone_s s"; cat "$alone_dir/log"; } >> "$OUT/group.log"
+    if [ $arc != 4 ] || [ $alone_s -gt 30 ] || ! grep -q "$want" "$alone_dir/log" ||
+      ls "$alone_dir" | grep -q nccl_unique_id; then
+      grc=9
+    else
+      echo "check PASS: rank $alone of 2 alone stopped with status 4 in $alone_s s" >> "$OUT/group.log"
+    fi
+    rm -rf "$alone_dir"
+  done
   [ $grc = 0 ] || FAILED=1
   note "nccl group of $gpus GPU(s): rc=$grc, $(grep -cE 'check PASS|bitwise' "$OUT/group.log") passing checks in $(( $(date +%s) - start )) s"
   [ $grc = 0 ] || tail -20 "$OUT/group.log"

@@ -94,7 +94,8 @@ OpenedNccl open_nccl_library() {
 struct NcclApi {
   void* lib = nullptr;
   decltype(&::ncclGetUniqueId) GetUniqueId = nullptr;
-  decltype(&::ncclCommInitRank) CommInitRank = nullptr;
+  decltype(&::ncclCommInitRankConfig) CommInitRankConfig = nullptr;
+  decltype(&::ncclCommFinalize) CommFinalize = nullptr;
   decltype(&::ncclCommDestroy) CommDestroy = nullptr;
   decltype(&::ncclCommAbort) CommAbort = nullptr;
   decltype(&::ncclCommGetAsyncError) CommGetAsyncError = nullptr;
@@ -122,7 +123,8 @@ struct NcclApi {
       if (!fn) throw Error(std::string("NCCL library lacks ") + s + " (mok needs NCCL >= 2.28 for symmetric windows)");
     };
     sym(a.GetUniqueId, "ncclGetUniqueId");
-    sym(a.CommInitRank, "ncclCommInitRank");
+    sym(a.CommInitRankConfig, "ncclCommInitRankConfig");
+    sym(a.CommFinalize, "ncclCommFinalize");
     sym(a.CommDestroy, "ncclCommDestroy");
     sym(a.CommAbort, "ncclCommAbort");
     sym(a.CommGetAsyncError, "ncclCommGetAsyncError");
@@ -140,8 +142,11 @@ struct NcclApi {
 };
 
 void check_nccl(ncclResult_t r, const char* what) {
-  if (r != ncclSuccess && r != ncclInProgress)
-    throw Error(std::string("NCCL ") + what + " failed: " + NcclApi::get().GetErrorString(r));
+  if (r != ncclSuccess) throw Error(std::string("NCCL ") + what + " failed: " + NcclApi::get().GetErrorString(r));
+}
+
+std::string seconds_text(std::uint64_t ms) {
+  return ms % 1000 == 0 ? std::to_string(ms / 1000) + " s" : std::to_string(ms) + " ms";
 }
 
 void check_cuda(cudaError_t e, const char* what) {
@@ -164,21 +169,58 @@ NcclLibraryChoice nccl_library() {
 
 struct EpGroup::Impl {
   GroupEnvironment env;
-  std::uint64_t timeout_ms = 60000;
+  Limits limits;
   ncclComm_t comm = nullptr;
-  bool aborted = false;
+
+  // The communicator is non-blocking: a call may answer "in progress" and go on in the
+  // background, its work not yet on the stream and its outputs not yet written. Every call
+  // is followed by this, which waits until the call is done, at most `limit_ms`; then the
+  // call's outcome: ncclSuccess, its error, or ncclInProgress when the limit passed.
+  ncclResult_t settle(ncclResult_t r, std::uint64_t limit_ms) const {
+    const NcclApi& nccl = NcclApi::get();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(limit_ms);
+    while (r == ncclInProgress && comm != nullptr) {
+      if (std::chrono::steady_clock::now() > deadline) return ncclInProgress;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      nccl.CommGetAsyncError(comm, &r);
+    }
+    return r;
+  }
+
+  // settle(), then: done, or the communicator aborted and an error naming `what` thrown
+  // (mok::PeerWaitError when the peers did not answer in time).
+  void complete(ncclResult_t r, const std::string& what, std::uint64_t limit_ms) {
+    r = settle(r, limit_ms);
+    if (r == ncclSuccess) return;
+    const std::string where = "EP group: rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size);
+    if (r == ncclInProgress) {
+      const std::string message = where + ": NCCL " + what + " did not finish within " + seconds_text(limit_ms) +
+                                  " (a peer rank died, hangs or never started; `mok launch` names it)";
+      // Said before the abort, which can itself take a while with peers gone.
+      std::fprintf(stderr, "mok: %s; aborting its NCCL communicator\n", message.c_str());
+      std::fflush(stderr);
+      abort();
+      throw PeerWaitError(message);
+    }
+    const std::string message = where + ": NCCL " + what + " failed: " + NcclApi::get().GetErrorString(r);
+    abort();
+    throw Error(message);
+  }
+
+  void abort() {
+    if (comm == nullptr) return;
+    NcclApi::get().CommAbort(comm);
+    comm = nullptr;
+  }
 };
 
-EpGroup::EpGroup(const GroupEnvironment& env, std::uint64_t timeout_ms) : impl_(std::make_unique<Impl>()) {
+EpGroup::EpGroup(const GroupEnvironment& env, Limits limits) : impl_(std::make_unique<Impl>()) {
   impl_->env = env;
-  impl_->timeout_ms = timeout_ms;
+  impl_->limits = limits;
   // Multicast off in this process whatever started it (KINDS.md: it can take GPUs down).
   setenv("NCCL_NVLS_ENABLE", "0", 1);
   setenv("NVSHMEM_DISABLE_NVLS", "1", 1);
   setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1", 1);
-  // Calls that return when their work is done: the rendezvous removes the id only once the
-  // communicator exists (comm/rendezvous.h).
-  setenv("NCCL_COMM_BLOCKING", "1", 1);
   const NcclApi& nccl = NcclApi::get();
   int devices = 0;
   check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
@@ -205,29 +247,23 @@ EpGroup::EpGroup(const GroupEnvironment& env, std::uint64_t timeout_ms) : impl_(
       retire_on_exit.rendezvous = &rendezvous;
     }
   } else {
-    // Start-up skew (each process makes its data and CUDA context first) can exceed a
-    // forward's timeout: the wait for rank 0 gets at least two minutes.
-    rendezvous.receive(id.internal, sizeof(id.internal), std::max<std::uint64_t>(timeout_ms, 120000));
+    rendezvous.receive(id.internal, sizeof(id.internal), limits.start_ms);
   }
-  ncclResult_t init = nccl.CommInitRank(&impl_->comm, env.world_size, id, env.rank);
-  // (NCCL_COMM_BLOCKING=1 above makes the call blocking; should a library still answer "in
-  // progress", the communicator is waited for: the id may be removed only once it exists.)
-  const auto init_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (init == ncclInProgress && impl_->comm != nullptr) {
-    if (std::chrono::steady_clock::now() > init_deadline)
-      throw PeerWaitError("EP group: rank " + std::to_string(env.rank) + "'s NCCL communicator was not ready after " +
-                  std::to_string(timeout_ms) + " ms");
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    nccl.CommGetAsyncError(impl_->comm, &init);
-  }
-  if (init != ncclSuccess) {
+  // Complete before the id is retired: by then every rank has read it.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const ncclResult_t init = nccl.CommInitRankConfig(&impl_->comm, env.world_size, id, env.rank, &config);
+  try {
+    impl_->complete(init, "ncclCommInitRankConfig (forming the group)", limits.start_ms);
+  } catch (const PeerWaitError&) {
+    throw;
+  } catch (const Error& e) {
     std::string hint;
     if (env.world_size > 1 && env.rank != 0)
       hint = " (the id came from " + rendezvous.file().string() +
              "; an earlier job that died before its group formed can leave its id there: remove the file, or give "
              "each job its own directory or MOK_RUN_ID)";
-    throw Error(std::string("NCCL ncclCommInitRank failed on rank ") + std::to_string(env.rank) + ": " +
-                nccl.GetErrorString(init) + hint);
+    throw Error(e.what() + hint);
   }
 
   // Every peer must be load/store reachable (one NVLink domain): the megakernel pulls and
@@ -235,29 +271,36 @@ EpGroup::EpGroup(const GroupEnvironment& env, std::uint64_t timeout_ms) : impl_(
   ncclDevCommRequirements_t reqs;
   std::memset(&reqs, 0, sizeof(reqs));  // no multimem, no barriers, no GIN
   ncclDevComm_t dev;
-  check_nccl(nccl.DevCommCreate(impl_->comm, &reqs, &dev), "ncclDevCommCreate");
+  impl_->complete(nccl.DevCommCreate(impl_->comm, &reqs, &dev), "ncclDevCommCreate", limits.start_ms);
   const int lsa_size = dev.lsaSize;
-  nccl.DevCommDestroy(impl_->comm, &dev);
-  if (lsa_size != env.world_size)
+  impl_->complete(nccl.DevCommDestroy(impl_->comm, &dev), "ncclDevCommDestroy", limits.start_ms);
+  if (lsa_size != env.world_size) {
+    impl_->abort();  // (no destructor runs for a constructor that throws)
     throw Error("EP group: only " + std::to_string(lsa_size) + " of " + std::to_string(env.world_size) +
                 " ranks are reachable by load/store from rank " + std::to_string(env.rank) +
                 "; mok's NCCL provider needs one NVLink domain (the network path, GIN, is not built)");
+  }
 }
 
 EpGroup::~EpGroup() {
-  // Destroying a communicator waits for the peers (it is collective in effect); while an
-  // error unwinds (this rank failed, the others may not have), it is aborted instead.
+  // Finalizing a communicator waits for the peers (it is collective in effect); while an
+  // error unwinds (this rank failed, the others may not have), it is aborted instead, and a
+  // finalize that does not finish in time (a peer is gone) turns into an abort too.
   if (std::uncaught_exceptions() > 0) abort_communicator();
+  if (impl_->comm == nullptr) return;
   const NcclApi& nccl = NcclApi::get();
-  if (impl_->comm) (impl_->aborted ? nccl.CommAbort : nccl.CommDestroy)(impl_->comm);
+  const ncclResult_t r = impl_->settle(nccl.CommFinalize(impl_->comm), impl_->limits.wait_ms);
+  if (r != ncclSuccess) {
+    std::fprintf(stderr, "mok: rank %d: NCCL ncclCommFinalize %s; aborting its NCCL communicator\n", rank(),
+                 r == ncclInProgress ? ("did not finish within " + seconds_text(impl_->limits.wait_ms)).c_str()
+                                     : nccl.GetErrorString(r));
+    impl_->abort();
+    return;
+  }
+  nccl.CommDestroy(impl_->comm);
 }
 
-void EpGroup::abort_communicator() {
-  if (impl_->comm == nullptr) return;
-  NcclApi::get().CommAbort(impl_->comm);
-  impl_->comm = nullptr;
-  impl_->aborted = true;
-}
+void EpGroup::abort_communicator() { impl_->abort(); }
 
 int EpGroup::rank() const { return impl_->env.rank; }
 int EpGroup::size() const { return impl_->env.world_size; }
@@ -273,7 +316,7 @@ void EpGroup::check_same_everywhere(const std::string& what, const std::string& 
   check_cuda(cudaMalloc(&d_all, kBytes * size()), "cudaMalloc");
   check_cuda(cudaMemcpy(d_mine, mine.data(), kBytes, cudaMemcpyHostToDevice), "cudaMemcpy");
   all_gather(d_mine, d_all, kBytes, nullptr);
-  wait(nullptr, "checking that every rank has the same " + what);
+  wait(nullptr, "checking that every rank has the same " + what, impl_->limits.start_ms);
   check_cuda(cudaMemcpy(all.data(), d_all, all.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
   cudaFree(d_mine);
   cudaFree(d_all);
@@ -292,8 +335,13 @@ SymmetricBuffer EpGroup::alloc_symmetric(std::size_t bytes) {
   b.bytes = (bytes + NCCL_WIN_REQUIRED_ALIGNMENT - 1) / NCCL_WIN_REQUIRED_ALIGNMENT * NCCL_WIN_REQUIRED_ALIGNMENT;
   check_nccl(nccl.MemAlloc(&b.local, b.bytes), "ncclMemAlloc");
   ncclWindow_t win = nullptr;
-  check_nccl(nccl.CommWindowRegister(impl_->comm, b.local, b.bytes, &win, NCCL_WIN_COLL_SYMMETRIC),
-             "ncclCommWindowRegister");
+  try {
+    impl_->complete(nccl.CommWindowRegister(impl_->comm, b.local, b.bytes, &win, NCCL_WIN_COLL_SYMMETRIC),
+                    "ncclCommWindowRegister", impl_->limits.start_ms);
+  } catch (...) {
+    nccl.MemFree(b.local);
+    throw;
+  }
   b.window = win;
   return b;
 }
@@ -301,26 +349,38 @@ SymmetricBuffer EpGroup::alloc_symmetric(std::size_t bytes) {
 void EpGroup::free_symmetric(SymmetricBuffer& b) {
   const NcclApi& nccl = NcclApi::get();
   // (After an abort the windows went with the communicator; only the memory is freed.)
-  if (b.window && impl_->comm) nccl.CommWindowDeregister(impl_->comm, static_cast<ncclWindow_t>(b.window));
+  if (b.window && impl_->comm) {
+    const ncclResult_t r = impl_->settle(nccl.CommWindowDeregister(impl_->comm, static_cast<ncclWindow_t>(b.window)),
+                                         impl_->limits.wait_ms);
+    if (r != ncclSuccess) {
+      std::fprintf(stderr, "mok: rank %d: NCCL ncclCommWindowDeregister %s; aborting its NCCL communicator\n", rank(),
+                   r == ncclInProgress ? ("did not finish within " + seconds_text(impl_->limits.wait_ms)).c_str()
+                                       : nccl.GetErrorString(r));
+      impl_->abort();
+    }
+  }
   if (b.local) nccl.MemFree(b.local);
   b = SymmetricBuffer{};
 }
 
+// An enqueue that answers "in progress" has not put its kernel on the stream yet: it is
+// completed here, so that the stream's own order (and a graph's capture) holds it.
 void EpGroup::all_gather(const void* send, void* recv, std::size_t bytes_per_rank, void* stream) {
-  check_nccl(NcclApi::get().AllGather(send, recv, bytes_per_rank, ncclChar, impl_->comm,
-                                      static_cast<cudaStream_t>(stream)),
-             "ncclAllGather");
+  impl_->complete(NcclApi::get().AllGather(send, recv, bytes_per_rank, ncclChar, impl_->comm,
+                                           static_cast<cudaStream_t>(stream)),
+                  "ncclAllGather", impl_->limits.wait_ms);
 }
 
 void EpGroup::barrier_max(const int* send, int* recv, void* stream) {
-  check_nccl(NcclApi::get().AllReduce(send, recv, 1, ncclInt, ncclMax, impl_->comm, static_cast<cudaStream_t>(stream)),
-             "ncclAllReduce (barrier)");
+  impl_->complete(NcclApi::get().AllReduce(send, recv, 1, ncclInt, ncclMax, impl_->comm,
+                                           static_cast<cudaStream_t>(stream)),
+                  "ncclAllReduce (barrier)", impl_->limits.wait_ms);
 }
 
 void EpGroup::wait(void* stream, const std::string& what, std::uint64_t deadline_ms,
                    const std::function<void()>& check) {
   const NcclApi& nccl = NcclApi::get();
-  const std::uint64_t limit_ms = deadline_ms > 0 ? deadline_ms : impl_->timeout_ms;
+  const std::uint64_t limit_ms = deadline_ms > 0 ? deadline_ms : impl_->limits.wait_ms;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(limit_ms);
   for (;;) {
     const cudaError_t q = cudaStreamQuery(static_cast<cudaStream_t>(stream));

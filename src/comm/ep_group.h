@@ -3,9 +3,14 @@
 // NCCL is loaded at run time (nccl_library() below says which): mok and its tests run on
 // machines without it, and the error says where to point when it is missing or too old.
 // Bootstrap: rank 0 creates the unique id and leaves it in the rendezvous directory; the
-// others wait for it (bounded); rank 0 removes it once the group formed (comm/rendezvous.h). Symmetric buffers come from ncclMemAlloc registered as
-// windows; peers are reached through load/store (LSA) pointers, so every rank must be in one
-// NVLink domain. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 is set before NCCL starts).
+// others wait for it (bounded); rank 0 removes it once the group formed (comm/rendezvous.h).
+// Symmetric buffers come from ncclMemAlloc registered as windows; peers are reached through
+// load/store (LSA) pointers, so every rank must be in one NVLink domain. NVLink multicast
+// stays off (NCCL_NVLS_ENABLE=0 is set before NCCL starts).
+// No NCCL call can hold a rank forever: the communicator is non-blocking, and every call is
+// waited for against a deadline (Limits), after which the communicator is aborted and
+// mok::PeerWaitError thrown, naming the call. (NCCL_COMM_BLOCKING=1 in the environment
+// overrides this: NCCL's calls then block as long as they take.)
 // No CUDA or NCCL type appears here: handles are opaque.
 #pragma once
 #include <cstddef>
@@ -39,8 +44,13 @@ struct SymmetricBuffer {
 
 class EpGroup {
  public:
-  // Sets the CUDA device to env.local_rank. Throws mok::Error on any failure, naming it.
-  EpGroup(const GroupEnvironment& env, std::uint64_t timeout_ms);
+  struct Limits {
+    std::uint64_t wait_ms = 60000;    // a running group's wait for its peers (a collective, wait())
+    std::uint64_t start_ms = 120000;  // forming the group: the id, NCCL's start-up, the windows
+  };
+  // Sets the CUDA device to env.local_rank. Throws mok::Error on any failure, naming it, and
+  // mok::PeerWaitError when the others did not join within limits.start_ms.
+  EpGroup(const GroupEnvironment& env, Limits limits);
   ~EpGroup();
   EpGroup(const EpGroup&) = delete;
   EpGroup& operator=(const EpGroup&) = delete;
@@ -54,7 +64,10 @@ class EpGroup {
   // any kernel runs.
   void check_same_everywhere(const std::string& what, const std::string& fingerprint);
 
+  // Collective: every rank allocates and registers a buffer of the same size, in the same order.
   SymmetricBuffer alloc_symmetric(std::size_t bytes);
+  // Collective as well; never throws (destructors call it): a deregistration that does not
+  // finish in time aborts the communicator, and the memory is freed either way.
   void free_symmetric(SymmetricBuffer& buffer);
 
   // Stream-ordered collectives (stream = a cudaStream_t).

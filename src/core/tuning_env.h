@@ -18,6 +18,7 @@ enum class TuningEnv : int {
   kHeadPullTiles,    // MOK_HEAD_PULL_TILES: exactly this many head pulls
   kTaskLag,          // MOK_TASK_LAG: bands between a band's gate/up and its down tiles
   kWaitTimeoutMs,    // MOK_WAIT_TIMEOUT_MS: the cross-CTA spin-wait limit
+  kGroupStartMs,     // MOK_GROUP_START_TIMEOUT_MS: how long a rank waits for its NCCL group to form
   kTestFault,        // MOK_TEST_FAULT: a deliberate lost arrival, for one test
   kCount
 };
@@ -36,6 +37,7 @@ constexpr const char* tuning_env_name(TuningEnv v) {
     case TuningEnv::kHeadPullTiles: return "MOK_HEAD_PULL_TILES";
     case TuningEnv::kTaskLag: return "MOK_TASK_LAG";
     case TuningEnv::kWaitTimeoutMs: return "MOK_WAIT_TIMEOUT_MS";
+    case TuningEnv::kGroupStartMs: return "MOK_GROUP_START_TIMEOUT_MS";
     case TuningEnv::kTestFault: return "MOK_TEST_FAULT";
     case TuningEnv::kCount: break;
   }

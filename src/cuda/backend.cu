@@ -132,17 +132,27 @@ class DeviceBuffer {
   std::size_t bytes_ = 0;
 };
 
-// MOK_WAIT_TIMEOUT_MS: the cross-CTA spin-wait limit (default 20 s); milliseconds in [1,
-// 3600000], anything else an error naming the variable. (Below 1 ms it reached the device as
-// 0 ns and the group's rendezvous as 0 ms: every wait failed, blamed on the kernel.)
-std::uint64_t wait_timeout_ns() {
-  const char* name = tuning_env_name(TuningEnv::kWaitTimeoutMs);
+// A time limit in milliseconds from the environment: in [1, 3600000], anything else an
+// error naming the variable; unset or empty: `default_ms`. (Below 1 ms a wait limit reached
+// the device as 0 ns and the group's rendezvous as 0 ms: every wait failed, blamed on the
+// kernel.) Returned in nanoseconds.
+std::uint64_t limit_ns_from_env(TuningEnv knob, std::uint64_t default_ms) {
+  const char* name = tuning_env_name(knob);
   const char* env = std::getenv(name);
-  if (env == nullptr || *env == '\0') return 20000ull * 1000000ull;
+  if (env == nullptr || *env == '\0') return default_ms * 1000000ull;
   const double ms = parse_finite(env, name);
   require(ms >= 1 && ms <= 3.6e6, std::string(name) + " = " + env + ": must be in [1, 3600000] ms");
   return static_cast<std::uint64_t>(ms * 1e6);
 }
+
+// MOK_WAIT_TIMEOUT_MS: the cross-CTA spin-wait limit, and a group's wait for its peers once
+// it runs (default 20 s).
+std::uint64_t wait_timeout_ns() { return limit_ns_from_env(TuningEnv::kWaitTimeoutMs, 20000); }
+
+// MOK_GROUP_START_TIMEOUT_MS: how long a rank of a real group waits for the others to join,
+// from the NCCL id's rendezvous to the windows' registration (default 120 s: each process
+// makes its data and CUDA context first, and launchers start them seconds apart).
+std::uint64_t group_start_timeout_ms() { return limit_ns_from_env(TuningEnv::kGroupStartMs, 120000) / 1000000; }
 
 constexpr int kMaxPhaseMarks = 6;  // record_phases: setup, schedule, megakernel, group barrier, epilogue, end
 
@@ -351,7 +361,7 @@ class CudaBackend final : public BackendImpl {
       require(env.world_size == p.ep_size, "ep_mode = distributed: the group has " + std::to_string(env.world_size) +
                                                " processes (" + env.source + ") but Problem.ep_size = " +
                                                std::to_string(p.ep_size));
-      group_ = std::make_unique<comm::EpGroup>(env, timeout_ns_ / 1000000);
+      group_ = std::make_unique<comm::EpGroup>(env, comm::EpGroup::Limits{timeout_ns_ / 1000000, group_start_timeout_ms()});
       options_.cuda_device = group_->device();
       // Mismatched shapes or configs across ranks are caught here, before any kernel runs.
       group_->check_same_everywhere("problem and config", p.describe() + " | " + c.describe());
