@@ -95,6 +95,7 @@ struct NcclApi {
   void* lib = nullptr;
   decltype(&::ncclGetUniqueId) GetUniqueId = nullptr;
   decltype(&::ncclCommInitRankConfig) CommInitRankConfig = nullptr;
+  decltype(&::ncclCommSplit) CommSplit = nullptr;
   decltype(&::ncclCommFinalize) CommFinalize = nullptr;
   decltype(&::ncclCommDestroy) CommDestroy = nullptr;
   decltype(&::ncclCommAbort) CommAbort = nullptr;
@@ -124,6 +125,7 @@ struct NcclApi {
     };
     sym(a.GetUniqueId, "ncclGetUniqueId");
     sym(a.CommInitRankConfig, "ncclCommInitRankConfig");
+    sym(a.CommSplit, "ncclCommSplit");
     sym(a.CommFinalize, "ncclCommFinalize");
     sym(a.CommDestroy, "ncclCommDestroy");
     sym(a.CommAbort, "ncclCommAbort");
@@ -172,25 +174,25 @@ struct EpGroup::Impl {
   Limits limits;
   ncclComm_t comm = nullptr;
 
-  // The communicator is non-blocking: a call may answer "in progress" and go on in the
-  // background, its work not yet on the stream and its outputs not yet written. Every call
-  // is followed by this, which waits until the call is done, at most `limit_ms`; then the
-  // call's outcome: ncclSuccess, its error, or ncclInProgress when the limit passed.
-  ncclResult_t settle(ncclResult_t r, std::uint64_t limit_ms) const {
+  // A call on a non-blocking communicator may answer "in progress" and go on in the
+  // background. This waits until it is done, at most `limit_ms`, and gives its outcome:
+  // ncclSuccess, its error, or ncclInProgress when the limit passed. (A blocking call has
+  // its outcome already: it is returned as it is.)
+  static ncclResult_t settle(ncclComm_t on, ncclResult_t r, std::uint64_t limit_ms) {
     const NcclApi& nccl = NcclApi::get();
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(limit_ms);
-    while (r == ncclInProgress && comm != nullptr) {
+    while (r == ncclInProgress && on != nullptr) {
       if (std::chrono::steady_clock::now() > deadline) return ncclInProgress;
       std::this_thread::sleep_for(std::chrono::microseconds(100));
-      nccl.CommGetAsyncError(comm, &r);
+      nccl.CommGetAsyncError(on, &r);
     }
     return r;
   }
 
-  // settle(), then: done, or the communicator aborted and an error naming `what` thrown
-  // (mok::PeerWaitError when the peers did not answer in time).
+  // settle() on this group's communicator, then: done, or the communicator aborted and an
+  // error naming `what` thrown (mok::PeerWaitError when the peers did not answer in time).
   void complete(ncclResult_t r, const std::string& what, std::uint64_t limit_ms) {
-    r = settle(r, limit_ms);
+    r = settle(comm, r, limit_ms);
     if (r == ncclSuccess) return;
     const std::string where = "EP group: rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size);
     if (r == ncclInProgress) {
@@ -249,10 +251,17 @@ EpGroup::EpGroup(const GroupEnvironment& env, Limits limits) : impl_(std::make_u
   } else {
     rendezvous.receive(id.internal, sizeof(id.internal), limits.start_ms);
   }
-  // Complete before the id is retired: by then every rank has read it.
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  const ncclResult_t init = nccl.CommInitRankConfig(&impl_->comm, env.world_size, id, env.rank, &config);
+  // The group forms in two steps, so that a rank whose peers never come cannot wait forever
+  // and the device API still runs on the kind of communicator it is tested with:
+  //  1. a non-blocking communicator, waited for against limits.start_ms (and complete before
+  //     the id is retired: by then every rank has read it);
+  //  2. once every rank is known to be there, a blocking copy of it (ncclCommSplit, one
+  //     colour), which the windows, the device communicator and the collectives use.
+  //     (NCCL 2.28.9's symmetric registration on a non-blocking communicator returned a
+  //     device communicator with an unwritten window, which crashed its own destroy.)
+  ncclConfig_t start_config = NCCL_CONFIG_INITIALIZER;
+  start_config.blocking = 0;
+  const ncclResult_t init = nccl.CommInitRankConfig(&impl_->comm, env.world_size, id, env.rank, &start_config);
   try {
     impl_->complete(init, "ncclCommInitRankConfig (forming the group)", limits.start_ms);
   } catch (const PeerWaitError&) {
@@ -265,6 +274,26 @@ EpGroup::EpGroup(const GroupEnvironment& env, Limits limits) : impl_(std::make_u
              "each job its own directory or MOK_RUN_ID)";
     throw Error(e.what() + hint);
   }
+  ncclComm_t starter = impl_->comm;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 1;
+  ncclComm_t blocking = nullptr;
+  ncclResult_t split = nccl.CommSplit(starter, 0, env.rank, &blocking, &config);
+  split = Impl::settle(blocking != nullptr ? blocking : starter, split, limits.start_ms);
+  if (split != ncclSuccess) {
+    impl_->abort();
+    if (blocking) nccl.CommAbort(blocking);
+    throw Error("EP group: rank " + std::to_string(env.rank) + ": NCCL ncclCommSplit (the group's blocking copy) " +
+                (split == ncclInProgress ? "did not finish within " + seconds_text(limits.start_ms)
+                                         : std::string("failed: ") + nccl.GetErrorString(split)));
+  }
+  // The start-up communicator has done its part; a finalize that does not finish in time
+  // (a peer is gone) turns into an abort.
+  if (Impl::settle(starter, nccl.CommFinalize(starter), limits.start_ms) == ncclSuccess)
+    nccl.CommDestroy(starter);
+  else
+    nccl.CommAbort(starter);
+  impl_->comm = blocking;
 
   // Every peer must be load/store reachable (one NVLink domain): the megakernel pulls and
   // pushes rows with plain loads and stores.
@@ -284,12 +313,11 @@ EpGroup::EpGroup(const GroupEnvironment& env, Limits limits) : impl_(std::make_u
 
 EpGroup::~EpGroup() {
   // Finalizing a communicator waits for the peers (it is collective in effect); while an
-  // error unwinds (this rank failed, the others may not have), it is aborted instead, and a
-  // finalize that does not finish in time (a peer is gone) turns into an abort too.
+  // error unwinds (this rank failed, the others may not have), it is aborted instead.
   if (std::uncaught_exceptions() > 0) abort_communicator();
   if (impl_->comm == nullptr) return;
   const NcclApi& nccl = NcclApi::get();
-  const ncclResult_t r = impl_->settle(nccl.CommFinalize(impl_->comm), impl_->limits.wait_ms);
+  const ncclResult_t r = Impl::settle(impl_->comm, nccl.CommFinalize(impl_->comm), impl_->limits.wait_ms);
   if (r != ncclSuccess) {
     std::fprintf(stderr, "mok: rank %d: NCCL ncclCommFinalize %s; aborting its NCCL communicator\n", rank(),
                  r == ncclInProgress ? ("did not finish within " + seconds_text(impl_->limits.wait_ms)).c_str()
@@ -350,8 +378,8 @@ void EpGroup::free_symmetric(SymmetricBuffer& b) {
   const NcclApi& nccl = NcclApi::get();
   // (After an abort the windows went with the communicator; only the memory is freed.)
   if (b.window && impl_->comm) {
-    const ncclResult_t r = impl_->settle(nccl.CommWindowDeregister(impl_->comm, static_cast<ncclWindow_t>(b.window)),
-                                         impl_->limits.wait_ms);
+    const ncclResult_t r = Impl::settle(
+        impl_->comm, nccl.CommWindowDeregister(impl_->comm, static_cast<ncclWindow_t>(b.window)), impl_->limits.wait_ms);
     if (r != ncclSuccess) {
       std::fprintf(stderr, "mok: rank %d: NCCL ncclCommWindowDeregister %s; aborting its NCCL communicator\n", rank(),
                    r == ncclInProgress ? ("did not finish within " + seconds_text(impl_->limits.wait_ms)).c_str()
@@ -363,8 +391,6 @@ void EpGroup::free_symmetric(SymmetricBuffer& b) {
   b = SymmetricBuffer{};
 }
 
-// An enqueue that answers "in progress" has not put its kernel on the stream yet: it is
-// completed here, so that the stream's own order (and a graph's capture) holds it.
 void EpGroup::all_gather(const void* send, void* recv, std::size_t bytes_per_rank, void* stream) {
   impl_->complete(NcclApi::get().AllGather(send, recv, bytes_per_rank, ncclChar, impl_->comm,
                                            static_cast<cudaStream_t>(stream)),

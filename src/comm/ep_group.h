@@ -7,10 +7,12 @@
 // Symmetric buffers come from ncclMemAlloc registered as windows; peers are reached through
 // load/store (LSA) pointers, so every rank must be in one NVLink domain. NVLink multicast
 // stays off (NCCL_NVLS_ENABLE=0 is set before NCCL starts).
-// No NCCL call can hold a rank forever: the communicator is non-blocking, and every call is
-// waited for against a deadline (Limits), after which the communicator is aborted and
-// mok::PeerWaitError thrown, naming the call. (NCCL_COMM_BLOCKING=1 in the environment
-// overrides this: NCCL's calls then block as long as they take.)
+// A rank whose peers never come does not wait forever: the group first forms as a
+// non-blocking communicator waited for against Limits::start_ms (then aborted, and
+// mok::PeerWaitError thrown naming the step); only once every rank is known to be there does
+// it take the blocking copy that its windows and collectives use, and a running group's
+// waits are bounded by wait(). (NCCL_COMM_BLOCKING=1 in the environment overrides the first
+// step: NCCL's start-up then blocks as long as it takes.)
 // No CUDA or NCCL type appears here: handles are opaque.
 #pragma once
 #include <cstddef>
@@ -66,8 +68,8 @@ class EpGroup {
 
   // Collective: every rank allocates and registers a buffer of the same size, in the same order.
   SymmetricBuffer alloc_symmetric(std::size_t bytes);
-  // Collective as well; never throws (destructors call it): a deregistration that does not
-  // finish in time aborts the communicator, and the memory is freed either way.
+  // Collective as well; never throws (destructors call it): a deregistration that fails
+  // aborts the communicator, and the memory is freed either way.
   void free_symmetric(SymmetricBuffer& buffer);
 
   // Stream-ordered collectives (stream = a cudaStream_t).
