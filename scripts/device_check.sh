@@ -99,10 +99,11 @@ if [ $RUN_TESTS = 1 ]; then
   # Every rank of the second bench found the first one's files and removed them.
   [ $grc = 0 ] && [ "$(grep -c 'removed .* files an earlier run left in .*/rank[0-9]*$' "$OUT/group.log")" != "$gpus" ] && grc=8
   # A rank whose peer never starts stops within its start-up limit: exit status 4, naming
-  # the wait (rank 0 alone: NCCL's start-up; rank 1 alone: rank 0's id), and leaving no id.
+  # the wait (rank 0 alone: rank 1's arrival; rank 1 alone: rank 0's id), and leaving no id
+  # or mark behind.
   for alone in 0 1; do
     [ $grc = 0 ] || break
-    want='ncclCommInitRankConfig .forming the group. did not finish within 5 s'
+    want='rank 0 waited 5000 ms for the other ranks to arrive; not arrived: rank 1 '
     [ $alone = 1 ] && want='rank 0.s NCCL id'
     alone_dir=$(mktemp -d)
     alone_start=$(date +%s)

@@ -174,6 +174,44 @@ TEST_F(Rendezvous, AWaitThatEndsNamesTheFileAndTheRank) {
   EXPECT_THROW(other.receive(got, sizeof(got), 50), Error);
 }
 
+// NCCL's start-up waits for a missing rank without a limit: it starts only once all arrived.
+TEST_F(Rendezvous, EveryRankWaitsForAllToArriveAndRank0RemovesTheMarks) {
+  const IdRendezvous root(rank(0, "j")), other(rank(1, "j"));
+  char id[128] = {};
+  root.publish(id, sizeof(id));
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(80));
+    other.arrive_and_wait_for_all(10000);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  root.arrive_and_wait_for_all(10000);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(60));  // it waited for rank 1
+  late.join();
+  EXPECT_TRUE(std::filesystem::exists(root.mark(0)));
+  EXPECT_TRUE(std::filesystem::exists(root.mark(1)));
+  root.retire();
+  EXPECT_FALSE(std::filesystem::exists(root.file()));
+  EXPECT_FALSE(std::filesystem::exists(root.mark(0)));
+  EXPECT_FALSE(std::filesystem::exists(root.mark(1)));
+}
+
+TEST_F(Rendezvous, ARankThatNeverArrivesIsNamedAndTheWaiterTakesItsMarkBack) {
+  GroupEnvironment env = rank(0, "j");
+  env.world_size = 4;
+  const IdRendezvous root(env);
+  env.rank = 2;
+  const IdRendezvous third(env);
+  std::ofstream(third.mark(2)).put('\n');  // rank 2 is here; ranks 1 and 3 never come
+  try {
+    root.arrive_and_wait_for_all(50);
+    FAIL() << "returned with ranks missing";
+  } catch (const PeerWaitError& e) {  // a witness's error: mok exits 4
+    EXPECT_THAT(e.what(), HasSubstr("rank 0 waited 50 ms for the other ranks to arrive; not arrived: ranks 1, 3"));
+  }
+  EXPECT_FALSE(std::filesystem::exists(root.mark(0)));
+  EXPECT_TRUE(std::filesystem::exists(third.mark(2)));  // only its own
+}
+
 TEST_F(Rendezvous, AnUnwritableDirectoryIsAnError) {
   GroupEnvironment env = rank(0, "");
   env.rendezvous_dir = (dir_ / "missing" / "deeper").string();

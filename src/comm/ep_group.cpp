@@ -94,9 +94,7 @@ OpenedNccl open_nccl_library() {
 struct NcclApi {
   void* lib = nullptr;
   decltype(&::ncclGetUniqueId) GetUniqueId = nullptr;
-  decltype(&::ncclCommInitRankConfig) CommInitRankConfig = nullptr;
-  decltype(&::ncclCommSplit) CommSplit = nullptr;
-  decltype(&::ncclCommFinalize) CommFinalize = nullptr;
+  decltype(&::ncclCommInitRank) CommInitRank = nullptr;
   decltype(&::ncclCommDestroy) CommDestroy = nullptr;
   decltype(&::ncclCommAbort) CommAbort = nullptr;
   decltype(&::ncclCommGetAsyncError) CommGetAsyncError = nullptr;
@@ -124,9 +122,7 @@ struct NcclApi {
       if (!fn) throw Error(std::string("NCCL library lacks ") + s + " (mok needs NCCL >= 2.28 for symmetric windows)");
     };
     sym(a.GetUniqueId, "ncclGetUniqueId");
-    sym(a.CommInitRankConfig, "ncclCommInitRankConfig");
-    sym(a.CommSplit, "ncclCommSplit");
-    sym(a.CommFinalize, "ncclCommFinalize");
+    sym(a.CommInitRank, "ncclCommInitRank");
     sym(a.CommDestroy, "ncclCommDestroy");
     sym(a.CommAbort, "ncclCommAbort");
     sym(a.CommGetAsyncError, "ncclCommGetAsyncError");
@@ -144,11 +140,8 @@ struct NcclApi {
 };
 
 void check_nccl(ncclResult_t r, const char* what) {
-  if (r != ncclSuccess) throw Error(std::string("NCCL ") + what + " failed: " + NcclApi::get().GetErrorString(r));
-}
-
-std::string seconds_text(std::uint64_t ms) {
-  return ms % 1000 == 0 ? std::to_string(ms / 1000) + " s" : std::to_string(ms) + " ms";
+  if (r != ncclSuccess && r != ncclInProgress)
+    throw Error(std::string("NCCL ") + what + " failed: " + NcclApi::get().GetErrorString(r));
 }
 
 void check_cuda(cudaError_t e, const char* what) {
@@ -173,47 +166,7 @@ struct EpGroup::Impl {
   GroupEnvironment env;
   Limits limits;
   ncclComm_t comm = nullptr;
-
-  // A call on a non-blocking communicator may answer "in progress" and go on in the
-  // background. This waits until it is done, at most `limit_ms`, and gives its outcome:
-  // ncclSuccess, its error, or ncclInProgress when the limit passed. (A blocking call has
-  // its outcome already: it is returned as it is.)
-  static ncclResult_t settle(ncclComm_t on, ncclResult_t r, std::uint64_t limit_ms) {
-    const NcclApi& nccl = NcclApi::get();
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(limit_ms);
-    while (r == ncclInProgress && on != nullptr) {
-      if (std::chrono::steady_clock::now() > deadline) return ncclInProgress;
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-      nccl.CommGetAsyncError(on, &r);
-    }
-    return r;
-  }
-
-  // settle() on this group's communicator, then: done, or the communicator aborted and an
-  // error naming `what` thrown (mok::PeerWaitError when the peers did not answer in time).
-  void complete(ncclResult_t r, const std::string& what, std::uint64_t limit_ms) {
-    r = settle(comm, r, limit_ms);
-    if (r == ncclSuccess) return;
-    const std::string where = "EP group: rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size);
-    if (r == ncclInProgress) {
-      const std::string message = where + ": NCCL " + what + " did not finish within " + seconds_text(limit_ms) +
-                                  " (a peer rank died, hangs or never started; `mok launch` names it)";
-      // Said before the abort, which can itself take a while with peers gone.
-      std::fprintf(stderr, "mok: %s; aborting its NCCL communicator\n", message.c_str());
-      std::fflush(stderr);
-      abort();
-      throw PeerWaitError(message);
-    }
-    const std::string message = where + ": NCCL " + what + " failed: " + NcclApi::get().GetErrorString(r);
-    abort();
-    throw Error(message);
-  }
-
-  void abort() {
-    if (comm == nullptr) return;
-    NcclApi::get().CommAbort(comm);
-    comm = nullptr;
-  }
+  bool aborted = false;
 };
 
 EpGroup::EpGroup(const GroupEnvironment& env, Limits limits) : impl_(std::make_unique<Impl>()) {
@@ -223,6 +176,9 @@ EpGroup::EpGroup(const GroupEnvironment& env, Limits limits) : impl_(std::make_u
   setenv("NCCL_NVLS_ENABLE", "0", 1);
   setenv("NVSHMEM_DISABLE_NVLS", "1", 1);
   setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1", 1);
+  // Calls that return when their work is done: the rendezvous removes the id only once the
+  // communicator exists (comm/rendezvous.h).
+  setenv("NCCL_COMM_BLOCKING", "1", 1);
   const NcclApi& nccl = NcclApi::get();
   int devices = 0;
   check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
@@ -251,84 +207,59 @@ EpGroup::EpGroup(const GroupEnvironment& env, Limits limits) : impl_(std::make_u
   } else {
     rendezvous.receive(id.internal, sizeof(id.internal), limits.start_ms);
   }
-  // The group forms in two steps, so that a rank whose peers never come cannot wait forever
-  // and the device API still runs on the kind of communicator it is tested with:
-  //  1. a non-blocking communicator, waited for against limits.start_ms (and complete before
-  //     the id is retired: by then every rank has read it);
-  //  2. once every rank is known to be there, a blocking copy of it (ncclCommSplit, one
-  //     colour), which the windows, the device communicator and the collectives use.
-  //     (NCCL 2.28.9's symmetric registration on a non-blocking communicator returned a
-  //     device communicator with an unwritten window, which crashed its own destroy.)
-  ncclConfig_t start_config = NCCL_CONFIG_INITIALIZER;
-  start_config.blocking = 0;
-  const ncclResult_t init = nccl.CommInitRankConfig(&impl_->comm, env.world_size, id, env.rank, &start_config);
-  try {
-    impl_->complete(init, "ncclCommInitRankConfig (forming the group)", limits.start_ms);
-  } catch (const PeerWaitError&) {
-    throw;
-  } catch (const Error& e) {
+  // NCCL's start-up waits for every rank without a limit: it starts only once all are here.
+  // (NCCL 2.28.9's non-blocking communicator, which NCCL bounds itself, crashed in its
+  // symmetric-memory calls on the H200: DESIGN.md.)
+  if (env.world_size > 1) rendezvous.arrive_and_wait_for_all(limits.start_ms);
+  ncclResult_t init = nccl.CommInitRank(&impl_->comm, env.world_size, id, env.rank);
+  // (NCCL_COMM_BLOCKING=1 above makes the call blocking; should a library still answer "in
+  // progress", the communicator is waited for: the id may be removed only once it exists.)
+  const auto init_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(limits.start_ms);
+  while (init == ncclInProgress && impl_->comm != nullptr) {
+    if (std::chrono::steady_clock::now() > init_deadline)
+      throw PeerWaitError("EP group: rank " + std::to_string(env.rank) + "'s NCCL communicator was not ready after " +
+                  std::to_string(limits.start_ms) + " ms");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    nccl.CommGetAsyncError(impl_->comm, &init);
+  }
+  if (init != ncclSuccess) {
     std::string hint;
     if (env.world_size > 1 && env.rank != 0)
       hint = " (the id came from " + rendezvous.file().string() +
              "; an earlier job that died before its group formed can leave its id there: remove the file, or give "
              "each job its own directory or MOK_RUN_ID)";
-    throw Error(e.what() + hint);
+    throw Error(std::string("NCCL ncclCommInitRank failed on rank ") + std::to_string(env.rank) + ": " +
+                nccl.GetErrorString(init) + hint);
   }
-  ncclComm_t starter = impl_->comm;
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 1;
-  ncclComm_t blocking = nullptr;
-  ncclResult_t split = nccl.CommSplit(starter, 0, env.rank, &blocking, &config);
-  split = Impl::settle(blocking != nullptr ? blocking : starter, split, limits.start_ms);
-  if (split != ncclSuccess) {
-    impl_->abort();
-    if (blocking) nccl.CommAbort(blocking);
-    throw Error("EP group: rank " + std::to_string(env.rank) + ": NCCL ncclCommSplit (the group's blocking copy) " +
-                (split == ncclInProgress ? "did not finish within " + seconds_text(limits.start_ms)
-                                         : std::string("failed: ") + nccl.GetErrorString(split)));
-  }
-  // The start-up communicator has done its part; a finalize that does not finish in time
-  // (a peer is gone) turns into an abort.
-  if (Impl::settle(starter, nccl.CommFinalize(starter), limits.start_ms) == ncclSuccess)
-    nccl.CommDestroy(starter);
-  else
-    nccl.CommAbort(starter);
-  impl_->comm = blocking;
 
   // Every peer must be load/store reachable (one NVLink domain): the megakernel pulls and
   // pushes rows with plain loads and stores.
   ncclDevCommRequirements_t reqs;
   std::memset(&reqs, 0, sizeof(reqs));  // no multimem, no barriers, no GIN
   ncclDevComm_t dev;
-  impl_->complete(nccl.DevCommCreate(impl_->comm, &reqs, &dev), "ncclDevCommCreate", limits.start_ms);
+  check_nccl(nccl.DevCommCreate(impl_->comm, &reqs, &dev), "ncclDevCommCreate");
   const int lsa_size = dev.lsaSize;
-  impl_->complete(nccl.DevCommDestroy(impl_->comm, &dev), "ncclDevCommDestroy", limits.start_ms);
-  if (lsa_size != env.world_size) {
-    impl_->abort();  // (no destructor runs for a constructor that throws)
+  nccl.DevCommDestroy(impl_->comm, &dev);
+  if (lsa_size != env.world_size)
     throw Error("EP group: only " + std::to_string(lsa_size) + " of " + std::to_string(env.world_size) +
                 " ranks are reachable by load/store from rank " + std::to_string(env.rank) +
                 "; mok's NCCL provider needs one NVLink domain (the network path, GIN, is not built)");
-  }
 }
 
 EpGroup::~EpGroup() {
-  // Finalizing a communicator waits for the peers (it is collective in effect); while an
+  // Destroying a communicator waits for the peers (it is collective in effect); while an
   // error unwinds (this rank failed, the others may not have), it is aborted instead.
   if (std::uncaught_exceptions() > 0) abort_communicator();
-  if (impl_->comm == nullptr) return;
   const NcclApi& nccl = NcclApi::get();
-  const ncclResult_t r = Impl::settle(impl_->comm, nccl.CommFinalize(impl_->comm), impl_->limits.wait_ms);
-  if (r != ncclSuccess) {
-    std::fprintf(stderr, "mok: rank %d: NCCL ncclCommFinalize %s; aborting its NCCL communicator\n", rank(),
-                 r == ncclInProgress ? ("did not finish within " + seconds_text(impl_->limits.wait_ms)).c_str()
-                                     : nccl.GetErrorString(r));
-    impl_->abort();
-    return;
-  }
-  nccl.CommDestroy(impl_->comm);
+  if (impl_->comm) (impl_->aborted ? nccl.CommAbort : nccl.CommDestroy)(impl_->comm);
 }
 
-void EpGroup::abort_communicator() { impl_->abort(); }
+void EpGroup::abort_communicator() {
+  if (impl_->comm == nullptr) return;
+  NcclApi::get().CommAbort(impl_->comm);
+  impl_->comm = nullptr;
+  impl_->aborted = true;
+}
 
 int EpGroup::rank() const { return impl_->env.rank; }
 int EpGroup::size() const { return impl_->env.world_size; }
@@ -363,13 +294,8 @@ SymmetricBuffer EpGroup::alloc_symmetric(std::size_t bytes) {
   b.bytes = (bytes + NCCL_WIN_REQUIRED_ALIGNMENT - 1) / NCCL_WIN_REQUIRED_ALIGNMENT * NCCL_WIN_REQUIRED_ALIGNMENT;
   check_nccl(nccl.MemAlloc(&b.local, b.bytes), "ncclMemAlloc");
   ncclWindow_t win = nullptr;
-  try {
-    impl_->complete(nccl.CommWindowRegister(impl_->comm, b.local, b.bytes, &win, NCCL_WIN_COLL_SYMMETRIC),
-                    "ncclCommWindowRegister", impl_->limits.start_ms);
-  } catch (...) {
-    nccl.MemFree(b.local);
-    throw;
-  }
+  check_nccl(nccl.CommWindowRegister(impl_->comm, b.local, b.bytes, &win, NCCL_WIN_COLL_SYMMETRIC),
+             "ncclCommWindowRegister");
   b.window = win;
   return b;
 }
@@ -377,30 +303,20 @@ SymmetricBuffer EpGroup::alloc_symmetric(std::size_t bytes) {
 void EpGroup::free_symmetric(SymmetricBuffer& b) {
   const NcclApi& nccl = NcclApi::get();
   // (After an abort the windows went with the communicator; only the memory is freed.)
-  if (b.window && impl_->comm) {
-    const ncclResult_t r = Impl::settle(
-        impl_->comm, nccl.CommWindowDeregister(impl_->comm, static_cast<ncclWindow_t>(b.window)), impl_->limits.wait_ms);
-    if (r != ncclSuccess) {
-      std::fprintf(stderr, "mok: rank %d: NCCL ncclCommWindowDeregister %s; aborting its NCCL communicator\n", rank(),
-                   r == ncclInProgress ? ("did not finish within " + seconds_text(impl_->limits.wait_ms)).c_str()
-                                       : nccl.GetErrorString(r));
-      impl_->abort();
-    }
-  }
+  if (b.window && impl_->comm) nccl.CommWindowDeregister(impl_->comm, static_cast<ncclWindow_t>(b.window));
   if (b.local) nccl.MemFree(b.local);
   b = SymmetricBuffer{};
 }
 
 void EpGroup::all_gather(const void* send, void* recv, std::size_t bytes_per_rank, void* stream) {
-  impl_->complete(NcclApi::get().AllGather(send, recv, bytes_per_rank, ncclChar, impl_->comm,
-                                           static_cast<cudaStream_t>(stream)),
-                  "ncclAllGather", impl_->limits.wait_ms);
+  check_nccl(NcclApi::get().AllGather(send, recv, bytes_per_rank, ncclChar, impl_->comm,
+                                      static_cast<cudaStream_t>(stream)),
+             "ncclAllGather");
 }
 
 void EpGroup::barrier_max(const int* send, int* recv, void* stream) {
-  impl_->complete(NcclApi::get().AllReduce(send, recv, 1, ncclInt, ncclMax, impl_->comm,
-                                           static_cast<cudaStream_t>(stream)),
-                  "ncclAllReduce (barrier)", impl_->limits.wait_ms);
+  check_nccl(NcclApi::get().AllReduce(send, recv, 1, ncclInt, ncclMax, impl_->comm, static_cast<cudaStream_t>(stream)),
+             "ncclAllReduce (barrier)");
 }
 
 void EpGroup::wait(void* stream, const std::string& what, std::uint64_t deadline_ms,

@@ -3,16 +3,12 @@
 // NCCL is loaded at run time (nccl_library() below says which): mok and its tests run on
 // machines without it, and the error says where to point when it is missing or too old.
 // Bootstrap: rank 0 creates the unique id and leaves it in the rendezvous directory; the
-// others wait for it (bounded); rank 0 removes it once the group formed (comm/rendezvous.h).
-// Symmetric buffers come from ncclMemAlloc registered as windows; peers are reached through
-// load/store (LSA) pointers, so every rank must be in one NVLink domain. NVLink multicast
-// stays off (NCCL_NVLS_ENABLE=0 is set before NCCL starts).
-// A rank whose peers never come does not wait forever: the group first forms as a
-// non-blocking communicator waited for against Limits::start_ms (then aborted, and
-// mok::PeerWaitError thrown naming the step); only once every rank is known to be there does
-// it take the blocking copy that its windows and collectives use, and a running group's
-// waits are bounded by wait(). (NCCL_COMM_BLOCKING=1 in the environment overrides the first
-// step: NCCL's start-up then blocks as long as it takes.)
+// others wait for it; then every rank waits for all the others to arrive, and only then
+// starts NCCL, whose own start-up waits for missing ranks without a limit (both waits are
+// bounded by Limits::start_ms; comm/rendezvous.h). Rank 0 removes the id once the group
+// formed. Symmetric buffers come from ncclMemAlloc registered as windows; peers are reached
+// through load/store (LSA) pointers, so every rank must be in one NVLink domain. NVLink
+// multicast stays off (NCCL_NVLS_ENABLE=0 is set before NCCL starts).
 // No CUDA or NCCL type appears here: handles are opaque.
 #pragma once
 #include <cstddef>
@@ -47,11 +43,11 @@ struct SymmetricBuffer {
 class EpGroup {
  public:
   struct Limits {
-    std::uint64_t wait_ms = 60000;    // a running group's wait for its peers (a collective, wait())
-    std::uint64_t start_ms = 120000;  // forming the group: the id, NCCL's start-up, the windows
+    std::uint64_t wait_ms = 60000;    // a running group's wait for its peers (wait())
+    std::uint64_t start_ms = 120000;  // forming the group: the id, and every rank's arrival
   };
   // Sets the CUDA device to env.local_rank. Throws mok::Error on any failure, naming it, and
-  // mok::PeerWaitError when the others did not join within limits.start_ms.
+  // mok::PeerWaitError when the others did not arrive within limits.start_ms.
   EpGroup(const GroupEnvironment& env, Limits limits);
   ~EpGroup();
   EpGroup(const EpGroup&) = delete;
@@ -66,10 +62,7 @@ class EpGroup {
   // any kernel runs.
   void check_same_everywhere(const std::string& what, const std::string& fingerprint);
 
-  // Collective: every rank allocates and registers a buffer of the same size, in the same order.
   SymmetricBuffer alloc_symmetric(std::size_t bytes);
-  // Collective as well; never throws (destructors call it): a deregistration that fails
-  // aborts the communicator, and the memory is freed either way.
   void free_symmetric(SymmetricBuffer& buffer);
 
   // Stream-ordered collectives (stream = a cudaStream_t).

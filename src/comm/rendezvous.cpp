@@ -5,6 +5,7 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <vector>
 
 #include <unistd.h>
 
@@ -12,7 +13,7 @@
 
 namespace mok::comm {
 
-IdRendezvous::IdRendezvous(const GroupEnvironment& env) : rank_(env.rank) {
+IdRendezvous::IdRendezvous(const GroupEnvironment& env) : rank_(env.rank), world_size_(env.world_size) {
   file_ = std::filesystem::path(env.rendezvous_dir) /
           (env.job_key.empty() ? std::string("nccl_unique_id") : "nccl_unique_id." + env.job_key);
 }
@@ -51,9 +52,43 @@ void IdRendezvous::receive(void* id, std::size_t bytes, std::uint64_t timeout_ms
   }
 }
 
+std::filesystem::path IdRendezvous::mark(int rank) const { return file_.string() + ".here." + std::to_string(rank); }
+
+void IdRendezvous::arrive_and_wait_for_all(std::uint64_t timeout_ms) const {
+  {
+    std::ofstream here(mark(rank_), std::ios::trunc);
+    if (!here)
+      throw Error("EP group: rank " + std::to_string(rank_) + " cannot leave its mark " + mark(rank_).string() +
+                  " (may this process write there?)");
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    std::vector<int> missing;
+    for (int r = 0; r < world_size_; ++r) {
+      std::error_code ec;
+      if (!std::filesystem::exists(mark(r), ec)) missing.push_back(r);
+    }
+    if (missing.empty()) return;
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::error_code ignored;
+      std::filesystem::remove(mark(rank_), ignored);
+      std::string names;
+      for (std::size_t i = 0; i < missing.size() && i < 8; ++i) names += (i ? ", " : "") + std::to_string(missing[i]);
+      if (missing.size() > 8) names += " and " + std::to_string(missing.size() - 8) + " more";
+      throw PeerWaitError("EP group: rank " + std::to_string(rank_) + " waited " + std::to_string(timeout_ms) +
+                          " ms for the other ranks to arrive; not arrived: rank" + (missing.size() > 1 ? "s " : " ") +
+                          names + " (their marks " + file_.string() + ".here.<rank>; did they start, with the same "
+                          "directory and job?)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 void IdRendezvous::retire() const {
+  // Best effort: a leftover is named by job, see the header.
   std::error_code ec;
-  std::filesystem::remove(file_, ec);  // best effort: a leftover is named by job, see the header
+  std::filesystem::remove(file_, ec);
+  for (int r = 0; r < world_size_; ++r) std::filesystem::remove(mark(r), ec);
 }
 
 }  // namespace mok::comm

@@ -8,7 +8,11 @@
 //    removes it as soon as the group has formed (every rank has read it by then) or its
 //    start failed, so a reused directory holds no old id (only a rank 0 killed between
 //    publishing and the group forming leaves one: NCCL's error then names the file);
-//  - every wait is bounded and its error names the file it waited for.
+//  - every wait is bounded and its error names the file it waited for;
+//  - NCCL starts only once every rank has arrived (each leaves a mark beside the id and
+//    waits for all the others'), because NCCL's own start-up waits for a missing rank
+//    without a limit. A mark left by an earlier job under the same key lets a rank through
+//    early: its NCCL start-up is then unbounded, as it was without marks.
 // Host-only (no CUDA, no NCCL): the id is opaque bytes here, and this is tested on the CPU.
 #pragma once
 #include <cstddef>
@@ -34,13 +38,21 @@ class IdRendezvous {
   // mok::PeerWaitError naming the file and the rank on a timeout.
   void receive(void* id, std::size_t bytes, std::uint64_t timeout_ms) const;
 
-  // Rank 0, once every rank holds the id (the group formed): removes the file, so that the
-  // next job in the same directory cannot read it. Quiet when it is already gone.
+  // Every rank, once it holds the id: leaves its mark (file() + ".here.<rank>") and waits
+  // up to `timeout_ms` for every rank's. Throws mok::PeerWaitError naming the ranks that did
+  // not arrive (and takes its own mark back, so a later job is not told it is here).
+  void arrive_and_wait_for_all(std::uint64_t timeout_ms) const;
+  std::filesystem::path mark(int rank) const;
+
+  // Rank 0, once every rank holds the id and has arrived (the group formed): removes the id
+  // and every mark, so that the next job in the same directory reads none of them. Quiet
+  // when they are already gone.
   void retire() const;
 
  private:
   std::filesystem::path file_;
   int rank_ = 0;
+  int world_size_ = 1;
 };
 
 }  // namespace mok::comm
