@@ -149,9 +149,9 @@ std::uint64_t limit_ns_from_env(TuningEnv knob, std::uint64_t default_ms) {
 // it runs (default 20 s).
 std::uint64_t wait_timeout_ns() { return limit_ns_from_env(TuningEnv::kWaitTimeoutMs, 20000); }
 
-// MOK_GROUP_START_TIMEOUT_MS: how long a rank of a real group waits for the others to join,
-// from the NCCL id's rendezvous to the windows' registration (default 120 s: each process
-// makes its data and CUDA context first, and launchers start them seconds apart).
+// MOK_GROUP_START_TIMEOUT_MS: how long a rank of a real group waits for the others to start:
+// for rank 0's NCCL id, then for every rank's arrival (default 120 s: each process makes its
+// data and CUDA context first, and launchers start them seconds apart).
 std::uint64_t group_start_timeout_ms() { return limit_ns_from_env(TuningEnv::kGroupStartMs, 120000) / 1000000; }
 
 constexpr int kMaxPhaseMarks = 6;  // record_phases: setup, schedule, megakernel, group barrier, epilogue, end
