@@ -6,7 +6,6 @@
 #include <nccl_device/core.h>
 #include <nccl_device/impl/comm__types.h>
 
-#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <cstdio>
@@ -165,8 +164,7 @@ NcclLibraryChoice nccl_library() {
 struct EpGroup::Impl {
   GroupEnvironment env;
   Limits limits;
-  ncclComm_t comm = nullptr;
-  bool aborted = false;
+  ncclComm_t comm = nullptr;  // null once aborted
 };
 
 EpGroup::EpGroup(const GroupEnvironment& env, Limits limits) : impl_(std::make_unique<Impl>()) {
@@ -251,14 +249,13 @@ EpGroup::~EpGroup() {
   // error unwinds (this rank failed, the others may not have), it is aborted instead.
   if (std::uncaught_exceptions() > 0) abort_communicator();
   const NcclApi& nccl = NcclApi::get();
-  if (impl_->comm) (impl_->aborted ? nccl.CommAbort : nccl.CommDestroy)(impl_->comm);
+  if (impl_->comm) nccl.CommDestroy(impl_->comm);
 }
 
 void EpGroup::abort_communicator() {
   if (impl_->comm == nullptr) return;
   NcclApi::get().CommAbort(impl_->comm);
   impl_->comm = nullptr;
-  impl_->aborted = true;
 }
 
 int EpGroup::rank() const { return impl_->env.rank; }

@@ -6,9 +6,9 @@
 // others wait for it; then every rank waits for all the others to arrive, and only then
 // starts NCCL, whose own start-up waits for missing ranks without a limit (both waits are
 // bounded by Limits::start_ms; comm/rendezvous.h). Rank 0 removes the id and the arrival
-// marks once the group formed. Symmetric buffers come from ncclMemAlloc registered as windows; peers are reached
-// through load/store (LSA) pointers, so every rank must be in one NVLink domain. NVLink
-// multicast stays off (NCCL_NVLS_ENABLE=0 is set before NCCL starts).
+// marks once the group formed. Symmetric buffers come from ncclMemAlloc registered as
+// windows; peers are reached through load/store (LSA) pointers, so every rank must be in one
+// NVLink domain. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 is set before NCCL starts).
 // No CUDA or NCCL type appears here: handles are opaque.
 #pragma once
 #include <cstddef>
