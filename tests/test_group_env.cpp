@@ -177,18 +177,25 @@ TEST_F(Rendezvous, AWaitThatEndsNamesTheFileAndTheRank) {
 // NCCL's start-up waits for a missing rank without a limit: it starts only once all arrived.
 TEST_F(Rendezvous, EveryRankWaitsForAllToArriveAndRank0RemovesTheMarks) {
   const IdRendezvous root(rank(0, "j")), other(rank(1, "j"));
-  char id[128] = {};
+  char id[128], id_root[128], id_other[128];
+  for (int i = 0; i < 128; ++i) id[i] = static_cast<char>(3 * i + 5);
+  std::memcpy(id_root, id, sizeof(id));
+  std::memcpy(id_other, id, sizeof(id));
   root.publish(id, sizeof(id));
   std::thread late([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(80));
-    other.arrive_and_wait_for_all(10000);
+    other.arrive_and_wait_for_all(id_other, sizeof(id_other), 10000);
   });
   const auto start = std::chrono::steady_clock::now();
-  root.arrive_and_wait_for_all(10000);
+  root.arrive_and_wait_for_all(id_root, sizeof(id_root), 10000);
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(60));  // it waited for rank 1
   late.join();
+  EXPECT_EQ(0, std::memcmp(id_root, id, sizeof(id)));  // nobody's id changed
+  EXPECT_EQ(0, std::memcmp(id_other, id, sizeof(id)));
   EXPECT_TRUE(std::filesystem::exists(root.mark(0)));
   EXPECT_TRUE(std::filesystem::exists(root.mark(1)));
+  for (const auto& entry : std::filesystem::directory_iterator(dir_))  // no temporary left behind
+    EXPECT_EQ(entry.path().extension().string().find("tmp"), std::string::npos) << entry.path();
   root.retire();
   EXPECT_FALSE(std::filesystem::exists(root.file()));
   EXPECT_FALSE(std::filesystem::exists(root.mark(0)));
@@ -201,9 +208,11 @@ TEST_F(Rendezvous, ARankThatNeverArrivesIsNamedAndTheWaiterTakesItsMarkBack) {
   const IdRendezvous root(env);
   env.rank = 2;
   const IdRendezvous third(env);
-  std::ofstream(third.mark(2)).put('\n');  // rank 2 is here; ranks 1 and 3 never come
+  char id[128];
+  std::memset(id, 0x31, sizeof(id));
+  std::ofstream(third.mark(2), std::ios::binary).write(id, sizeof(id));  // rank 2 is here; 1 and 3 never come
   try {
-    root.arrive_and_wait_for_all(50);
+    root.arrive_and_wait_for_all(id, sizeof(id), 50);
     FAIL() << "returned with ranks missing";
   } catch (const PeerWaitError& e) {  // a witness's error: mok exits 4
     EXPECT_THAT(e.what(), HasSubstr("rank 0 waited 50 ms for the other ranks to arrive; not arrived: ranks 1, 3"));
@@ -212,12 +221,66 @@ TEST_F(Rendezvous, ARankThatNeverArrivesIsNamedAndTheWaiterTakesItsMarkBack) {
   EXPECT_TRUE(std::filesystem::exists(third.mark(2)));  // only its own
 }
 
+// A reused job key (MOK_RUN_ID) after a rank 0 was killed: its id file and every mark of its
+// group are still there.
+TEST_F(Rendezvous, AnEarlierJobsMarksLetNoRankThrough) {
+  const IdRendezvous root(rank(0, "j"));
+  char stale[128], fresh[128];
+  std::memset(stale, 0x55, sizeof(stale));
+  std::memset(fresh, 0x2a, sizeof(fresh));
+  auto rank1_mark = [&](const char* bytes, std::size_t n, bool extra) {
+    std::ofstream out(root.mark(1), std::ios::binary | std::ios::trunc);
+    out.write(bytes, static_cast<std::streamsize>(n));
+    if (extra) out.put('x');
+  };
+  auto rank0_passes = [&] {
+    try {
+      root.arrive_and_wait_for_all(fresh, sizeof(fresh), 60);
+      return true;
+    } catch (const PeerWaitError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("not arrived: rank 1 "));
+      return false;
+    }
+  };
+  std::ofstream(root.mark(0), std::ios::binary).write(stale, sizeof(stale));
+  rank1_mark(stale, sizeof(stale), false);  // the earlier job's whole set
+  EXPECT_FALSE(rank0_passes());
+  rank1_mark(fresh, 100, false);  // half a mark
+  EXPECT_FALSE(rank0_passes());
+  rank1_mark(fresh, sizeof(fresh), true);  // this id and more
+  EXPECT_FALSE(rank0_passes());
+  rank1_mark(fresh, sizeof(fresh), false);  // rank 1 of this job
+  EXPECT_TRUE(rank0_passes());
+}
+
+TEST_F(Rendezvous, ARankThatReadAnEarlierJobsIdTakesTheNewOneAndTheGroupForms) {
+  const IdRendezvous earlier(rank(0, "j")), root(rank(0, "j")), other(rank(1, "j"));
+  char stale[128], fresh[128], got[128] = {}, root_id[128];
+  std::memset(stale, 0x55, sizeof(stale));
+  std::memset(fresh, 0x2a, sizeof(fresh));
+  std::memcpy(root_id, fresh, sizeof(fresh));
+  // The earlier job's rank 0 published, its rank 1 arrived, and rank 0 died before arriving.
+  earlier.publish(stale, sizeof(stale));
+  std::ofstream(earlier.mark(1), std::ios::binary).write(stale, sizeof(stale));
+  other.receive(got, sizeof(got), 1000);  // this job's rank 1 starts first and reads it
+  ASSERT_EQ(0, std::memcmp(got, stale, sizeof(stale)));
+  std::thread one([&] { other.arrive_and_wait_for_all(got, sizeof(got), 10000); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // rank 1 waits on the stale marks
+  root.publish(fresh, sizeof(fresh));
+  root.arrive_and_wait_for_all(root_id, sizeof(root_id), 10000);
+  one.join();
+  EXPECT_EQ(0, std::memcmp(got, fresh, sizeof(fresh)));  // rank 1 starts NCCL with this job's id
+  EXPECT_EQ(0, std::memcmp(root_id, fresh, sizeof(fresh)));
+  root.retire();
+  EXPECT_TRUE(std::filesystem::is_empty(dir_));
+}
+
 TEST_F(Rendezvous, AnUnwritableDirectoryIsAnError) {
   GroupEnvironment env = rank(0, "");
   env.rendezvous_dir = (dir_ / "missing" / "deeper").string();
   char id[128] = {};
   EXPECT_THAT([&] { IdRendezvous(env).publish(id, sizeof(id)); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("cannot write its NCCL id")));
+              ::testing::ThrowsMessage<Error>(HasSubstr("cannot leave its NCCL id")));
 }
 
 #ifdef MOK_HAS_CUDA

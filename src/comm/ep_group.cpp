@@ -208,7 +208,8 @@ EpGroup::EpGroup(const GroupEnvironment& env, Limits limits) : impl_(std::make_u
   // NCCL's start-up waits for every rank without a limit: it starts only once all are here.
   // (NCCL 2.28.9's non-blocking communicator, which NCCL bounds itself, crashed in its
   // symmetric-memory calls on the H200: DESIGN.md.)
-  if (env.world_size > 1) rendezvous.arrive_and_wait_for_all(limits.start_ms);
+  // (A rank that read an earlier job's id takes rank 0's new one here.)
+  if (env.world_size > 1) rendezvous.arrive_and_wait_for_all(id.internal, sizeof(id.internal), limits.start_ms);
   ncclResult_t init = nccl.CommInitRank(&impl_->comm, env.world_size, id, env.rank);
   // (NCCL_COMM_BLOCKING=1 above makes the call blocking; should a library still answer "in
   // progress", the communicator is waited for: the id may be removed only once it exists.)

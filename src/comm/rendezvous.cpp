@@ -1,6 +1,7 @@
 #include "comm/rendezvous.h"
 
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -25,6 +26,44 @@ bool poll_until(std::uint64_t timeout_ms, const std::function<bool()>& ready) {
   }
 }
 
+// Writes `bytes` to `path` whole or not at all (a temporary file, then a rename); false when
+// the directory cannot be written (nothing is left behind then). The temporary's name is
+// this process's own: two ranks sharing a directory and a key (a misconfiguration) still
+// never rename a file the other is writing.
+bool write_whole(const std::filesystem::path& path, const void* data, std::size_t bytes, std::string* why) {
+  const std::filesystem::path tmp = path.string() + "." + std::to_string(getpid()) + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+    out.close();
+    if (!out) {
+      std::error_code ignored;
+      std::filesystem::remove(tmp, ignored);
+      *why = "cannot write " + tmp.string();
+      return false;
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    *why = "cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message();
+    return false;
+  }
+  return true;
+}
+
+// Whether `path` holds exactly `bytes` bytes equal to `data` (false when it is missing, short,
+// longer, or different).
+bool holds(const std::filesystem::path& path, const void* data, std::size_t bytes) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> got(bytes + 1);
+  if (!in.read(got.data(), static_cast<std::streamsize>(bytes))) return false;
+  if (in.get() != std::ifstream::traits_type::eof()) return false;
+  return std::memcmp(got.data(), data, bytes) == 0;
+}
+
 }  // namespace
 
 IdRendezvous::IdRendezvous(const GroupEnvironment& env) : rank_(env.rank), world_size_(env.world_size) {
@@ -33,24 +72,14 @@ IdRendezvous::IdRendezvous(const GroupEnvironment& env) : rank_(env.rank), world
 }
 
 void IdRendezvous::publish(const void* id, std::size_t bytes) const {
-  // This process's own temporary name: two rank 0s sharing a directory and a key (a
-  // misconfiguration) still never rename a file the other is writing.
-  const std::filesystem::path tmp = file_.string() + "." + std::to_string(getpid()) + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(static_cast<const char*>(id), static_cast<std::streamsize>(bytes));
-    out.close();
-    if (!out)
-      throw Error("EP group: rank 0 cannot write its NCCL id to " + tmp.string() +
-                  " (does the directory exist, and may this process write there?)");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, file_, ec);
-  if (ec) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);
-    throw Error("EP group: rank 0 cannot rename " + tmp.string() + " to " + file_.string() + ": " + ec.message());
-  }
+  // An earlier job's marks under this key hold its id: they would not count, but a rank of
+  // this job that read that job's id (before this one replaces it) must not find them whole.
+  std::error_code ignored;
+  for (int r = 0; r < world_size_; ++r) std::filesystem::remove(mark(r), ignored);
+  std::string why;
+  if (!write_whole(file_, id, bytes, &why))
+    throw Error("EP group: rank 0 cannot leave its NCCL id in " + file_.string() + ": " + why +
+                " (does the directory exist, and may this process write there?)");
 }
 
 void IdRendezvous::receive(void* id, std::size_t bytes, std::uint64_t timeout_ms) const {
@@ -66,20 +95,32 @@ void IdRendezvous::receive(void* id, std::size_t bytes, std::uint64_t timeout_ms
 
 std::filesystem::path IdRendezvous::mark(int rank) const { return file_.string() + ".here." + std::to_string(rank); }
 
-void IdRendezvous::arrive_and_wait_for_all(std::uint64_t timeout_ms) const {
-  {
-    std::ofstream here(mark(rank_), std::ios::trunc);
-    if (!here)
-      throw Error("EP group: rank " + std::to_string(rank_) + " cannot leave its mark " + mark(rank_).string() +
-                  " (may this process write there?)");
-  }
+void IdRendezvous::arrive_and_wait_for_all(void* id, std::size_t bytes, std::uint64_t timeout_ms) const {
+  auto leave_mark = [&] {
+    std::string why;
+    if (!write_whole(mark(rank_), id, bytes, &why))
+      throw Error("EP group: rank " + std::to_string(rank_) + " cannot leave its mark " + mark(rank_).string() + ": " +
+                  why + " (may this process write there?)");
+  };
+  leave_mark();
+  std::vector<char> in_file(bytes);
   std::vector<int> missing;
   const bool all_here = poll_until(timeout_ms, [&] {
-    missing.clear();
-    for (int r = 0; r < world_size_; ++r) {
-      std::error_code ec;
-      if (!std::filesystem::exists(mark(r), ec)) missing.push_back(r);
+    if (rank_ != 0) {
+      // Rank 0 publishes once per job: an id file that now differs from ours means ours was
+      // an earlier job's (read before rank 0 replaced it). Take the new one and mark again.
+      std::ifstream in(file_, std::ios::binary);
+      if (in.read(in_file.data(), static_cast<std::streamsize>(bytes)) &&
+          std::memcmp(in_file.data(), id, bytes) != 0) {
+        std::memcpy(id, in_file.data(), bytes);
+        leave_mark();
+      }
     }
+    // (Rank 0's publish clears old marks; one of ours it removed is left again.)
+    if (!holds(mark(rank_), id, bytes)) leave_mark();
+    missing.clear();
+    for (int r = 0; r < world_size_; ++r)
+      if (!holds(mark(r), id, bytes)) missing.push_back(r);
     return missing.empty();
   });
   if (all_here) return;
@@ -90,8 +131,8 @@ void IdRendezvous::arrive_and_wait_for_all(std::uint64_t timeout_ms) const {
   if (missing.size() > 8) names += " and " + std::to_string(missing.size() - 8) + " more";
   throw PeerWaitError("EP group: rank " + std::to_string(rank_) + " waited " + std::to_string(timeout_ms) +
                       " ms for the other ranks to arrive; not arrived: rank" + (missing.size() > 1 ? "s " : " ") +
-                      names + " (their marks " + file_.string() + ".here.<rank>; did they start, with the same "
-                      "directory and job?)");
+                      names + " (their marks " + file_.string() + ".here.<rank>, each holding the id; did they "
+                      "start, with the same directory and job?)");
 }
 
 void IdRendezvous::retire() const {

@@ -7,12 +7,20 @@
 //    launcher's job where the launcher says which (GroupEnvironment::job_key), and rank 0
 //    removes it as soon as the group has formed (every rank has read it by then) or its
 //    start failed, so a reused directory holds no old id (only a rank 0 killed between
-//    publishing and the group forming leaves one: NCCL's error then names the file);
+//    publishing and the group forming leaves one; see the marks below);
 //  - every wait is bounded and its error names the file it waited for;
 //  - NCCL starts only once every rank has arrived (each leaves a mark beside the id and
 //    waits for all the others'), because NCCL's own start-up waits for a missing rank
-//    without a limit. A mark left by an earlier job under the same key lets a rank through
-//    early: its NCCL start-up is then unbounded, as it was without marks.
+//    without a limit;
+//  - a mark holds the id its rank will start NCCL with, and only marks holding this rank's
+//    id count: a mark an earlier job left under the same key (a reused MOK_RUN_ID after a
+//    killed rank 0, say) holds that job's id and lets no rank through early. A rank other
+//    than 0 that read such an earlier job's id file before rank 0 replaced it sees the file
+//    change while it waits, takes the new id and marks again, so the group still forms.
+//    What files cannot tell apart: a rank that starts before its rank 0 publishes, and
+//    finds an earlier job's id with a whole set of that job's marks (all of it arrived, then
+//    its rank 0 was killed before the group formed), passes with that id; NCCL's start then
+//    fails reaching the dead rank 0, and the error names the id file.
 // Host-only (no CUDA, no NCCL): the id is opaque bytes here, and this is tested on the CPU.
 #pragma once
 #include <cstddef>
@@ -30,18 +38,22 @@ class IdRendezvous {
   // The file the id goes through: <rendezvous_dir>/nccl_unique_id[.<job key>].
   const std::filesystem::path& file() const { return file_; }
 
-  // Rank 0: leaves the id for the others (whole or not at all). Throws mok::Error when the
-  // directory cannot be written.
+  // Rank 0: leaves the id for the others (whole or not at all), after removing any marks an
+  // earlier job left under the same key. Throws mok::Error when the directory cannot be
+  // written.
   void publish(const void* id, std::size_t bytes) const;
 
   // Another rank: waits up to `timeout_ms` for rank 0's id and copies it out; throws
   // mok::PeerWaitError naming the file and the rank on a timeout.
   void receive(void* id, std::size_t bytes, std::uint64_t timeout_ms) const;
 
-  // Every rank, once it holds the id: leaves its mark (file() + ".here.<rank>") and waits
-  // up to `timeout_ms` for every rank's. Throws mok::PeerWaitError naming the ranks that did
-  // not arrive (and takes its own mark back, so a later job is not told it is here).
-  void arrive_and_wait_for_all(std::uint64_t timeout_ms) const;
+  // Every rank, once it holds the id (`id`, `bytes`): leaves its mark (file() +
+  // ".here.<rank>", holding the id) and waits up to `timeout_ms` for every rank's mark with
+  // the same id. A rank other than 0 whose id was an earlier job's (the id file changed
+  // since it read it) takes the file's id into `id` and marks again. Throws
+  // mok::PeerWaitError naming the ranks that did not arrive (and takes its own mark back, so
+  // a later job is not told it is here).
+  void arrive_and_wait_for_all(void* id, std::size_t bytes, std::uint64_t timeout_ms) const;
   std::filesystem::path mark(int rank) const;
 
   // Rank 0, once every rank holds the id and has arrived (the group formed): removes the id
