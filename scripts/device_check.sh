@@ -121,6 +121,15 @@ if [ $RUN_TESTS = 1 ]; then
     fi
     rm -rf "$alone_dir"
   done
+  # The library's own group tests (tests/gpu: GpuGroup, a group of this one process): a
+  # forward that throws aborts the group and later calls say why; a device error leaves it
+  # usable. Elsewhere they skip without NCCL; here they must run.
+  if [ $grc = 0 ]; then
+    timeout 120 "$BIN/mok_gpu_tests" --gtest_filter='GpuGroup.*' > "$OUT/group_tests.log" 2>&1 || grc=10
+    [ $grc = 0 ] && grep -q '^\[  SKIPPED \]' "$OUT/group_tests.log" && grc=10
+    cat "$OUT/group_tests.log" >> "$OUT/group.log"
+    [ $grc = 0 ] && echo "check PASS: GpuGroup tests $(grep -E '^\[  PASSED  \]' "$OUT/group_tests.log")" >> "$OUT/group.log"
+  fi
   [ $grc = 0 ] || FAILED=1
   note "nccl group of $gpus GPU(s): rc=$grc, $(grep -cE 'check PASS|bitwise' "$OUT/group.log") passing checks in $(( $(date +%s) - start )) s"
   [ $grc = 0 ] || tail -20 "$OUT/group.log"
@@ -161,7 +170,7 @@ fi
 if [ $PACK = 1 ]; then
   {
     printf '%s\n' "${summary[@]}"
-    for f in gpu.txt ptxas.txt gpu_checks.txt gpu_tests.log gpu_tests_store_warp_off.log group.log bench.log \
+    for f in gpu.txt ptxas.txt gpu_checks.txt gpu_tests.log gpu_tests_store_warp_off.log group.log group_tests.log bench.log \
       sanitizer_memcheck.log sanitizer_racecheck.log sanitizer_group.log; do
       [ -f "$OUT/$f" ] && { echo; echo "######## $f"; tail -c 200000 "$OUT/$f"; }
     done

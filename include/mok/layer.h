@@ -10,7 +10,12 @@
 //     others over NVLink through NCCL symmetric memory (CUDA backend only). Constructing and
 //     destroying such a Layer are collective: every rank does both. A rank that gives up on
 //     its peers throws mok::PeerWaitError; a Layer destroyed while an exception propagates
-//     aborts its communicator instead of waiting for the peers.
+//     aborts its communicator instead of waiting for the peers. A forward that throws on
+//     one rank (a bad argument, say) leaves the group out of step, since its peers went on:
+//     that rank's communicator is aborted at once, its later calls throw naming the first
+//     error, and destroying its Layer waits for nobody (build a new Layer to go on). A
+//     device-side failure (Layer::synchronize) reaches every rank through the group's
+//     barrier instead: the group stays in step and the next forward runs.
 //
 // Tensors are row-major and contiguous; every call validates every argument and throws
 // mok::Error naming the argument and the rule it broke, before any work starts.

@@ -259,6 +259,8 @@ void EpGroup::abort_communicator() {
   impl_->comm = nullptr;
 }
 
+bool EpGroup::communicator_aborted() const { return impl_->comm == nullptr; }
+
 int EpGroup::rank() const { return impl_->env.rank; }
 int EpGroup::size() const { return impl_->env.world_size; }
 int EpGroup::device() const { return impl_->env.local_rank; }

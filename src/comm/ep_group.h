@@ -82,6 +82,7 @@ class EpGroup {
   // Aborts the communicator now (idempotent): NCCL work waiting on peers returns, so the
   // process can free its memory and exit. The group is unusable after it.
   void abort_communicator();
+  bool communicator_aborted() const;
 
  private:
   struct Impl;

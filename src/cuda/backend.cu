@@ -522,7 +522,36 @@ class CudaBackend final : public BackendImpl {
 
   void forward(std::span<const RankForward> ranks) override {
     throw_if_trapped();
-    diagnosed([&] { enqueue_forward(ranks); });
+    throw_if_group_aborted("forward");
+    try {
+      diagnosed([&] { enqueue_forward(ranks); });
+    } catch (const std::exception& e) {
+      abort_group_after(e.what());
+      throw;
+    }
+  }
+
+  // In a real group every rank enqueues the same collectives in the same order. A forward
+  // that throws on this rank (a bad argument, say: the peers' own passed) leaves the group out
+  // of step: the peers' all-gather waits for this rank, and a later forward's would be matched
+  // with theirs. So the communicator is aborted at once (the peers' waits time out and name
+  // it), every later call says why, and destroying the Layer never waits for the peers. A
+  // device error the group barrier carried is different: every rank passed the barrier, the
+  // group is in step, and it stays usable (synchronize).
+  void abort_group_after(const std::string& why) const {
+    if (!group_ || !group_aborted_.empty()) return;
+    group_aborted_ = why;
+    if (group_->communicator_aborted()) return;  // (a wait that gave up on the peers said so)
+    std::fprintf(stderr, "mok: rank %d: a call failed, leaving the EP group out of step; aborting its NCCL "
+                 "communicator: %s\n", group_->rank(), why.c_str());
+    std::fflush(stderr);
+    group_->abort_communicator();
+  }
+
+  void throw_if_group_aborted(const char* call) const {
+    if (group_ && !group_aborted_.empty())
+      throw Error(std::string(call) + ": this rank's EP group was aborted after an earlier error (" + group_aborted_ +
+                  "); destroy this Layer and build a new one");
   }
 
   void enqueue_forward(std::span<const RankForward> ranks) {
@@ -741,10 +770,16 @@ class CudaBackend final : public BackendImpl {
   // error naming `what`, never a hang); a trapped kernel is named before any other error.
   void wait_for_stream(const std::string& what) const {
     throw_if_trapped();
+    throw_if_group_aborted(what.c_str());
     if (group_) {
       // Past the phase-wait limit, so a trapped kernel is named rather than a peer blamed.
       const std::uint64_t ms = (std::uint64_t(phase_wait_units_) << 20) / 1000000 + 2000;
-      group_->wait(stream_, what, ms, [this] { throw_if_trapped(); });
+      try {
+        group_->wait(stream_, what, ms, [this] { throw_if_trapped(); });
+      } catch (const std::exception& e) {
+        abort_group_after(e.what());
+        throw;
+      }
     }
     const cudaError_t sync = cudaStreamSynchronize(stream_);
     if (sync != cudaSuccess) {
@@ -1097,6 +1132,7 @@ class CudaBackend final : public BackendImpl {
   std::vector<ArgSlot> slots_;
   // Distributed mode only (the destructor frees the symmetric buffers while the group lives).
   std::unique_ptr<comm::EpGroup> group_;
+  mutable std::string group_aborted_;  // why the group was aborted (abort_group_after); empty while it is in step
   comm::SymmetricBuffer x_sym_, combine_sym_;
   std::vector<void*> peer_x_;
   DeviceBuffer gathered_tops_;

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +20,7 @@
 #include <string>
 
 #include "core/backend.h"
+#include "comm/ep_group.h"
 #include "core/rng.h"
 #include "cuda/plan_order.h"
 #include "gpu/gpu_util.h"
@@ -957,6 +959,82 @@ TEST(GpuErrors, ExpertIdOutOfRangeIsReportedAndPoisonsOutput) {
   DeviceMirror mirror2(good, 0);
   layer.forward(mirror2.forward_args());
   EXPECT_NO_THROW(layer.synchronize());
+}
+
+// A real group (EpMode::distributed) of this one process, through NCCL. It needs the NCCL
+// release mok's headers came from (comm/ep_group.h: nccl_library()), so it skips, saying so,
+// where none is found; scripts/device_check.sh runs these with scripts/group_env.sh's search
+// path and fails when they skip.
+#define MOK_REQUIRE_GROUP()                                                                          \
+  do {                                                                                              \
+    MOK_REQUIRE_GPU();                                                                              \
+    try {                                                                                           \
+      (void)comm::nccl_library();                                                                   \
+    } catch (const Error& e) {                                                                      \
+      GTEST_SKIP() << "no usable NCCL (scripts/group_env.sh finds PyTorch's): group test skipped: " \
+                   << e.what();                                                                     \
+    }                                                                                               \
+  } while (0)
+
+LayerOptions group_of_one() {
+  LayerOptions o;
+  o.backend = Backend::cuda;
+  o.ep_mode = EpMode::distributed;
+  return o;
+}
+
+// A forward that throws on one rank leaves the group out of step (the peers enqueued theirs):
+// the communicator is aborted at once, every later call names the first error, and the Layer
+// is destroyed without waiting for peers.
+TEST(GpuGroup, AForwardThatThrowsAbortsTheGroupAndLaterCallsSayWhy) {
+  MOK_REQUIRE_GROUP();
+  const Problem p = make_problem(16, 256, 128, 4, {}, 1, 64);
+  LayerData host = make_data(p, "gaussian");
+  auto layer = std::make_unique<Layer>(p, Config{}, group_of_one());
+  DeviceMirror mirror(host, 0);
+  const auto args = mirror.forward_args();
+  layer->forward(args);
+  layer->synchronize();
+  mirror.copy_outputs_to(host);
+  expect_close(host, run_reference(host), Precision::bf16, "group of one");
+
+  void* shifted = nullptr;
+  ASSERT_EQ(cudaMalloc(&shifted, args[0].inputs.x.bytes() + 16), cudaSuccess);
+  auto bad = args;
+  bad[0].inputs.x.data = static_cast<char*>(shifted) + 2;
+  EXPECT_THAT([&] { layer->forward(bad); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("16-byte aligned")));
+  cudaFree(shifted);
+  const auto aborted = ::testing::AllOf(::testing::HasSubstr("EP group was aborted after an earlier error"),
+                                        ::testing::HasSubstr("16-byte aligned"),
+                                        ::testing::HasSubstr("build a new one"));
+  EXPECT_THAT([&] { layer->forward(args); }, ::testing::ThrowsMessage<Error>(aborted));
+  EXPECT_THAT([&] { layer->synchronize(); }, ::testing::ThrowsMessage<Error>(aborted));
+  const auto start = std::chrono::steady_clock::now();
+  layer.reset();  // no collective destroy: the communicator is gone
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+// A device error travels to every rank through the group barrier, so the group stays in
+// step and usable: the next forward runs.
+TEST(GpuGroup, ADeviceErrorLeavesTheGroupInStepAndUsable) {
+  MOK_REQUIRE_GROUP();
+  const Problem p = make_problem(16, 256, 128, 4, {}, 1, 64);
+  LayerData host = make_data(p, "gaussian");
+  host.ranks[0].top_experts.data<std::int32_t>()[3 * 4 + 1] = 16;
+  Layer layer(p, Config{}, group_of_one());
+  DeviceMirror mirror(host, 0);
+  layer.forward(mirror.forward_args());
+  EXPECT_THAT([&] { layer.synchronize(); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("top_experts[rank 0][token 3, slot 1] = 16")));
+  mirror.copy_outputs_to(host);
+  EXPECT_TRUE(std::isnan(num::bf16_to_float(host.ranks[0].y.data<std::uint16_t>()[0])));
+  LayerData good = make_data(p, "gaussian");
+  DeviceMirror mirror2(good, 0);
+  layer.forward(mirror2.forward_args());
+  EXPECT_NO_THROW(layer.synchronize());
+  mirror2.copy_outputs_to(good);
+  expect_close(good, run_reference(good), Precision::bf16, "group of one after a device error");
 }
 
 TEST(GpuErrors, MisalignedXOrYIsAClearError) {
