@@ -976,6 +976,11 @@ TEST(GpuErrors, ExpertIdOutOfRangeIsReportedAndPoisonsOutput) {
     }                                                                                               \
   } while (0)
 
+// The launcher's variables for a group of one (mok launch -n 1 sets the same), for a scope.
+struct GroupOfOneEnv {
+  ScopedEnv rank{"MOK_RANK", "0"}, world{"MOK_WORLD_SIZE", "1"}, local{"MOK_LOCAL_RANK", "0"};
+};
+
 LayerOptions group_of_one() {
   LayerOptions o;
   o.backend = Backend::cuda;
@@ -988,6 +993,7 @@ LayerOptions group_of_one() {
 // is destroyed without waiting for peers.
 TEST(GpuGroup, AForwardThatThrowsAbortsTheGroupAndLaterCallsSayWhy) {
   MOK_REQUIRE_GROUP();
+  const GroupOfOneEnv launched;
   const Problem p = make_problem(16, 256, 128, 4, {}, 1, 64);
   LayerData host = make_data(p, "gaussian");
   auto layer = std::make_unique<Layer>(p, Config{}, group_of_one());
@@ -1019,6 +1025,7 @@ TEST(GpuGroup, AForwardThatThrowsAbortsTheGroupAndLaterCallsSayWhy) {
 // step and usable: the next forward runs.
 TEST(GpuGroup, ADeviceErrorLeavesTheGroupInStepAndUsable) {
   MOK_REQUIRE_GROUP();
+  const GroupOfOneEnv launched;
   const Problem p = make_problem(16, 256, 128, 4, {}, 1, 64);
   LayerData host = make_data(p, "gaussian");
   host.ranks[0].top_experts.data<std::int32_t>()[3 * 4 + 1] = 16;
