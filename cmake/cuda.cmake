@@ -6,6 +6,7 @@ set(MOK_CUDA_SOURCES
   src/comm/ep_group.cpp
   src/cuda/backend.cu
   src/cuda/device_data.cu
+  src/cuda/device_error.cpp
   src/cuda/device_timer.cu
 )
 target_sources(mok_core PRIVATE ${MOK_CUDA_SOURCES})

@@ -16,6 +16,7 @@
 #include "comm/group_env.h"
 #ifdef MOK_HAS_CUDA
 #include "comm/ep_group.h"
+#include "cuda/device_error.h"
 #endif
 #include "comm/rendezvous.h"
 #include "mok/error.h"
@@ -284,6 +285,30 @@ TEST_F(Rendezvous, AnUnwritableDirectoryIsAnError) {
 }
 
 #ifdef MOK_HAS_CUDA
+// A real group's barrier gathers every rank's device error; a rank whose own forward was fine
+// names the peer that failed and what it recorded.
+TEST(GroupErrors, APeersDeviceErrorIsNamedWithItsRankAndWhat) {
+  using namespace mok::cuda;
+  const int T = 512, k = 8;
+  std::vector<DeviceError> gathered(8, DeviceError{});
+  EXPECT_FALSE(describe_peer_errors(gathered, 2, T, k).has_value());  // nobody failed
+  gathered[2].code = kCapacityExceeded;  // this rank's own: reported as its own, not a peer's
+  EXPECT_FALSE(describe_peer_errors(gathered, 2, T, k).has_value());
+  gathered[5].code = kExpertOutOfRange;
+  gathered[5].index = 5LL * T * k + 7 * k + 3;  // rank 5, token 7, slot 3
+  gathered[5].value = 999;
+  EXPECT_EQ(describe_peer_errors(gathered, 2, T, k).value(),
+            "rank 5 of the EP group recorded a device error: top_experts[rank 5][token 7, slot 3] = 999: expert id "
+            "must be in [0, num_experts)");
+  gathered[6].code = kWaitTimeout;
+  gathered[7].code = kNonFiniteWeight;
+  EXPECT_THAT(describe_peer_errors(gathered, 2, T, k).value(),
+              ::testing::AllOf(HasSubstr("rank 5 of the EP group"), HasSubstr("(and 2 other ranks recorded one too)")));
+  EXPECT_THAT(describe_peer_errors(gathered, 5, T, k).value(),  // seen from rank 5: rank 2 is first
+              ::testing::AllOf(HasSubstr("rank 2 of the EP group recorded a device error: schedule: rank"),
+                               HasSubstr("(and 2 other ranks")));
+}
+
 // MOK_NCCL_LIBRARY set for one test, restored after it.
 class NcclLibrary : public ::testing::Test {
  protected:

@@ -99,7 +99,6 @@ struct NcclApi {
   decltype(&::ncclCommGetAsyncError) CommGetAsyncError = nullptr;
   decltype(&::ncclGetErrorString) GetErrorString = nullptr;
   decltype(&::ncclAllGather) AllGather = nullptr;
-  decltype(&::ncclAllReduce) AllReduce = nullptr;
   decltype(&::ncclMemAlloc) MemAlloc = nullptr;
   decltype(&::ncclMemFree) MemFree = nullptr;
   decltype(&::ncclCommWindowRegister) CommWindowRegister = nullptr;
@@ -127,7 +126,6 @@ struct NcclApi {
     sym(a.CommGetAsyncError, "ncclCommGetAsyncError");
     sym(a.GetErrorString, "ncclGetErrorString");
     sym(a.AllGather, "ncclAllGather");
-    sym(a.AllReduce, "ncclAllReduce");
     sym(a.MemAlloc, "ncclMemAlloc");
     sym(a.MemFree, "ncclMemFree");
     sym(a.CommWindowRegister, "ncclCommWindowRegister");
@@ -312,11 +310,6 @@ void EpGroup::all_gather(const void* send, void* recv, std::size_t bytes_per_ran
   check_nccl(NcclApi::get().AllGather(send, recv, bytes_per_rank, ncclChar, impl_->comm,
                                       static_cast<cudaStream_t>(stream)),
              "ncclAllGather");
-}
-
-void EpGroup::barrier_max(const int* send, int* recv, void* stream) {
-  check_nccl(NcclApi::get().AllReduce(send, recv, 1, ncclInt, ncclMax, impl_->comm, static_cast<cudaStream_t>(stream)),
-             "ncclAllReduce (barrier)");
 }
 
 void EpGroup::wait(void* stream, const std::string& what, std::uint64_t deadline_ms,

@@ -65,11 +65,9 @@ class EpGroup {
   SymmetricBuffer alloc_symmetric(std::size_t bytes);
   void free_symmetric(SymmetricBuffer& buffer);
 
-  // Stream-ordered collectives (stream = a cudaStream_t).
+  // Stream-ordered all-gather (stream = a cudaStream_t): recv[r] = rank r's send. It is also
+  // a barrier: it completes on no rank before every rank has called it.
   void all_gather(const void* send, void* recv, std::size_t bytes_per_rank, void* stream);
-  // A barrier that also carries a value: recv (device int) = max over ranks of *send (device
-  // int); no rank passes it before every rank reached it (stream-ordered).
-  void barrier_max(const int* send, int* recv, void* stream);
 
   // Waits for `stream` with a deadline (the group's timeout, or `deadline_ms` when > 0),
   // watching NCCL's asynchronous errors; on a timeout or error aborts the communicator and

@@ -57,47 +57,6 @@ std::string describe_phase_wait_trap(const PhaseWaitTrap& t) {
   return s.str();
 }
 
-std::string describe_device_error(const DeviceError& e, int T, int k) {
-  std::ostringstream s;
-  const long long slot = e.index % (static_cast<long long>(T) * k);
-  const long long t = slot / k, j = slot % k;
-  const int rank = static_cast<int>(e.index / (static_cast<long long>(T) * k));
-  switch (e.code) {
-    case kExpertOutOfRange:
-      s << "top_experts[rank " << rank << "][token " << t << ", slot " << j << "] = " << e.value
-        << ": expert id must be in [0, num_experts)";
-      break;
-    case kDuplicateExpert:
-      s << "top_experts[rank " << rank << "][token " << t << "]: expert " << e.value << " appears twice (slot " << j
-        << "); a token's experts must be distinct";
-      break;
-    case kNonFiniteWeight:
-      s << "router_weights[rank " << rank << "][token " << t << ", slot " << j << "]: must be finite";
-      break;
-    case kCapacityExceeded:
-      s << "schedule: rank " << e.rank << " receives " << e.value << " padded rows, more than its capacity of "
-        << e.index << "; raise Config::schedule_capacity_factor (1.0 covers every routing). No token was dropped: "
-        << "the forward's output was poisoned with NaN";
-      break;
-    case kWaitTimeout: {
-      const char* site = e.where == kWaitRowsReady ? "a GEMM waiting for its pulled rows"
-                         : e.where == kWaitActReady ? "a down GEMM waiting for its SwiGLU rows"
-                                                    : "a pull waiting for a free ring slot";
-      s << "device wait timed out on rank " << e.rank << ": " << site << ", row tile " << e.index
-        << " (counter stuck at " << e.value << ")";
-      break;
-    }
-    case kScheduleMismatch:
-      s << "internal error in the GPU schedule: rank " << e.rank << "'s local expert " << e.index << " has "
-        << e.value << " rows by its chunk counts but a different total (were the schedule counters zeroed before "
-        << "the count kernel?); the forward's output was poisoned with NaN";
-      break;
-    default:
-      s << "device error code " << e.code;
-  }
-  return s.str();
-}
-
 namespace {
 
 // A 2D bf16 tensor [outer, inner] (row-major) read in boxes of 64 x box_rows, 128B swizzle
@@ -583,7 +542,7 @@ class CudaBackend final : public BackendImpl {
     MOK_CUDA_CHECK(cudaMemsetAsync(counters_.as<int>(), 0, counters_.bytes(), stream_));
 
     EpilogueParams ep{T, H, p.top_k, p.num_shared(), plans_dev_.as<RankPlan>(), a.calls, error_.as<DeviceError>(),
-                      group_ ? group_error_.as<int>() : nullptr};
+                      group_ ? group_errors_.as<DeviceError>() : nullptr, group_ ? group_->size() : 0};
     const dim3 row_grid(ceil_div(static_cast<long long>(T) * H / 8, 256), num_ranks_);
     if (group_) {  // peers pull this rank's rows from its symmetric window
       Launch(row_grid, dim3(256), 0, stream_)("stage_x_kernel", stage_x_kernel, ep);
@@ -683,12 +642,13 @@ class CudaBackend final : public BackendImpl {
         .after_kernel(pdl)
         .in_pairs(pairs_)
         .cooperative(cooperative_)("forward_megakernel", forward_megakernel, fp);
-    // Every rank's rows are in our combine slots, and every rank's error code is known here:
-    // a rank that failed (capacity, say) did not push its rows for our tokens.
+    // The group barrier: an all-gather of every rank's DeviceError, which completes on no rank
+    // before every rank has contributed, so after it every rank's rows are in our combine
+    // slots, and every rank's error is known here (a rank that failed, capacity say, did not
+    // push its rows for our tokens: the epilogue poisons y, synchronize names that rank).
     if (group_) {
       phase("group_barrier");
-      group_->barrier_max(reinterpret_cast<const int*>(error_.as<char>() + offsetof(DeviceError, code)),
-                          group_error_.as<int>(), stream_);
+      group_->all_gather(error_.as<void>(), group_errors_.as<void>(), sizeof(DeviceError), stream_);
     }
 
     phase("epilogue");
@@ -797,12 +757,12 @@ class CudaBackend final : public BackendImpl {
       throw Error(describe_device_error(e, problem_.tokens_per_rank, problem_.top_k));
     }
     if (group_) {
-      int group_code = kOk;
-      MOK_CUDA_CHECK(cudaMemcpy(&group_code, group_error_.as<int>(), sizeof(int), cudaMemcpyDeviceToHost));
-      if (group_code != kOk)
-        throw PeerWaitError("forward: another rank of the EP group recorded a device error (code " +
-                    std::to_string(group_code) + "; its Layer::synchronize says what), so rows for this rank's "
-                    "tokens may be missing: y was poisoned with NaN");
+      std::vector<DeviceError> gathered(group_->size());
+      MOK_CUDA_CHECK(cudaMemcpy(gathered.data(), group_errors_.as<DeviceError>(), gathered.size() * sizeof(DeviceError),
+                                cudaMemcpyDeviceToHost));
+      if (const auto peer = describe_peer_errors(gathered, first_rank_, problem_.tokens_per_rank, problem_.top_k))
+        throw PeerWaitError("forward: " + *peer + "; rows for this rank's tokens may be missing: y was poisoned "
+                            "with NaN");
     }
   }
 
@@ -866,9 +826,11 @@ class CudaBackend final : public BackendImpl {
     // megakernel's task counter last.
     counters_ = track(DeviceBuffer((num_ranks_ * per_rank_counters + kLaunchCounters) * sizeof(int)));
     error_ = track(DeviceBuffer(sizeof(DeviceError)));
-    group_error_ = track(DeviceBuffer(sizeof(int)));
+    // (A real group's barrier gathers every rank's DeviceError here.)
+    const std::size_t group_errors_bytes = (group_ ? group_->size() : 1) * sizeof(DeviceError);
+    group_errors_ = track(DeviceBuffer(group_errors_bytes));
     MOK_CUDA_CHECK(cudaMemset(error_.as<void>(), 0, sizeof(DeviceError)));
-    MOK_CUDA_CHECK(cudaMemset(group_error_.as<void>(), 0, sizeof(int)));
+    MOK_CUDA_CHECK(cudaMemset(group_errors_.as<void>(), 0, group_errors_bytes));
     if (cudaHostAlloc(reinterpret_cast<void**>(&phase_trap_), sizeof(PhaseWaitTrap), cudaHostAllocMapped) ==
         cudaSuccess) {
       *phase_trap_ = PhaseWaitTrap{};
@@ -1124,7 +1086,7 @@ class CudaBackend final : public BackendImpl {
   enum LaunchCounter { kTaskCounter = 1, kCommStarted = 2, kCommJoined = 3, kHeadCounter = 4, kLaunchCounters = 4 };
   int* launch_counter(LaunchCounter c) const { return counters_.as<int>() + counters_.bytes() / sizeof(int) - c; }
 
-  DeviceBuffer counters_, error_, group_error_, tasks_, pulls_, task_counts_, combine_of_dev_, plans_dev_, zero_row_;
+  DeviceBuffer counters_, error_, group_errors_, tasks_, pulls_, task_counts_, combine_of_dev_, plans_dev_, zero_row_;
   std::vector<DeviceBuffer> combine_, rank_buffers_;
   std::vector<RankPlan> plans_host_;
   std::vector<RankMaps> fixed_maps_;

@@ -21,7 +21,10 @@ struct EpilogueParams {
   const RankPlan* plans;   // [num_ranks]
   const CallRank* calls;   // [num_ranks]
   const DeviceError* error;
-  const int* group_error;  // real group: the max error code over the ranks (else nullptr)
+  // Real group: every rank's DeviceError, gathered by the group barrier (entry r: rank r's);
+  // else nullptr.
+  const DeviceError* group_errors;
+  int group_size;
 };
 
 // grid (ceil(T*H/8 / 256), num_ranks), 256 threads; each thread one 8-column chunk.
@@ -42,6 +45,14 @@ __global__ void __launch_bounds__(256, 4) combine_epilogue_kernel(const Epilogue
   const int d = blockIdx.y;
   const int chunks_per_row = p.hidden / 8;
   const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  // In a real group, whether any rank failed: the block reads the gathered codes once (before
+  // any thread leaves; the condition is the same for the whole grid).
+  int group_failed = 0;
+  if (p.group_errors != nullptr) {
+    int seen = 0;
+    for (int r = threadIdx.x; r < p.group_size; r += blockDim.x) seen |= p.group_errors[r].code != kOk;
+    group_failed = __syncthreads_or(seen);
+  }
   if (i >= static_cast<long long>(p.tokens) * chunks_per_row) return;
   const long long t = i / chunks_per_row;
   const int c = static_cast<int>(i % chunks_per_row) * 8;
@@ -81,7 +92,7 @@ __global__ void __launch_bounds__(256, 4) combine_epilogue_kernel(const Epilogue
   }
   // A failed forward (bad routing, capacity, timeout; here or, in a real group, on any rank:
   // its rows for these tokens may be missing) never returns plausible numbers.
-  const bool failed = p.error->code != kOk || (p.group_error != nullptr && *p.group_error != kOk);
+  const bool failed = p.error->code != kOk || group_failed;
   int4 out;
   __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(&out);
 #pragma unroll

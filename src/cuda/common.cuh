@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/device_error.h"
 #include "mok/error.h"
 
 #define MOK_CUDA_CHECK(expr)                                                                    \
@@ -18,36 +19,6 @@
   } while (0)
 
 namespace mok::cuda {
-
-// What went wrong on the device. The first failure wins (atomicCAS on `code`); every role
-// watches `abort` and leaves its loop, so the kernel ends and the host can read this.
-enum DeviceErrorCode : int {
-  kOk = 0,
-  kExpertOutOfRange = 1,     // index = rank*T*k + slot, value = the id
-  kDuplicateExpert = 2,      // index = rank*T*k + slot, value = the id
-  kNonFiniteWeight = 3,      // index = rank*T*k + slot
-  kCapacityExceeded = 4,     // rank, value = padded rows needed, index = capacity
-  kWaitTimeout = 5,          // rank, where = which wait, index = the item waited for, value = seen
-  kScheduleMismatch = 6,     // rank, index = local expert, value = its rows by the chunk counts (a bug, not bad input)
-};
-
-enum WaitSite : int {
-  kWaitRowsReady = 1,   // a GEMM waited for its rows to be pulled
-  kWaitActReady = 2,    // a down GEMM waited for its SwiGLU rows
-  kWaitRingFree = 3,    // a pull waited for a ring slot to be released
-};
-
-struct DeviceError {
-  int code;
-  int rank;
-  int where;
-  int pad;
-  long long index;
-  long long value;
-  int abort;  // set once any failure is recorded
-};
-
-std::string describe_device_error(const DeviceError& e, int tokens_per_rank, int top_k);
 
 // A phase wait inside a CTA (an mbarrier: a stage, a task slot, the staging tile) that ran
 // past the wait timeout. Such a wait only stalls while another role of its CTA is late, and

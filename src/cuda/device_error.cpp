@@ -1,0 +1,64 @@
+#include "cuda/device_error.h"
+
+#include <sstream>
+
+namespace mok::cuda {
+
+std::string describe_device_error(const DeviceError& e, int T, int k) {
+  std::ostringstream s;
+  const long long slot = e.index % (static_cast<long long>(T) * k);
+  const long long t = slot / k, j = slot % k;
+  const int rank = static_cast<int>(e.index / (static_cast<long long>(T) * k));
+  switch (e.code) {
+    case kExpertOutOfRange:
+      s << "top_experts[rank " << rank << "][token " << t << ", slot " << j << "] = " << e.value
+        << ": expert id must be in [0, num_experts)";
+      break;
+    case kDuplicateExpert:
+      s << "top_experts[rank " << rank << "][token " << t << "]: expert " << e.value << " appears twice (slot " << j
+        << "); a token's experts must be distinct";
+      break;
+    case kNonFiniteWeight:
+      s << "router_weights[rank " << rank << "][token " << t << ", slot " << j << "]: must be finite";
+      break;
+    case kCapacityExceeded:
+      s << "schedule: rank " << e.rank << " receives " << e.value << " padded rows, more than its capacity of "
+        << e.index << "; raise Config::schedule_capacity_factor (1.0 covers every routing). No token was dropped: "
+        << "the forward's output was poisoned with NaN";
+      break;
+    case kWaitTimeout: {
+      const char* site = e.where == kWaitRowsReady ? "a GEMM waiting for its pulled rows"
+                         : e.where == kWaitActReady ? "a down GEMM waiting for its SwiGLU rows"
+                                                    : "a pull waiting for a free ring slot";
+      s << "device wait timed out on rank " << e.rank << ": " << site << ", row tile " << e.index
+        << " (counter stuck at " << e.value << ")";
+      break;
+    }
+    case kScheduleMismatch:
+      s << "internal error in the GPU schedule: rank " << e.rank << "'s local expert " << e.index << " has "
+        << e.value << " rows by its chunk counts but a different total (were the schedule counters zeroed before "
+        << "the count kernel?); the forward's output was poisoned with NaN";
+      break;
+    default:
+      s << "device error code " << e.code;
+  }
+  return s.str();
+}
+
+std::optional<std::string> describe_peer_errors(std::span<const DeviceError> gathered, int self_rank, int T, int k) {
+  int first = -1, others = 0;
+  for (int r = 0; r < static_cast<int>(gathered.size()); ++r) {
+    if (r == self_rank || gathered[r].code == kOk) continue;
+    if (first < 0)
+      first = r;
+    else
+      ++others;
+  }
+  if (first < 0) return std::nullopt;
+  std::string s = "rank " + std::to_string(first) + " of the EP group recorded a device error: " +
+                  describe_device_error(gathered[first], T, k);
+  if (others > 0) s += " (and " + std::to_string(others) + " other rank" + (others > 1 ? "s" : "") + " recorded one too)";
+  return s;
+}
+
+}  // namespace mok::cuda

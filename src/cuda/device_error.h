@@ -1,0 +1,47 @@
+// mok: what went wrong on the device, as the kernels record it and the host describes it.
+// Host-only types (no CUDA): the descriptions are tested on the CPU.
+#pragma once
+#include <optional>
+#include <span>
+#include <string>
+
+namespace mok::cuda {
+
+// What went wrong on the device. The first failure wins (atomicCAS on `code`); every role
+// watches `abort` and leaves its loop, so the kernel ends and the host can read this.
+enum DeviceErrorCode : int {
+  kOk = 0,
+  kExpertOutOfRange = 1,     // index = rank*T*k + slot, value = the id
+  kDuplicateExpert = 2,      // index = rank*T*k + slot, value = the id
+  kNonFiniteWeight = 3,      // index = rank*T*k + slot
+  kCapacityExceeded = 4,     // rank, value = padded rows needed, index = capacity
+  kWaitTimeout = 5,          // rank, where = which wait, index = the item waited for, value = seen
+  kScheduleMismatch = 6,     // rank, index = local expert, value = its rows by the chunk counts (a bug, not bad input)
+};
+
+enum WaitSite : int {
+  kWaitRowsReady = 1,   // a GEMM waited for its rows to be pulled
+  kWaitActReady = 2,    // a down GEMM waited for its SwiGLU rows
+  kWaitRingFree = 3,    // a pull waited for a ring slot to be released
+};
+
+struct DeviceError {
+  int code;
+  int rank;
+  int where;
+  int pad;
+  long long index;
+  long long value;
+  int abort;  // set once any failure is recorded
+};
+
+// The error as one sentence naming the argument, rank, token and slot (or the wait) involved.
+std::string describe_device_error(const DeviceError& e, int tokens_per_rank, int top_k);
+
+// A real group's barrier gathers every rank's DeviceError (entry r: rank r's). The first rank
+// other than `self_rank` that recorded one, described, with how many others did; nothing when
+// no other rank did (this rank's own error is reported as its own).
+std::optional<std::string> describe_peer_errors(std::span<const DeviceError> gathered, int self_rank,
+                                                int tokens_per_rank, int top_k);
+
+}  // namespace mok::cuda
