@@ -45,14 +45,6 @@ __global__ void __launch_bounds__(256, 4) combine_epilogue_kernel(const Epilogue
   const int d = blockIdx.y;
   const int chunks_per_row = p.hidden / 8;
   const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  // In a real group, whether any rank failed: the block reads the gathered codes once (before
-  // any thread leaves; the condition is the same for the whole grid).
-  int group_failed = 0;
-  if (p.group_errors != nullptr) {
-    int seen = 0;
-    for (int r = threadIdx.x; r < p.group_size; r += blockDim.x) seen |= p.group_errors[r].code != kOk;
-    group_failed = __syncthreads_or(seen);
-  }
   if (i >= static_cast<long long>(p.tokens) * chunks_per_row) return;
   const long long t = i / chunks_per_row;
   const int c = static_cast<int>(i % chunks_per_row) * 8;
@@ -92,7 +84,20 @@ __global__ void __launch_bounds__(256, 4) combine_epilogue_kernel(const Epilogue
   }
   // A failed forward (bad routing, capacity, timeout; here or, in a real group, on any rank:
   // its rows for these tokens may be missing) never returns plausible numbers.
-  const bool failed = p.error->code != kOk || group_failed;
+  bool failed = p.error->code != kOk;
+  if (p.group_errors != nullptr) {
+    // Any rank's: the lanes of this warp still here (a prefix; those past the last chunk
+    // returned) share the gathered codes and agree (here, after the loads, where few registers
+    // are live: the kernel is at its 64-register bound).
+    // (Recomputed from the parameters and indices, not kept live through the loads.)
+    const int lane = threadIdx.x % 32;
+    const long long left = static_cast<long long>(p.tokens) * (p.hidden / 8) -
+                           (static_cast<long long>(blockIdx.x) * blockDim.x + (threadIdx.x - lane));
+    const int here = left >= 32 ? 32 : static_cast<int>(left);
+    int seen = 0;
+    for (int r = lane; r < p.group_size; r += here) seen |= p.group_errors[r].code != kOk;
+    failed |= __any_sync(here == 32 ? 0xffffffffu : (1u << here) - 1, seen) != 0;
+  }
   int4 out;
   __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(&out);
 #pragma unroll
