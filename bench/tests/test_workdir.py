@@ -5,8 +5,10 @@ expert segment, SwiGLU, unpermute, weighted combine) to show that the steps peer
 takes in torch reproduce rows_ref and y_ref from the contract's inputs.
 """
 import os
+import re
 import tempfile
 import unittest
+from unittest import mock
 
 import numpy as np
 
@@ -54,6 +56,54 @@ def numpy_pipeline(doc, a):
         h = workdir.round_bf16(x_local @ w13s.T)
         acc = acc + workdir.round_bf16(swiglu(h, width, limit) @ f32(s["w_down"]).T)
     return out, workdir.round_bf16(acc)
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def cpp_bench_file_names():
+    """The names `mok bench` writes, from tools/mok/work_dir.h's bench_file_name() switch (the
+    C++ side's one list), and its shared-weight prefix from work_dir.cpp."""
+    with open(os.path.join(REPO, "tools", "mok", "work_dir.h")) as f:
+        names = set(re.findall(r'case BenchFile::k\w+: return "([^"]+)";', f.read()))
+    with open(os.path.join(REPO, "tools", "mok", "work_dir.cpp")) as f:
+        prefix = re.search(r'kShared\[\] = "([^"]+)"', f.read())
+    return names, prefix.group(1) if prefix else None
+
+
+class NamesAgreeWithTheCppWriter(unittest.TestCase):
+    """bench/README.md's contract is spelled twice: by the C++ writer (tools/mok/work_dir.h)
+    and by this reader. A file renamed on one side only fails here, not on the device."""
+
+    def test_every_file_the_reader_opens_is_one_mok_bench_writes(self):
+        names, shared_prefix = cpp_bench_file_names()
+        self.assertIn("x_all.npy", names)  # the parse found the list
+        self.assertIsNotNone(shared_prefix, "work_dir.cpp's kShared prefix not found")
+        opened = []
+        real_load = workdir._load
+
+        def recording_load(work_dir, name, kind, shape):
+            opened.append(name)
+            return real_load(work_dir, name, kind, shape)
+
+        with tempfile.TemporaryDirectory() as d, mock.patch.object(workdir, "_load", recording_load):
+            make_workdir(d, shared=(128, 64))
+            workdir.load_work(d)
+        self.assertIn(workdir.MOK_JSON, names)
+        self.assertIn(workdir.PEER_JSON, names)
+        for name in opened:
+            m = re.fullmatch(re.escape(shared_prefix) + r"\d+_(.+)", name)
+            self.assertIn(m.group(1) if m else name, names, f"{name}: read by bench/workdir.py, not written by mok bench")
+        # peer_dist.py (a group rank's peer) reads its own rank directory through load("name").
+        with open(os.path.join(REPO, "bench", "peer_dist.py")) as f:
+            dist_reads = re.findall(r'\bload\("([a-z_0-9]+)"\)', f.read())
+        self.assertIn("top_experts", dist_reads)  # the parse found them
+        for name in dist_reads:
+            self.assertIn(name + ".npy", names, f"{name}.npy: read by bench/peer_dist.py, not written by mok bench")
+        # ... and every peer input mok bench writes is read (top_experts.npy is a group rank's
+        # own routing, read by peer_dist.py; the two json files are records, not inputs).
+        unread = names - set(opened) - {workdir.MOK_JSON, workdir.PEER_JSON, "top_experts.npy"}
+        self.assertEqual(unread, set(), "written by mok bench, read by no peer")
 
 
 class Contract(unittest.TestCase):
