@@ -126,7 +126,8 @@ if [ $RUN_TESTS = 1 ]; then
   # usable. Elsewhere they skip without NCCL; here they must run.
   if [ $grc = 0 ]; then
     timeout 120 "$BIN/mok_gpu_tests" --gtest_filter='GpuGroup.*' > "$OUT/group_tests.log" 2>&1 || grc=10
-    [ $grc = 0 ] && grep -q '^\[  SKIPPED \]' "$OUT/group_tests.log" && grc=10
+    # (Both ran and passed: not skipped, and not a filter that matched nothing.)
+    [ $grc = 0 ] && ! grep -q '^\[  PASSED  \] 2 tests' "$OUT/group_tests.log" && grc=10
     cat "$OUT/group_tests.log" >> "$OUT/group.log"
     [ $grc = 0 ] && echo "check PASS: GpuGroup tests $(grep -E '^\[  PASSED  \]' "$OUT/group_tests.log")" >> "$OUT/group.log"
   fi
@@ -164,6 +165,15 @@ if [ $RUN_SAN = 1 ] && command -v compute-sanitizer > /dev/null; then
     [ $src = 0 ] || FAILED=1
     note "compute-sanitizer memcheck, NCCL group of 1: rc=$src $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_group.log" | head -1)"
     [ $src = 0 ] || grep -v '^mok\|^  ' "$OUT/sanitizer_group.log" | head -40
+    # synccheck over the library's group tests: the epilogue's warp vote over the gathered
+    # error codes (a partial warp in GpuGroup.ADeviceError...).
+    timeout 240 compute-sanitizer --tool synccheck --report-api-errors no --error-exitcode 9 \
+      "$BIN/mok_gpu_tests" --gtest_filter='GpuGroup.*' > "$OUT/sanitizer_group_synccheck.log" 2>&1
+    src=$?
+    grep -q '^\[  PASSED  \] 2 tests' "$OUT/sanitizer_group_synccheck.log" || src=10
+    [ $src = 0 ] || FAILED=1
+    note "compute-sanitizer synccheck, GpuGroup tests: rc=$src $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_group_synccheck.log" | head -1)"
+    [ $src = 0 ] || grep -v '^mok\|^  ' "$OUT/sanitizer_group_synccheck.log" | head -40
   fi
 fi
 
@@ -171,7 +181,7 @@ if [ $PACK = 1 ]; then
   {
     printf '%s\n' "${summary[@]}"
     for f in gpu.txt ptxas.txt gpu_checks.txt gpu_tests.log gpu_tests_store_warp_off.log group.log group_tests.log bench.log \
-      sanitizer_memcheck.log sanitizer_racecheck.log sanitizer_group.log; do
+      sanitizer_memcheck.log sanitizer_racecheck.log sanitizer_group.log sanitizer_group_synccheck.log; do
       [ -f "$OUT/$f" ] && { echo; echo "######## $f"; tail -c 200000 "$OUT/$f"; }
     done
   } > "$FINAL_OUT/device_log.txt"

@@ -183,14 +183,20 @@ TEST_F(Rendezvous, EveryRankWaitsForAllToArriveAndRank0RemovesTheMarks) {
   std::memcpy(id_root, id, sizeof(id));
   std::memcpy(id_other, id, sizeof(id));
   root.publish(id, sizeof(id));
+  std::string late_error;
   std::thread late([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(80));
-    other.arrive_and_wait_for_all(id_other, sizeof(id_other), 10000);
+    try {
+      other.arrive_and_wait_for_all(id_other, sizeof(id_other), 5000);
+    } catch (const std::exception& e) {
+      late_error = e.what();
+    }
   });
   const auto start = std::chrono::steady_clock::now();
-  root.arrive_and_wait_for_all(id_root, sizeof(id_root), 10000);
+  EXPECT_NO_THROW(root.arrive_and_wait_for_all(id_root, sizeof(id_root), 5000));
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(60));  // it waited for rank 1
   late.join();
+  EXPECT_EQ(late_error, "");
   EXPECT_EQ(0, std::memcmp(id_root, id, sizeof(id)));  // nobody's id changed
   EXPECT_EQ(0, std::memcmp(id_other, id, sizeof(id)));
   EXPECT_TRUE(std::filesystem::exists(root.mark(0)));
@@ -220,6 +226,31 @@ TEST_F(Rendezvous, ARankThatNeverArrivesIsNamedAndTheWaiterTakesItsMarkBack) {
   }
   EXPECT_FALSE(std::filesystem::exists(root.mark(0)));
   EXPECT_TRUE(std::filesystem::exists(third.mark(2)));  // only its own
+}
+
+// Rank 0 gave up (and removed the id and marks) while rank 1 still waits: rank 1 leaves no
+// mark again, so that one it would leave behind if it were killed now cannot exist.
+TEST_F(Rendezvous, AWaiterDoesNotMarkAgainOnceRank0HasRemovedTheId) {
+  const IdRendezvous root(rank(0, "j")), other(rank(1, "j"));
+  char id[128];
+  std::memset(id, 0x17, sizeof(id));
+  root.publish(id, sizeof(id));
+  std::string error;
+  std::thread waiting([&] {
+    try {
+      other.arrive_and_wait_for_all(id, sizeof(id), 400);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_TRUE(std::filesystem::exists(other.mark(1)));
+  root.retire();
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));  // several of rank 1's polls
+  EXPECT_FALSE(std::filesystem::exists(other.mark(1)));
+  waiting.join();
+  EXPECT_THAT(error, HasSubstr("not arrived: rank 0 "));
+  EXPECT_TRUE(std::filesystem::is_empty(dir_));
 }
 
 // A reused job key (MOK_RUN_ID) after a rank 0 was killed: its id file and every mark of its
@@ -265,11 +296,26 @@ TEST_F(Rendezvous, ARankThatReadAnEarlierJobsIdTakesTheNewOneAndTheGroupForms) {
   std::ofstream(earlier.mark(1), std::ios::binary).write(stale, sizeof(stale));
   other.receive(got, sizeof(got), 1000);  // this job's rank 1 starts first and reads it
   ASSERT_EQ(0, std::memcmp(got, stale, sizeof(stale)));
-  std::thread one([&] { other.arrive_and_wait_for_all(got, sizeof(got), 10000); });
+  // (Each wait's error is kept and checked after the join: a throw must fail the test, not
+  // end the process.)
+  std::string rank1_error, rank0_error;
+  std::thread one([&] {
+    try {
+      other.arrive_and_wait_for_all(got, sizeof(got), 5000);
+    } catch (const std::exception& e) {
+      rank1_error = e.what();
+    }
+  });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // rank 1 waits on the stale marks
   root.publish(fresh, sizeof(fresh));
-  root.arrive_and_wait_for_all(root_id, sizeof(root_id), 10000);
+  try {
+    root.arrive_and_wait_for_all(root_id, sizeof(root_id), 5000);
+  } catch (const std::exception& e) {
+    rank0_error = e.what();
+  }
   one.join();
+  EXPECT_EQ(rank0_error, "");
+  EXPECT_EQ(rank1_error, "");
   EXPECT_EQ(0, std::memcmp(got, fresh, sizeof(fresh)));  // rank 1 starts NCCL with this job's id
   EXPECT_EQ(0, std::memcmp(root_id, fresh, sizeof(fresh)));
   root.retire();

@@ -112,12 +112,19 @@ void IdRendezvous::arrive_and_wait_for_all(void* id, std::size_t bytes, std::uin
       std::ifstream in(file_, std::ios::binary);
       if (in.read(in_file.data(), static_cast<std::streamsize>(bytes)) &&
           std::memcmp(in_file.data(), id, bytes) != 0) {
-        std::memcpy(id, in_file.data(), bytes);
-        leave_mark();
+        std::memcpy(id, in_file.data(), bytes);  // (the mark follows just below)
+        std::error_code ignored;
+        std::filesystem::remove(mark(rank_), ignored);
       }
     }
-    // (Rank 0's publish clears old marks; one of ours it removed is left again.)
-    if (!holds(mark(rank_), id, bytes)) leave_mark();
+    // Rank 0's publish clears old marks: one of ours it removed is left again, but only while
+    // the id file holds our id (once rank 0 has given up and removed it, a mark left now
+    // would outlive this rank if it were killed). A failure to write it is not this wait's
+    // error: the wait goes on and, at worst, times out naming the missing ranks.
+    if (!holds(mark(rank_), id, bytes) && holds(file_, id, bytes)) {
+      std::string ignored;
+      write_whole(mark(rank_), id, bytes, &ignored);
+    }
     missing.clear();
     for (int r = 0; r < world_size_; ++r)
       if (!holds(mark(r), id, bytes)) missing.push_back(r);
@@ -126,13 +133,18 @@ void IdRendezvous::arrive_and_wait_for_all(void* id, std::size_t bytes, std::uin
   if (all_here) return;
   std::error_code ignored;
   std::filesystem::remove(mark(rank_), ignored);
+  // (This rank's own mark is missing only when rank 0 removed the id: said apart.)
+  const bool own_removed = std::erase(missing, rank_) > 0;
+  const std::string start = "EP group: rank " + std::to_string(rank_) + " waited " + std::to_string(timeout_ms) +
+                            " ms for the other ranks to arrive; ";
+  if (missing.empty())
+    throw PeerWaitError(start + "its id " + file_.string() + " was removed meanwhile (rank 0 gave up on the group?)");
   std::string names;
   for (std::size_t i = 0; i < missing.size() && i < 8; ++i) names += (i ? ", " : "") + std::to_string(missing[i]);
   if (missing.size() > 8) names += " and " + std::to_string(missing.size() - 8) + " more";
-  throw PeerWaitError("EP group: rank " + std::to_string(rank_) + " waited " + std::to_string(timeout_ms) +
-                      " ms for the other ranks to arrive; not arrived: rank" + (missing.size() > 1 ? "s " : " ") +
-                      names + " (their marks " + file_.string() + ".here.<rank>, each holding the id; did they "
-                      "start, with the same directory and job?)");
+  throw PeerWaitError(start + "not arrived: rank" + (missing.size() > 1 ? "s " : " ") + names + " (their marks " +
+                      file_.string() + ".here.<rank>, each holding the id; did they start, with the same directory "
+                      "and job?)" + (own_removed ? "; meanwhile rank 0 removed the id (it gave up on the group?)" : ""));
 }
 
 void IdRendezvous::retire() const {

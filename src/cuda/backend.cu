@@ -480,9 +480,9 @@ class CudaBackend final : public BackendImpl {
   }
 
   void forward(std::span<const RankForward> ranks) override {
-    throw_if_trapped();
     throw_if_group_aborted("forward");
     try {
+      throw_if_trapped();
       diagnosed([&] { enqueue_forward(ranks); });
     } catch (const std::exception& e) {
       abort_group_after(e.what());
@@ -497,19 +497,21 @@ class CudaBackend final : public BackendImpl {
   // it), every later call says why, and destroying the Layer never waits for the peers. A
   // device error the group barrier carried is different: every rank passed the barrier, the
   // group is in step, and it stays usable (synchronize).
+  // (A trapped kernel, a CUDA error or a wait that gave up on the peers go the same way.)
   void abort_group_after(const std::string& why) const {
-    if (!group_ || !group_aborted_.empty()) return;
-    group_aborted_ = why;
+    if (!group_ || group_aborted_) return;
+    group_aborted_ = true;
+    group_abort_reason_ = why.empty() ? std::string("an error without a message") : why;
     if (group_->communicator_aborted()) return;  // (a wait that gave up on the peers said so)
-    std::fprintf(stderr, "mok: rank %d: a call failed, leaving the EP group out of step; aborting its NCCL "
-                 "communicator: %s\n", group_->rank(), why.c_str());
+    std::fprintf(stderr, "mok: rank %d: %s; aborting its NCCL communicator (the group may be out of step)\n",
+                 group_->rank(), group_abort_reason_.c_str());
     std::fflush(stderr);
     group_->abort_communicator();
   }
 
-  void throw_if_group_aborted(const char* call) const {
-    if (group_ && !group_aborted_.empty())
-      throw Error(std::string(call) + ": this rank's EP group was aborted after an earlier error (" + group_aborted_ +
+  void throw_if_group_aborted(const std::string& call) const {
+    if (group_aborted_)
+      throw Error(call + ": this rank's EP group was aborted after an earlier error (" + group_abort_reason_ +
                   "); destroy this Layer and build a new one");
   }
 
@@ -729,22 +731,22 @@ class CudaBackend final : public BackendImpl {
   // Waits for everything on the stream. In a group the wait has a deadline (a dead peer is an
   // error naming `what`, never a hang); a trapped kernel is named before any other error.
   void wait_for_stream(const std::string& what) const {
-    throw_if_trapped();
-    throw_if_group_aborted(what.c_str());
-    if (group_) {
-      // Past the phase-wait limit, so a trapped kernel is named rather than a peer blamed.
-      const std::uint64_t ms = (std::uint64_t(phase_wait_units_) << 20) / 1000000 + 2000;
-      try {
-        group_->wait(stream_, what, ms, [this] { throw_if_trapped(); });
-      } catch (const std::exception& e) {
-        abort_group_after(e.what());
-        throw;
-      }
-    }
-    const cudaError_t sync = cudaStreamSynchronize(stream_);
-    if (sync != cudaSuccess) {
+    throw_if_group_aborted(what);
+    try {
       throw_if_trapped();
-      MOK_CUDA_CHECK(sync);
+      if (group_) {
+        // Past the phase-wait limit, so a trapped kernel is named rather than a peer blamed.
+        const std::uint64_t ms = (std::uint64_t(phase_wait_units_) << 20) / 1000000 + 2000;
+        group_->wait(stream_, what, ms, [this] { throw_if_trapped(); });
+      }
+      const cudaError_t sync = cudaStreamSynchronize(stream_);
+      if (sync != cudaSuccess) {
+        throw_if_trapped();
+        MOK_CUDA_CHECK(sync);
+      }
+    } catch (const std::exception& e) {
+      abort_group_after(e.what());  // (in a real group; a no-op otherwise)
+      throw;
     }
   }
 
@@ -760,9 +762,12 @@ class CudaBackend final : public BackendImpl {
       std::vector<DeviceError> gathered(group_->size());
       MOK_CUDA_CHECK(cudaMemcpy(gathered.data(), group_errors_.as<DeviceError>(), gathered.size() * sizeof(DeviceError),
                                 cudaMemcpyDeviceToHost));
-      if (const auto peer = describe_peer_errors(gathered, first_rank_, problem_.tokens_per_rank, problem_.top_k))
-        throw PeerWaitError("forward: " + *peer + "; rows for this rank's tokens may be missing: y was poisoned "
-                            "with NaN");
+      if (const auto peer = describe_peer_errors(gathered, first_rank_, problem_.tokens_per_rank, problem_.top_k)) {
+        // Reported once, as this rank's own error is (the next forward gathers afresh).
+        MOK_CUDA_CHECK(cudaMemset(group_errors_.as<void>(), 0, gathered.size() * sizeof(DeviceError)));
+        throw PeerWaitError("forward: " + *peer + "; y was poisoned with NaN here too (that rank's rows for this "
+                            "rank's tokens may be missing)");
+      }
     }
   }
 
@@ -1094,7 +1099,9 @@ class CudaBackend final : public BackendImpl {
   std::vector<ArgSlot> slots_;
   // Distributed mode only (the destructor frees the symmetric buffers while the group lives).
   std::unique_ptr<comm::EpGroup> group_;
-  mutable std::string group_aborted_;  // why the group was aborted (abort_group_after); empty while it is in step
+  // Whether, and why, this rank aborted its group's communicator (abort_group_after).
+  mutable bool group_aborted_ = false;
+  mutable std::string group_abort_reason_;
   comm::SymmetricBuffer x_sym_, combine_sym_;
   std::vector<void*> peer_x_;
   DeviceBuffer gathered_tops_;
