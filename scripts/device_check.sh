@@ -6,7 +6,8 @@
 #
 #   scripts/device_check.sh [--bin DIR] [--skip-tests] [--skip-sanitizer] [--bench ARGS...]
 #
-# --bin DIR   use prebuilt binaries in DIR (mok, mok_gpu_tests) instead of building
+# --bin DIR   use prebuilt binaries in DIR (mok, mok_gpu_tests) instead of building; the
+#             library python/mok loads is DIR/../lib/libmok.so
 # --pack      leave one combined log ($OUT/device_log.txt) plus $OUT/results/ (the device
 #             tool brings back at most 8 files)
 # --bench ... run bench/run.py with these arguments (after the tests, before the sanitizers)
@@ -73,6 +74,20 @@ if [ $RUN_TESTS = 1 ]; then
     note "gpu tests with MOK_STORE_WARP=0 (diagnosis): rc=$?, $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' \
       "$OUT/gpu_tests_store_warp_off.log" | tr '\n' ' ')"
   fi
+fi
+
+# python/mok, the binding (libmok.so's C interface), with PyTorch CUDA tensors: the cuda
+# backend against the CPU backend, run to run and under torch.cuda.graph replay. Here its
+# torch test must run, not skip.
+if [ $RUN_TESTS = 1 ]; then
+  start=$(date +%s)
+  MOK_LIBRARY="$BIN/../lib/libmok.so" timeout 300 python3 -m unittest discover -s python/tests -v \
+    > "$OUT/binding.log" 2>&1
+  brc=$?
+  [ $brc = 0 ] && grep -q "skipped" "$OUT/binding.log" && brc=11
+  [ $brc = 0 ] || FAILED=1
+  note "python binding (torch CUDA): rc=$brc, $(grep -E '^Ran|^OK|^FAILED' "$OUT/binding.log" | tr '\n' ' ')in $(( $(date +%s) - start )) s"
+  [ $brc = 0 ] || tail -30 "$OUT/binding.log"
 fi
 
 # The NCCL provider (EpMode::distributed) on every GPU of this machine, one process each:
@@ -180,7 +195,7 @@ fi
 if [ $PACK = 1 ]; then
   {
     printf '%s\n' "${summary[@]}"
-    for f in gpu.txt ptxas.txt gpu_checks.txt gpu_tests.log gpu_tests_store_warp_off.log group.log group_tests.log bench.log \
+    for f in gpu.txt ptxas.txt gpu_checks.txt gpu_tests.log gpu_tests_store_warp_off.log binding.log group.log group_tests.log bench.log \
       sanitizer_memcheck.log sanitizer_racecheck.log sanitizer_group.log sanitizer_group_synccheck.log; do
       [ -f "$OUT/$f" ] && { echo; echo "######## $f"; tail -c 200000 "$OUT/$f"; }
     done

@@ -1,0 +1,110 @@
+/* mok: a C interface to mok::Layer, for bindings (python/mok uses it through ctypes) and
+ * for callers that cannot use C++. Built as the shared library libmok.so (CMake target
+ * mok_shared). No CUDA or framework types: tensors are pointers with a dtype, a device, a
+ * shape and strides, as mok::TensorView.
+ *
+ * Every call that can fail returns a status (MOK_OK, or MOK_ERROR / MOK_PEER_WAIT_ERROR with
+ * the message in mok_last_error(), as mok::Error / mok::PeerWaitError would say it); none
+ * throws or aborts. The structs are plain data: a binding mirrors them field for field, and
+ * MOK_C_ABI_VERSION changes whenever one of them does.
+ */
+#ifndef MOK_C_API_H
+#define MOK_C_API_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MOK_C_ABI_VERSION 1
+#define MOK_C_MAX_DIMS 4
+#define MOK_C_MAX_SHARED 8
+
+enum mok_status { MOK_OK = 0, MOK_ERROR = 1, MOK_PEER_WAIT_ERROR = 4 };
+/* mok::DType, mok::Device, mok::Precision, mok::Backend and mok::EpMode, in their order. */
+enum mok_dtype { MOK_BF16 = 0, MOK_F32 = 1, MOK_I32 = 2, MOK_I64 = 3, MOK_E4M3 = 4, MOK_E8M0 = 5 };
+enum mok_device { MOK_CPU = 0, MOK_CUDA = 1 };
+enum mok_precision { MOK_PRECISION_BF16 = 0, MOK_PRECISION_MXFP8 = 1 };
+enum mok_backend { MOK_BACKEND_CPU = 0, MOK_BACKEND_CUDA = 1 };
+enum mok_ep_mode { MOK_ALL_RANKS = 0, MOK_RANK_SLICE = 1, MOK_DISTRIBUTED = 2 };
+
+/* A tensor; data == NULL means "none" (an empty view). Strides are in elements. */
+typedef struct mok_tensor {
+  void* data;
+  int32_t dtype;
+  int32_t device;
+  int32_t device_index;
+  int32_t ndim;
+  int64_t shape[MOK_C_MAX_DIMS];
+  int64_t strides[MOK_C_MAX_DIMS];
+} mok_tensor;
+
+typedef struct mok_problem {
+  int32_t num_experts, hidden, intermediate, top_k, ep_size, tokens_per_rank;
+  int32_t precision;
+  int32_t num_shared;
+  int32_t shared_intermediate[MOK_C_MAX_SHARED];
+  int32_t has_swiglu_limit;
+  float swiglu_limit;
+} mok_problem;
+
+/* mok::Config; mok_default_config() fills it with the library's defaults. */
+typedef struct mok_config {
+  int32_t minibatch_rows, macrobatch_rows;
+  double schedule_capacity_factor;
+  int32_t forward_comm_sms, backward_comm_sms, tile_rows, task_band_tiles, task_pairs;
+} mok_config;
+
+typedef struct mok_options {
+  int32_t backend, ep_mode, active_rank, cpu_threads, cuda_device;
+  void* cuda_stream; /* a cudaStream_t; NULL: the default stream */
+} mok_options;
+
+/* One shared expert's weights and gradients. */
+typedef struct mok_shared_weights {
+  mok_tensor w_gate, w_up, w_down;
+} mok_shared_weights;
+
+typedef struct mok_rank_forward {
+  mok_tensor x, top_experts, router_weights;
+  mok_tensor w_gate, w_up, w_down;
+  int32_t num_shared;
+  mok_shared_weights shared[MOK_C_MAX_SHARED];
+  mok_tensor y;
+} mok_rank_forward;
+
+typedef struct mok_rank_backward {
+  mok_tensor x, top_experts, router_weights;
+  mok_tensor w_gate, w_up, w_down;
+  int32_t num_shared;
+  mok_shared_weights shared[MOK_C_MAX_SHARED];
+  mok_tensor dy, dx, d_router_weights, d_w_gate, d_w_up, d_w_down;
+  mok_shared_weights d_shared[MOK_C_MAX_SHARED]; /* w_gate/w_up/w_down hold the gradients */
+} mok_rank_backward;
+
+typedef struct mok_layer mok_layer;
+
+int mok_c_abi_version(void);
+/* The message of this thread's last failed call ("" when none failed yet). */
+const char* mok_last_error(void);
+int mok_cuda_available(void);
+void mok_default_config(mok_config* config);
+
+/* Builds a layer (mok::Layer's constructor; collective in MOK_DISTRIBUTED mode). */
+int mok_layer_create(const mok_problem* problem, const mok_config* config, const mok_options* options,
+                     mok_layer** layer);
+/* Destroys it; NULL is ignored. */
+void mok_layer_destroy(mok_layer* layer);
+/* mok::Layer::forward / backward over `num_ranks` entries (mok::Layer's rules on which). */
+int mok_layer_forward(mok_layer* layer, const mok_rank_forward* ranks, int32_t num_ranks);
+int mok_layer_backward(mok_layer* layer, const mok_rank_backward* ranks, int32_t num_ranks);
+int mok_layer_synchronize(mok_layer* layer);
+/* The config the layer runs with, the library's choices filled in. */
+int mok_layer_config(const mok_layer* layer, mok_config* config);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOK_C_API_H */

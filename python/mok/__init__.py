@@ -1,0 +1,322 @@
+"""mok from Python: the MoE layer through libmok.so's C interface (include/mok/c_api.h).
+
+Tensors are numpy arrays (CPU backend) or PyTorch tensors (CPU, or CUDA for the cuda
+backend); nothing is copied, the layer reads and writes them where they are. bf16 data is a
+torch.bfloat16 tensor, or a numpy uint16 array of bf16 bit patterns (numpy has no bf16).
+
+    import mok
+    layer = mok.Layer(mok.Problem(num_experts=8, hidden=256, intermediate=128, top_k=2,
+                                  shared_intermediate=[128], ep_size=2, tokens_per_rank=64))
+    layer.forward([{"x": x0, "top_experts": ids0, "router_weights": w0, "w_gate": g0,
+                    "w_up": u0, "w_down": d0, "shared": [(gs, us, ds)], "y": y0}, ...])
+
+The rules (shapes, dtypes, which ranks a mode takes) are mok::Layer's (include/mok/layer.h);
+a broken one raises MokError naming the argument, as the C++ API does. On the cuda backend a
+call is asynchronous on the layer's stream (`cuda_stream`, a cudaStream_t handle such as
+torch.cuda.current_stream().cuda_stream): keep the tensors alive until synchronize() or the
+stream's own ordering says the work is done.
+
+The library is found at $MOK_LIBRARY, else in the repository's build directories
+(build/lib, build-cuda/lib).
+"""
+import ctypes
+import os
+from dataclasses import dataclass, field
+
+__all__ = ["MokError", "PeerWaitError", "Problem", "Layer", "cuda_available", "library_path"]
+
+ABI_VERSION = 1
+_MAX_DIMS = 4
+_MAX_SHARED = 8
+_OK, _ERROR, _PEER_WAIT_ERROR = 0, 1, 4
+_BF16, _F32, _I32, _I64 = 0, 1, 2, 3
+_CPU, _CUDA = 0, 1
+_BACKENDS = {"cpu": 0, "cuda": 1}
+_EP_MODES = {"all_ranks": 0, "rank_slice": 1, "distributed": 2}
+_PRECISIONS = {"bf16": 0, "mxfp8": 1}
+
+
+class MokError(RuntimeError):
+    """mok::Error: an argument broke a rule, or the layer failed (the message says which)."""
+
+
+class PeerWaitError(MokError):
+    """mok::PeerWaitError: a rank of a distributed group gave up waiting for its peers."""
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int32), ("device", ctypes.c_int32),
+                ("device_index", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("shape", ctypes.c_int64 * _MAX_DIMS), ("strides", ctypes.c_int64 * _MAX_DIMS)]
+
+
+class _Problem(ctypes.Structure):
+    _fields_ = [("num_experts", ctypes.c_int32), ("hidden", ctypes.c_int32), ("intermediate", ctypes.c_int32),
+                ("top_k", ctypes.c_int32), ("ep_size", ctypes.c_int32), ("tokens_per_rank", ctypes.c_int32),
+                ("precision", ctypes.c_int32), ("num_shared", ctypes.c_int32),
+                ("shared_intermediate", ctypes.c_int32 * _MAX_SHARED), ("has_swiglu_limit", ctypes.c_int32),
+                ("swiglu_limit", ctypes.c_float)]
+
+
+class _Config(ctypes.Structure):
+    _fields_ = [("minibatch_rows", ctypes.c_int32), ("macrobatch_rows", ctypes.c_int32),
+                ("schedule_capacity_factor", ctypes.c_double), ("forward_comm_sms", ctypes.c_int32),
+                ("backward_comm_sms", ctypes.c_int32), ("tile_rows", ctypes.c_int32),
+                ("task_band_tiles", ctypes.c_int32), ("task_pairs", ctypes.c_int32)]
+
+
+class _Options(ctypes.Structure):
+    _fields_ = [("backend", ctypes.c_int32), ("ep_mode", ctypes.c_int32), ("active_rank", ctypes.c_int32),
+                ("cpu_threads", ctypes.c_int32), ("cuda_device", ctypes.c_int32), ("cuda_stream", ctypes.c_void_p)]
+
+
+class _SharedWeights(ctypes.Structure):
+    _fields_ = [("w_gate", _Tensor), ("w_up", _Tensor), ("w_down", _Tensor)]
+
+
+_WEIGHT_FIELDS = [("x", _Tensor), ("top_experts", _Tensor), ("router_weights", _Tensor), ("w_gate", _Tensor),
+                  ("w_up", _Tensor), ("w_down", _Tensor), ("num_shared", ctypes.c_int32),
+                  ("shared", _SharedWeights * _MAX_SHARED)]
+
+
+class _RankForward(ctypes.Structure):
+    _fields_ = _WEIGHT_FIELDS + [("y", _Tensor)]
+
+
+class _RankBackward(ctypes.Structure):
+    _fields_ = _WEIGHT_FIELDS + [("dy", _Tensor), ("dx", _Tensor), ("d_router_weights", _Tensor),
+                                 ("d_w_gate", _Tensor), ("d_w_up", _Tensor), ("d_w_down", _Tensor),
+                                 ("d_shared", _SharedWeights * _MAX_SHARED)]
+
+
+def library_path():
+    """The libmok.so this module loads: $MOK_LIBRARY, else the first build directory's that exists."""
+    if os.environ.get("MOK_LIBRARY"):
+        return os.environ["MOK_LIBRARY"]
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    tried = [os.path.join(repo, d, "lib", "libmok.so") for d in ("build", "build-cuda")]
+    for path in tried:
+        if os.path.exists(path):
+            return path
+    raise MokError("libmok.so not found (tried " + ", ".join(tried) + "): build mok (scripts/setup.sh) or set "
+                   "MOK_LIBRARY to its path")
+
+
+_lib_handle = None
+
+
+def _lib():
+    global _lib_handle
+    if _lib_handle is None:
+        path = library_path()
+        lib = ctypes.CDLL(path)
+        lib.mok_c_abi_version.restype = ctypes.c_int
+        if lib.mok_c_abi_version() != ABI_VERSION:
+            raise MokError(f"{path} has C ABI version {lib.mok_c_abi_version()}, this module speaks {ABI_VERSION}: "
+                           "rebuild mok, or use the python/ directory of the same checkout")
+        lib.mok_last_error.restype = ctypes.c_char_p
+        lib.mok_layer_create.argtypes = [ctypes.POINTER(_Problem), ctypes.POINTER(_Config), ctypes.POINTER(_Options),
+                                         ctypes.POINTER(ctypes.c_void_p)]
+        lib.mok_layer_destroy.argtypes = [ctypes.c_void_p]
+        lib.mok_layer_destroy.restype = None
+        lib.mok_layer_forward.argtypes = [ctypes.c_void_p, ctypes.POINTER(_RankForward), ctypes.c_int32]
+        lib.mok_layer_backward.argtypes = [ctypes.c_void_p, ctypes.POINTER(_RankBackward), ctypes.c_int32]
+        lib.mok_layer_synchronize.argtypes = [ctypes.c_void_p]
+        lib.mok_layer_config.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Config)]
+        lib.mok_default_config.argtypes = [ctypes.POINTER(_Config)]
+        lib.mok_default_config.restype = None
+        _lib_handle = lib
+    return _lib_handle
+
+
+def _check(status):
+    if status == _OK:
+        return
+    message = _lib().mok_last_error().decode("utf-8", "replace")
+    raise (PeerWaitError if status == _PEER_WAIT_ERROR else MokError)(message)
+
+
+def cuda_available():
+    """Whether the library has the cuda backend and a GPU to run it on."""
+    return bool(_lib().mok_cuda_available())
+
+
+@dataclass
+class Problem:
+    """mok::Problem (include/mok/problem.h): what the layer computes."""
+    num_experts: int
+    hidden: int
+    intermediate: int
+    top_k: int
+    shared_intermediate: list = field(default_factory=list)
+    ep_size: int = 1
+    tokens_per_rank: int = 0
+    precision: str = "bf16"
+    swiglu_limit: float = None
+
+    def _c(self):
+        if len(self.shared_intermediate) > _MAX_SHARED:
+            raise MokError(f"Problem.shared_intermediate: at most {_MAX_SHARED} shared experts through the C "
+                           f"interface, got {len(self.shared_intermediate)}")
+        if self.precision not in _PRECISIONS:
+            raise MokError(f"Problem.precision = {self.precision!r}: must be one of {sorted(_PRECISIONS)}")
+        p = _Problem(self.num_experts, self.hidden, self.intermediate, self.top_k, self.ep_size,
+                     self.tokens_per_rank, _PRECISIONS[self.precision], len(self.shared_intermediate))
+        for s, w in enumerate(self.shared_intermediate):
+            p.shared_intermediate[s] = w
+        if self.swiglu_limit is not None:
+            p.has_swiglu_limit, p.swiglu_limit = 1, float(self.swiglu_limit)
+        return p
+
+
+def _tensor(a, name):
+    """A _Tensor viewing `a` (numpy array or torch tensor; None: none), without a copy."""
+    t = _Tensor()
+    if a is None:
+        return t
+    module = type(a).__module__.split(".")[0]
+    if module == "numpy":
+        import numpy as np
+        kinds = {np.dtype(np.uint16): _BF16, np.dtype(np.float32): _F32, np.dtype(np.int32): _I32,
+                 np.dtype(np.int64): _I64}
+        if a.dtype not in kinds:
+            raise TypeError(f"{name}: numpy dtype {a.dtype} is not one mok takes (uint16 bf16 bit patterns, "
+                            "float32, int32, int64)")
+        if any(s % a.itemsize for s in a.strides):
+            raise TypeError(f"{name}: strides {a.strides} are not whole elements")
+        t.data, t.dtype, t.device = a.ctypes.data, kinds[a.dtype], _CPU
+        shape, strides = a.shape, [s // a.itemsize for s in a.strides]
+    elif module == "torch":
+        import torch
+        kinds = {torch.bfloat16: _BF16, torch.float32: _F32, torch.int32: _I32, torch.int64: _I64}
+        if a.dtype not in kinds:
+            raise TypeError(f"{name}: torch dtype {a.dtype} is not one mok takes (bfloat16, float32, int32, int64)")
+        t.data, t.dtype = a.data_ptr(), kinds[a.dtype]
+        if a.device.type == "cuda":
+            t.device, t.device_index = _CUDA, a.device.index or 0
+        elif a.device.type == "cpu":
+            t.device = _CPU
+        else:
+            raise TypeError(f"{name}: tensors on {a.device} are not supported (cpu or cuda)")
+        shape, strides = tuple(a.shape), a.stride()
+    else:
+        raise TypeError(f"{name}: a {type(a).__name__} is not a numpy array or torch tensor")
+    if len(shape) > _MAX_DIMS:
+        raise TypeError(f"{name}: {len(shape)} dimensions, at most {_MAX_DIMS}")
+    t.ndim = len(shape)
+    for d, (n, s) in enumerate(zip(shape, strides)):
+        t.shape[d], t.strides[d] = n, s
+    return t
+
+
+def _shared(entries, name):
+    """Shared-expert (w_gate, w_up, w_down) triples or dicts -> (count, ctypes array)."""
+    entries = list(entries or [])
+    if len(entries) > _MAX_SHARED:
+        raise MokError(f"{name}: at most {_MAX_SHARED} shared experts through the C interface")
+    out = (_SharedWeights * _MAX_SHARED)()
+    for s, e in enumerate(entries):
+        g, u, d = (e["w_gate"], e["w_up"], e["w_down"]) if isinstance(e, dict) else e
+        n = f"{name}[{s}]"
+        out[s] = _SharedWeights(_tensor(g, n + ".w_gate"), _tensor(u, n + ".w_up"), _tensor(d, n + ".w_down"))
+    return len(entries), out
+
+
+_FORWARD_KEYS = {"x", "top_experts", "router_weights", "w_gate", "w_up", "w_down", "shared", "y"}
+_BACKWARD_KEYS = (_FORWARD_KEYS - {"y"}) | {"dy", "dx", "d_router_weights", "d_w_gate", "d_w_up", "d_w_down",
+                                             "d_shared"}
+
+
+def _fill_common(c, rank, n):
+    for key in ("x", "top_experts", "router_weights", "w_gate", "w_up", "w_down"):
+        setattr(c, key, _tensor(rank.get(key), f"{n}.{key}"))
+    c.num_shared, c.shared = _shared(rank.get("shared"), n + ".shared")
+
+
+def _ranks(ranks, struct, keys, fill):
+    ranks = list(ranks)
+    array = (struct * max(1, len(ranks)))()
+    for r, rank in enumerate(ranks):
+        n = f"ranks[{r}]"
+        unknown = set(rank) - keys
+        if unknown:
+            raise MokError(f"{n}: unknown key(s) {sorted(unknown)}; the keys are {sorted(keys)}")
+        _fill_common(array[r], rank, n)
+        fill(array[r], rank, n)
+    return array, len(ranks)
+
+
+class Layer:
+    """mok::Layer (include/mok/layer.h). `config`: a dict of mok::Config fields to change
+    from the library's defaults (0 where the library chooses)."""
+
+    def __init__(self, problem, backend="cpu", ep_mode="all_ranks", active_rank=0, cpu_threads=0,
+                 cuda_device=0, cuda_stream=None, config=None):
+        lib = _lib()
+        if backend not in _BACKENDS:
+            raise MokError(f"backend = {backend!r}: must be one of {sorted(_BACKENDS)}")
+        if ep_mode not in _EP_MODES:
+            raise MokError(f"ep_mode = {ep_mode!r}: must be one of {sorted(_EP_MODES)}")
+        c = _Config()
+        lib.mok_default_config(ctypes.byref(c))
+        for key, value in (config or {}).items():
+            if key not in dict(_Config._fields_):
+                raise MokError(f"config.{key}: not a mok::Config field ({[f for f, _ in _Config._fields_]})")
+            setattr(c, key, value)
+        options = _Options(_BACKENDS[backend], _EP_MODES[ep_mode], active_rank, cpu_threads, cuda_device,
+                           cuda_stream)
+        self.problem = problem
+        self._handle = ctypes.c_void_p()
+        _check(lib.mok_layer_create(ctypes.byref(problem._c()), ctypes.byref(c), ctypes.byref(options),
+                                    ctypes.byref(self._handle)))
+
+    def _live(self):
+        if not self._handle:
+            raise MokError("Layer: used after close()")
+        return self._handle
+
+    def forward(self, ranks):
+        """mok::Layer::forward: one dict per rank held here (keys: x, top_experts,
+        router_weights, w_gate, w_up, w_down, shared = [(w_gate, w_up, w_down), ...], y)."""
+        array, n = _ranks(ranks, _RankForward, _FORWARD_KEYS,
+                          lambda c, rank, name: setattr(c, "y", _tensor(rank.get("y"), name + ".y")))
+        _check(_lib().mok_layer_forward(self._live(), array, n))
+
+    def backward(self, ranks):
+        """mok::Layer::backward: the forward's keys but y, and dy in; dx, d_router_weights,
+        d_w_gate, d_w_up, d_w_down, d_shared = [(d_w_gate, d_w_up, d_w_down), ...] out."""
+        def fill(c, rank, name):
+            for key in ("dy", "dx", "d_router_weights", "d_w_gate", "d_w_up", "d_w_down"):
+                setattr(c, key, _tensor(rank.get(key), f"{name}.{key}"))
+            _, c.d_shared = _shared(rank.get("d_shared"), name + ".d_shared")
+        array, n = _ranks(ranks, _RankBackward, _BACKWARD_KEYS, fill)
+        _check(_lib().mok_layer_backward(self._live(), array, n))
+
+    def synchronize(self):
+        """Waits for the layer's device work and raises what failed there (no-op on the CPU)."""
+        _check(_lib().mok_layer_synchronize(self._live()))
+
+    @property
+    def config(self):
+        """The mok::Config the layer runs with (the library's choices filled in), as a dict."""
+        c = _Config()
+        _check(_lib().mok_layer_config(self._live(), ctypes.byref(c)))
+        return {name: getattr(c, name) for name, _ in _Config._fields_}
+
+    def close(self):
+        """Destroys the layer now (collective in a distributed group, as in C++)."""
+        if self._handle:
+            _lib().mok_layer_destroy(self._handle)
+            self._handle = ctypes.c_void_p()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone already
+            pass

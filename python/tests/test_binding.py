@@ -1,0 +1,232 @@
+"""python/mok on the CPU backend with numpy arrays: the layer through libmok.so's C interface
+against a numpy model of the layer (MISSION.md, "The layer, exactly"), with MoK's bars stated
+up front: forward max-abs <= 0.5 and sum|diff|/sum|ref| <= 0.01 (BF16), NaN never passing;
+backward gradients' cosine >= 0.9999. Also: bitwise determinism, and errors that name the
+argument.
+
+    MOK_LIBRARY=build/lib/libmok.so python3 -m unittest discover -s python/tests
+"""
+import os
+import sys
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import mok  # noqa: E402
+
+MAX_ABS, REL, COS = 0.5, 0.01, 0.9999
+
+
+def to_bf16(a):
+    """float -> bf16 bit patterns (uint16), round to nearest even."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return u.astype(np.uint16)
+
+
+def from_bf16(bits):
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def rnd(a):
+    """Rounded to bf16, as float64."""
+    return from_bf16(to_bf16(a)).astype(np.float64)
+
+
+def silu(g):
+    return g / (1.0 + np.exp(-g))
+
+
+def make_inputs(p, seed):
+    """Every rank's inputs, weights and outputs for `p`, as the layer takes them."""
+    rng = np.random.default_rng(seed)
+    R, T, H, I, k, E = p.ep_size, p.tokens_per_rank, p.hidden, p.intermediate, p.top_k, p.num_experts
+    El = E // R
+    shared = [(to_bf16(rng.normal(0, 1 / np.sqrt(H), (w, H))), to_bf16(rng.normal(0, 1 / np.sqrt(H), (w, H))),
+               to_bf16(rng.normal(0, 1 / np.sqrt(w), (H, w)))) for w in p.shared_intermediate]
+    ranks = []
+    for _ in range(R):
+        logits = rng.normal(size=(T, E))
+        top = np.argsort(-logits, axis=1)[:, :k].astype(np.int32)
+        w = np.exp(np.take_along_axis(logits, top, 1))
+        ranks.append({
+            "x": to_bf16(rng.normal(size=(T, H))),
+            "top_experts": np.ascontiguousarray(top),
+            "router_weights": (w / w.sum(1, keepdims=True)).astype(np.float32),
+            "w_gate": to_bf16(rng.normal(0, 1 / np.sqrt(H), (El, I, H))),
+            "w_up": to_bf16(rng.normal(0, 1 / np.sqrt(H), (El, I, H))),
+            "w_down": to_bf16(rng.normal(0, 1 / np.sqrt(I), (El, H, I))),
+            "shared": shared,
+            "y": np.zeros((T, H), np.uint16),
+        })
+    return ranks
+
+
+def expert_parts(x, wg, wu, wd):
+    """One expert on rows x (float64): gate and up (bf16), the SwiGLU rows (bf16), the output (bf16)."""
+    g, u = rnd(x @ from_bf16(wg).T), rnd(x @ from_bf16(wu).T)
+    a = rnd(rnd(silu(g)) * u)
+    return g, u, a, rnd(a @ from_bf16(wd).T)
+
+
+def reference_forward(p, ranks):
+    """y of every rank, float64, from the definition."""
+    El = p.num_experts // p.ep_size
+    ys = []
+    for rank in ranks:
+        x = from_bf16(rank["x"]).astype(np.float64)
+        acc = np.zeros_like(x)
+        for wg, wu, wd in rank["shared"]:
+            acc += expert_parts(x, wg, wu, wd)[3]
+        for t in range(p.tokens_per_rank):
+            for j in range(p.top_k):
+                e = int(rank["top_experts"][t, j])
+                owner = ranks[e // El]
+                o = expert_parts(x[t:t + 1], owner["w_gate"][e % El], owner["w_up"][e % El],
+                                 owner["w_down"][e % El])[3]
+                acc[t] += float(rank["router_weights"][t, j]) * o[0]
+        ys.append(acc)
+    return ys
+
+
+def close(got, ref):
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    if not np.all(np.isfinite(got)):
+        return False, "non-finite values"
+    max_abs = float(np.abs(got - ref).max())
+    rel = float(np.abs(got - ref).sum() / max(np.abs(ref).sum(), 1e-30))
+    return max_abs <= MAX_ABS and rel <= REL, f"max_abs={max_abs:.4g} rel={rel:.4g}"
+
+
+def cosine(a, b):
+    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
+    return float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-300))
+
+
+SMALL = mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=2, shared_intermediate=[64], ep_size=2,
+                    tokens_per_rank=16)
+
+
+class Forward(unittest.TestCase):
+    def test_matches_the_definition_and_repeats_bit_for_bit(self):
+        for problem, seed in ((SMALL, 1),
+                              (mok.Problem(num_experts=4, hidden=64, intermediate=128, top_k=4, ep_size=1,
+                                           tokens_per_rank=8), 2)):
+            ranks = make_inputs(problem, seed)
+            with mok.Layer(problem, cpu_threads=2) as layer:
+                layer.forward(ranks)
+                layer.synchronize()
+                first = [r["y"].copy() for r in ranks]
+                ok = [close(from_bf16(r["y"]), ref) for r, ref in zip(ranks, reference_forward(problem, ranks))]
+                for r, (passed, stats) in enumerate(ok):
+                    self.assertTrue(passed, f"{problem}: rank {r}: {stats}")
+                for r in ranks:
+                    r["y"][:] = 0
+                layer.forward(ranks)
+                for r, y in zip(ranks, first):
+                    self.assertTrue(np.array_equal(r["y"], y), "a second forward changed bits")
+
+    def test_the_check_can_fail(self):
+        ranks = make_inputs(SMALL, 3)
+        with mok.Layer(SMALL) as layer:
+            layer.forward(ranks)
+        ref = reference_forward(SMALL, ranks)
+        wrong = from_bf16(ranks[0]["y"])[::-1]  # tokens out of order
+        self.assertFalse(close(wrong, ref[0])[0])
+        nan = from_bf16(ranks[0]["y"]).copy()
+        nan[0, 0] = np.nan
+        self.assertFalse(close(nan, ref[0])[0])
+
+
+class Backward(unittest.TestCase):
+    def test_gradients_match_the_definition(self):
+        p = mok.Problem(num_experts=4, hidden=64, intermediate=64, top_k=2, shared_intermediate=[64], ep_size=2,
+                        tokens_per_rank=8)
+        ranks = make_inputs(p, 4)
+        rng = np.random.default_rng(5)
+        El, T, H, I, k = p.num_experts // p.ep_size, p.tokens_per_rank, p.hidden, p.intermediate, p.top_k
+        args = []
+        for rank in ranks:
+            b = {key: rank[key] for key in ("x", "top_experts", "router_weights", "w_gate", "w_up", "w_down",
+                                            "shared")}
+            b.update(dy=to_bf16(rng.normal(size=(T, H))), dx=np.zeros((T, H), np.uint16),
+                     d_router_weights=np.zeros((T, k), np.float32),
+                     d_w_gate=np.zeros((El, I, H), np.float32), d_w_up=np.zeros((El, I, H), np.float32),
+                     d_w_down=np.zeros((El, H, I), np.float32),
+                     d_shared=[tuple(np.zeros(w.shape, np.float32) for w in s) for s in rank["shared"]])
+            args.append(b)
+        with mok.Layer(p) as layer:
+            layer.backward(args)
+        # The definition's gradients (float64; bf16 rounding of the forward's intermediates).
+        for r, b in enumerate(args):
+            x = from_bf16(b["x"]).astype(np.float64)
+            dy = from_bf16(b["dy"]).astype(np.float64)
+            dx = np.zeros_like(x)
+            drw = np.zeros((T, k))
+            for wg, wu, wd in b["shared"]:
+                g, u, a, _ = expert_parts(x, wg, wu, wd)
+                da = dy @ from_bf16(wd)
+                sig = 1 / (1 + np.exp(-g))
+                dg, du = da * u * sig * (1 + g * (1 - sig)), da * silu(g)
+                dx += dg @ from_bf16(wg) + du @ from_bf16(wu)
+            for t in range(T):
+                for j in range(k):
+                    e = int(b["top_experts"][t, j])
+                    owner = args[e // El]
+                    wg, wu, wd = owner["w_gate"][e % El], owner["w_up"][e % El], owner["w_down"][e % El]
+                    g, u, a, o = expert_parts(x[t:t + 1], wg, wu, wd)
+                    drw[t, j] = float(o[0] @ dy[t])
+                    da = float(b["router_weights"][t, j]) * dy[t:t + 1] @ from_bf16(wd)
+                    sig = 1 / (1 + np.exp(-g))
+                    dg, du = da * u * sig * (1 + g * (1 - sig)), da * silu(g)
+                    dx[t] += (dg @ from_bf16(wg) + du @ from_bf16(wu))[0]
+            self.assertGreaterEqual(cosine(from_bf16(b["dx"]), dx), COS, f"rank {r} dx")
+            self.assertGreaterEqual(cosine(b["d_router_weights"], drw), COS, f"rank {r} d_router_weights")
+            self.assertTrue(np.abs(b["d_w_gate"]).sum() > 0 and np.isfinite(b["d_w_down"]).all(),
+                            f"rank {r}: weight gradients were not written")
+
+
+class Errors(unittest.TestCase):
+    def test_a_bad_argument_is_named(self):
+        ranks = make_inputs(SMALL, 6)
+        ranks[1]["x"] = ranks[1]["x"][:, :64].copy()
+        with mok.Layer(SMALL) as layer:
+            with self.assertRaisesRegex(mok.MokError, r"x\[rank 1\].*shape"):
+                layer.forward(ranks)
+
+    def test_what_the_binding_refuses(self):
+        ranks = make_inputs(SMALL, 7)
+        ranks[0]["router_weights"] = ranks[0]["router_weights"].astype(np.float64)
+        with mok.Layer(SMALL) as layer:
+            with self.assertRaisesRegex(TypeError, r"ranks\[0\]\.router_weights: numpy dtype float64"):
+                layer.forward(ranks)
+            with self.assertRaisesRegex(mok.MokError, r"ranks\[0\]: unknown key\(s\) \['why'\]"):
+                layer.forward([{"why": 1}])
+        with self.assertRaisesRegex(mok.MokError, "backend = 'tpu'"):
+            mok.Layer(SMALL, backend="tpu")
+        with self.assertRaisesRegex(mok.MokError, "top_k"):
+            mok.Layer(mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=0, tokens_per_rank=16))
+        layer = mok.Layer(SMALL)
+        layer.close()
+        with self.assertRaisesRegex(mok.MokError, "after close"):
+            layer.synchronize()
+
+    def test_a_device_error_on_the_cpu_backend_is_raised_by_the_call(self):
+        ranks = make_inputs(SMALL, 8)
+        ranks[0]["top_experts"][3, 1] = 99
+        with mok.Layer(SMALL) as layer:
+            with self.assertRaisesRegex(mok.MokError, r"top_experts\[rank 0\]\[token 3, slot 1\] = 99"):
+                layer.forward(ranks)
+
+    def test_the_config_has_the_librarys_choices(self):
+        with mok.Layer(SMALL, config={"schedule_capacity_factor": 1.0}) as layer:
+            c = layer.config
+        self.assertEqual(c["schedule_capacity_factor"], 1.0)
+        self.assertEqual(c["tile_rows"], 128)
+        with self.assertRaisesRegex(mok.MokError, "config.tile_size"):
+            mok.Layer(SMALL, config={"tile_size": 64})
+
+
+if __name__ == "__main__":
+    unittest.main()

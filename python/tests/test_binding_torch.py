@@ -1,0 +1,111 @@
+"""python/mok with PyTorch CUDA tensors on the cuda backend: the same layer as the CPU
+backend within MoK's BF16 bar (max-abs <= 0.5, sum|diff|/sum|ref| <= 0.01), bit for bit
+run to run, and under CUDA-graph capture and replay through torch.cuda.graph. Skips, saying
+why, without torch, a GPU, or a libmok.so built with the cuda backend; scripts/device_check.sh
+runs it on the device and fails when it skips.
+"""
+import os
+import sys
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mok  # noqa: E402
+from test_binding import close, from_bf16, make_inputs, reference_forward  # noqa: E402
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+PROBLEM = mok.Problem(num_experts=8, hidden=256, intermediate=128, top_k=2, shared_intermediate=[128], ep_size=2,
+                      tokens_per_rank=64)
+
+
+def to_torch(rank, device):
+    """A rank's numpy arrays as torch tensors on `device` (bf16 bit patterns as torch.bfloat16)."""
+    def one(a):
+        if a.dtype == np.uint16:
+            return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16).to(device)
+        return torch.from_numpy(a.copy()).to(device)
+    out = {key: one(a) for key, a in rank.items() if key != "shared"}
+    out["shared"] = [tuple(one(w) for w in s) for s in rank["shared"]]
+    return out
+
+
+def y_bits(rank):
+    return rank["y"].view(torch.int16).cpu().numpy().view(np.uint16)
+
+
+class TorchCuda(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if torch is None:
+            raise unittest.SkipTest("PyTorch is not installed: torch binding test skipped")
+        if not torch.cuda.is_available():
+            raise unittest.SkipTest("no CUDA GPU for PyTorch: torch binding test skipped")
+        if not mok.cuda_available():
+            raise unittest.SkipTest(f"{mok.library_path()} has no cuda backend or sees no GPU: test skipped")
+
+    def test_cuda_forward_matches_the_cpu_backend_and_replays_in_a_graph(self):
+        ranks = make_inputs(PROBLEM, 11)
+        with mok.Layer(PROBLEM) as cpu_layer:  # the reference backend, numpy arrays
+            cpu_layer.forward(ranks)
+        stream = torch.cuda.Stream()
+        gpu = [to_torch(r, "cuda") for r in ranks]
+        for r in gpu:
+            r["y"].fill_(float("nan"))
+        with mok.Layer(PROBLEM, backend="cuda", cuda_stream=stream.cuda_stream) as layer:
+            with torch.cuda.stream(stream):
+                layer.forward(gpu)
+            layer.synchronize()
+            first = [y_bits(r) for r in gpu]
+            refs = reference_forward(PROBLEM, ranks)
+            for i, (bits, cpu, ref) in enumerate(zip(first, ranks, refs)):
+                ok, stats = close(from_bf16(bits), from_bf16(cpu["y"]))
+                self.assertTrue(ok, f"rank {i}: cuda vs cpu backend: {stats}")
+                ok, stats = close(from_bf16(bits), ref)
+                self.assertTrue(ok, f"rank {i}: cuda vs the definition: {stats}")
+
+            with torch.cuda.stream(stream):
+                for r in gpu:
+                    r["y"].zero_()
+                layer.forward(gpu)
+            layer.synchronize()
+            for i, r in enumerate(gpu):
+                self.assertTrue(np.array_equal(y_bits(r), first[i]), f"rank {i}: a second forward changed bits")
+
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                layer.forward(gpu)
+            for _ in range(3):
+                with torch.cuda.stream(stream):
+                    for r in gpu:
+                        r["y"].zero_()
+                graph.replay()
+                stream.synchronize()
+                for i, r in enumerate(gpu):
+                    self.assertTrue(np.array_equal(y_bits(r), first[i]), f"rank {i}: graph replay changed bits")
+            layer.synchronize()
+
+    def test_a_device_error_is_raised_by_synchronize_and_y_is_nan(self):
+        ranks = make_inputs(PROBLEM, 12)
+        ranks[1]["top_experts"][5, 0] = 123
+        gpu = [to_torch(r, "cuda") for r in ranks]
+        with mok.Layer(PROBLEM, backend="cuda") as layer:
+            layer.forward(gpu)
+            with self.assertRaisesRegex(mok.MokError, r"top_experts\[rank 1\]\[token 5, slot 0\] = 123"):
+                layer.synchronize()
+        self.assertTrue(torch.isnan(gpu[0]["y"].float()).all().item())
+
+    def test_tensors_on_the_wrong_device_are_named(self):
+        ranks = [to_torch(r, "cpu") for r in make_inputs(PROBLEM, 13)]
+        with mok.Layer(PROBLEM, backend="cuda") as layer:
+            with self.assertRaisesRegex(mok.MokError, r"x\[rank 0\].*cuda"):
+                layer.forward(ranks)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,242 @@
+// mok's C interface (include/mok/c_api.h): plain structs in, mok::Layer calls, a status out.
+// What must stay true: no exception crosses into C (every entry point catches), and each
+// enum value here is the C++ enum's (checked below at compile time).
+#include "mok/c_api.h"
+
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mok/mok.h"
+
+static_assert(MOK_BF16 == static_cast<int>(mok::DType::bf16) && MOK_F32 == static_cast<int>(mok::DType::f32) &&
+              MOK_I32 == static_cast<int>(mok::DType::i32) && MOK_I64 == static_cast<int>(mok::DType::i64) &&
+              MOK_E4M3 == static_cast<int>(mok::DType::e4m3) && MOK_E8M0 == static_cast<int>(mok::DType::e8m0));
+static_assert(MOK_CPU == static_cast<int>(mok::Device::cpu) && MOK_CUDA == static_cast<int>(mok::Device::cuda));
+static_assert(MOK_PRECISION_BF16 == static_cast<int>(mok::Precision::bf16) &&
+              MOK_PRECISION_MXFP8 == static_cast<int>(mok::Precision::mxfp8));
+static_assert(MOK_BACKEND_CPU == static_cast<int>(mok::Backend::cpu) &&
+              MOK_BACKEND_CUDA == static_cast<int>(mok::Backend::cuda));
+static_assert(MOK_ALL_RANKS == static_cast<int>(mok::EpMode::all_ranks) &&
+              MOK_RANK_SLICE == static_cast<int>(mok::EpMode::rank_slice) &&
+              MOK_DISTRIBUTED == static_cast<int>(mok::EpMode::distributed));
+static_assert(MOK_C_MAX_DIMS == mok::kMaxTensorDims);
+
+struct mok_layer {
+  mok::Layer layer;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+// Runs `body`, turning what it throws into a status and this thread's last error.
+template <typename Body>
+int guarded(Body&& body) {
+  try {
+    body();
+    return MOK_OK;
+  } catch (const mok::PeerWaitError& e) {
+    last_error = e.what();
+    return MOK_PEER_WAIT_ERROR;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return MOK_ERROR;
+  } catch (...) {
+    last_error = "mok: an unknown exception";
+    return MOK_ERROR;
+  }
+}
+
+template <typename Enum>
+Enum checked_enum(int32_t value, int32_t count, const std::string& name) {
+  mok::require(value >= 0 && value < count, name + " = " + std::to_string(value) + ": must be in [0, " +
+                                                std::to_string(count) + ")");
+  return static_cast<Enum>(value);
+}
+
+void require_not_null(const void* p, const char* name) {
+  mok::require(p != nullptr, std::string(name) + ": must not be NULL");
+}
+
+mok::TensorView view(const mok_tensor& t, const std::string& name) {
+  mok::TensorView v;
+  if (t.data == nullptr) return v;
+  v.data = t.data;
+  v.dtype = checked_enum<mok::DType>(t.dtype, MOK_E8M0 + 1, name + ".dtype");
+  v.device = checked_enum<mok::Device>(t.device, MOK_CUDA + 1, name + ".device");
+  mok::require(t.device_index >= 0, name + ".device_index = " + std::to_string(t.device_index) + ": must be >= 0");
+  v.device_index = t.device_index;
+  mok::require(t.ndim >= 0 && t.ndim <= MOK_C_MAX_DIMS,
+               name + ".ndim = " + std::to_string(t.ndim) + ": must be in [0, " + std::to_string(MOK_C_MAX_DIMS) + "]");
+  v.ndim = t.ndim;
+  for (int d = 0; d < t.ndim; ++d) {
+    v.shape[d] = t.shape[d];
+    v.strides[d] = t.strides[d];
+  }
+  return v;
+}
+
+int32_t shared_count(int32_t n, const std::string& name) {
+  mok::require(n >= 0 && n <= MOK_C_MAX_SHARED,
+               name + " = " + std::to_string(n) + ": must be in [0, " + std::to_string(MOK_C_MAX_SHARED) + "]");
+  return n;
+}
+
+mok::RankWeights weights(const mok_tensor& w_gate, const mok_tensor& w_up, const mok_tensor& w_down,
+                         int32_t num_shared, const mok_shared_weights* shared, const std::string& rank) {
+  mok::RankWeights w{view(w_gate, rank + ".w_gate"), view(w_up, rank + ".w_up"), view(w_down, rank + ".w_down"), {}};
+  for (int s = 0; s < shared_count(num_shared, rank + ".num_shared"); ++s) {
+    const std::string n = rank + ".shared[" + std::to_string(s) + "]";
+    w.shared.push_back({view(shared[s].w_gate, n + ".w_gate"), view(shared[s].w_up, n + ".w_up"),
+                        view(shared[s].w_down, n + ".w_down")});
+  }
+  return w;
+}
+
+mok::Config config_from(const mok_config& c) {
+  mok::Config config;
+  config.minibatch_rows = c.minibatch_rows;
+  config.macrobatch_rows = c.macrobatch_rows;
+  config.schedule_capacity_factor = c.schedule_capacity_factor;
+  config.forward_comm_sms = c.forward_comm_sms;
+  config.backward_comm_sms = c.backward_comm_sms;
+  config.tile_rows = c.tile_rows;
+  config.task_band_tiles = c.task_band_tiles;
+  config.task_pairs = c.task_pairs != 0;
+  return config;
+}
+
+void config_to(const mok::Config& config, mok_config* c) {
+  c->minibatch_rows = config.minibatch_rows;
+  c->macrobatch_rows = config.macrobatch_rows;
+  c->schedule_capacity_factor = config.schedule_capacity_factor;
+  c->forward_comm_sms = config.forward_comm_sms;
+  c->backward_comm_sms = config.backward_comm_sms;
+  c->tile_rows = config.tile_rows;
+  c->task_band_tiles = config.task_band_tiles;
+  c->task_pairs = config.task_pairs ? 1 : 0;
+}
+
+int32_t rank_count(int32_t n) {
+  mok::require(n >= 1, "num_ranks = " + std::to_string(n) + ": must be >= 1");
+  return n;
+}
+
+}  // namespace
+
+extern "C" {
+
+int mok_c_abi_version(void) { return MOK_C_ABI_VERSION; }
+
+const char* mok_last_error(void) { return last_error.c_str(); }
+
+int mok_cuda_available(void) {
+  int available = 0;
+  guarded([&] { available = mok::cuda_available() ? 1 : 0; });
+  return available;
+}
+
+void mok_default_config(mok_config* config) {
+  if (config != nullptr) config_to(mok::Config{}, config);
+}
+
+int mok_layer_create(const mok_problem* problem, const mok_config* config, const mok_options* options,
+                     mok_layer** layer) {
+  return guarded([&] {
+    require_not_null(problem, "problem");
+    require_not_null(options, "options");
+    require_not_null(layer, "layer");
+    *layer = nullptr;
+    mok::Problem p;
+    p.num_experts = problem->num_experts;
+    p.hidden = problem->hidden;
+    p.intermediate = problem->intermediate;
+    p.top_k = problem->top_k;
+    p.ep_size = problem->ep_size;
+    p.tokens_per_rank = problem->tokens_per_rank;
+    p.precision = checked_enum<mok::Precision>(problem->precision, MOK_PRECISION_MXFP8 + 1, "problem.precision");
+    const int shared = shared_count(problem->num_shared, "problem.num_shared");
+    p.shared_intermediate.assign(problem->shared_intermediate, problem->shared_intermediate + shared);
+    if (problem->has_swiglu_limit) p.swiglu_limit = problem->swiglu_limit;
+    mok::LayerOptions o;
+    o.backend = checked_enum<mok::Backend>(options->backend, MOK_BACKEND_CUDA + 1, "options.backend");
+    o.ep_mode = checked_enum<mok::EpMode>(options->ep_mode, MOK_DISTRIBUTED + 1, "options.ep_mode");
+    o.active_rank = options->active_rank;
+    o.cpu_threads = options->cpu_threads;
+    o.cuda_device = options->cuda_device;
+    o.cuda_stream = options->cuda_stream;
+    const mok::Config c = config != nullptr ? config_from(*config) : mok::Config{};
+    *layer = new mok_layer{mok::Layer(p, c, o)};
+  });
+}
+
+void mok_layer_destroy(mok_layer* layer) {
+  // (mok::Layer's destructor does not throw; a collective destroy in a group waits for the
+  // peers, as in C++.)
+  delete layer;
+}
+
+int mok_layer_forward(mok_layer* layer, const mok_rank_forward* ranks, int32_t num_ranks) {
+  return guarded([&] {
+    require_not_null(layer, "layer");
+    require_not_null(ranks, "ranks");
+    std::vector<mok::RankForward> args;
+    for (int r = 0; r < rank_count(num_ranks); ++r) {
+      const mok_rank_forward& a = ranks[r];
+      const std::string n = "ranks[" + std::to_string(r) + "]";
+      args.push_back({{view(a.x, n + ".x"), view(a.top_experts, n + ".top_experts"),
+                       view(a.router_weights, n + ".router_weights")},
+                      weights(a.w_gate, a.w_up, a.w_down, a.num_shared, a.shared, n),
+                      view(a.y, n + ".y")});
+    }
+    layer->layer.forward(args);
+  });
+}
+
+int mok_layer_backward(mok_layer* layer, const mok_rank_backward* ranks, int32_t num_ranks) {
+  return guarded([&] {
+    require_not_null(layer, "layer");
+    require_not_null(ranks, "ranks");
+    std::vector<mok::RankBackward> args;
+    for (int r = 0; r < rank_count(num_ranks); ++r) {
+      const mok_rank_backward& a = ranks[r];
+      const std::string n = "ranks[" + std::to_string(r) + "]";
+      mok::RankBackward b;
+      b.inputs = {view(a.x, n + ".x"), view(a.top_experts, n + ".top_experts"),
+                  view(a.router_weights, n + ".router_weights")};
+      b.weights = weights(a.w_gate, a.w_up, a.w_down, a.num_shared, a.shared, n);
+      b.dy = view(a.dy, n + ".dy");
+      b.dx = view(a.dx, n + ".dx");
+      b.d_router_weights = view(a.d_router_weights, n + ".d_router_weights");
+      b.d_w_gate = view(a.d_w_gate, n + ".d_w_gate");
+      b.d_w_up = view(a.d_w_up, n + ".d_w_up");
+      b.d_w_down = view(a.d_w_down, n + ".d_w_down");
+      for (int s = 0; s < a.num_shared; ++s) {
+        const std::string d = n + ".d_shared[" + std::to_string(s) + "]";
+        b.d_shared.push_back({view(a.d_shared[s].w_gate, d + ".w_gate"), view(a.d_shared[s].w_up, d + ".w_up"),
+                              view(a.d_shared[s].w_down, d + ".w_down")});
+      }
+      args.push_back(std::move(b));
+    }
+    layer->layer.backward(args);
+  });
+}
+
+int mok_layer_synchronize(mok_layer* layer) {
+  return guarded([&] {
+    require_not_null(layer, "layer");
+    layer->layer.synchronize();
+  });
+}
+
+int mok_layer_config(const mok_layer* layer, mok_config* config) {
+  return guarded([&] {
+    require_not_null(layer, "layer");
+    require_not_null(config, "config");
+    config_to(layer->layer.config(), config);
+  });
+}
+
+}  // extern "C"
