@@ -91,6 +91,13 @@ const char* mok_last_error(void);
 int mok_cuda_available(void);
 void mok_default_config(mok_config* config);
 
+/* The named shapes (MISSION.md's, the single-GPU ones, test shapes): the name at `index`,
+ * NULL past the last. */
+const char* mok_shape_name(int32_t index);
+/* mok::problem_from_shape: the shape `name` at `ep_size` ranks of `tokens_per_rank` tokens
+ * (0: the shape's own defaults). */
+int mok_problem_from_shape(const char* name, int32_t ep_size, int32_t tokens_per_rank, mok_problem* problem);
+
 /* Builds a layer (mok::Layer's constructor; collective in MOK_DISTRIBUTED mode). */
 int mok_layer_create(const mok_problem* problem, const mok_config* config, const mok_options* options,
                      mok_layer** layer);

@@ -23,7 +23,7 @@ import ctypes
 import os
 from dataclasses import dataclass, field
 
-__all__ = ["MokError", "PeerWaitError", "Problem", "Layer", "cuda_available", "library_path"]
+__all__ = ["MokError", "PeerWaitError", "Problem", "Layer", "cuda_available", "library_path", "shapes"]
 
 ABI_VERSION = 1
 _MAX_DIMS = 4
@@ -123,6 +123,10 @@ def _lib():
         lib.mok_layer_backward.argtypes = [ctypes.c_void_p, ctypes.POINTER(_RankBackward), ctypes.c_int32]
         lib.mok_layer_synchronize.argtypes = [ctypes.c_void_p]
         lib.mok_layer_config.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Config)]
+        lib.mok_shape_name.argtypes = [ctypes.c_int32]
+        lib.mok_shape_name.restype = ctypes.c_char_p
+        lib.mok_problem_from_shape.argtypes = [ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32,
+                                               ctypes.POINTER(_Problem)]
         lib.mok_default_config.argtypes = [ctypes.POINTER(_Config)]
         lib.mok_default_config.restype = None
         _lib_handle = lib
@@ -141,6 +145,15 @@ def cuda_available():
     return bool(_lib().mok_cuda_available())
 
 
+def shapes():
+    """The named shapes' names (`mok shapes` lists them with their dimensions)."""
+    names, i = [], 0
+    while (name := _lib().mok_shape_name(i)) is not None:
+        names.append(name.decode())
+        i += 1
+    return names
+
+
 @dataclass
 class Problem:
     """mok::Problem (include/mok/problem.h): what the layer computes."""
@@ -153,6 +166,17 @@ class Problem:
     tokens_per_rank: int = 0
     precision: str = "bf16"
     swiglu_limit: float = None
+
+    @classmethod
+    def from_shape(cls, name, ep_size=0, tokens_per_rank=0):
+        """A named shape (shapes()) at `ep_size` ranks of `tokens_per_rank` tokens (0: the
+        shape's own, e.g. EP-64 and 2048 tokens for MoK's shapes)."""
+        p = _Problem()
+        _check(_lib().mok_problem_from_shape(str(name).encode(), ep_size, tokens_per_rank, ctypes.byref(p)))
+        precision = {v: k for k, v in _PRECISIONS.items()}[p.precision]
+        return cls(p.num_experts, p.hidden, p.intermediate, p.top_k,
+                   [p.shared_intermediate[s] for s in range(p.num_shared)], p.ep_size, p.tokens_per_rank, precision,
+                   p.swiglu_limit if p.has_swiglu_limit else None)
 
     def _c(self):
         if len(self.shared_intermediate) > _MAX_SHARED:

@@ -219,6 +219,15 @@ class Errors(unittest.TestCase):
             with self.assertRaisesRegex(mok.MokError, r"top_experts\[rank 0\]\[token 3, slot 1\] = 99"):
                 layer.forward(ranks)
 
+    def test_named_shapes(self):
+        self.assertIn("qwen3.5-397b-a17b", mok.shapes())
+        q = mok.Problem.from_shape("qwen3.5-397b-a17b")
+        self.assertEqual((q.num_experts, q.hidden, q.intermediate, q.top_k, q.shared_intermediate, q.ep_size,
+                          q.tokens_per_rank), (512, 4096, 1024, 10, [1024], 64, 2048))
+        self.assertEqual(mok.Problem.from_shape("qwen3-30b-a3b", ep_size=2, tokens_per_rank=256).ep_size, 2)
+        with self.assertRaisesRegex(mok.MokError, "qwen3.5-397b-a17b"):  # the error lists the known names
+            mok.Problem.from_shape("qwen9")
+
     def test_the_config_has_the_librarys_choices(self):
         with mok.Layer(SMALL, config={"schedule_capacity_factor": 1.0}) as layer:
             c = layer.config

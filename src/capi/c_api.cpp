@@ -142,6 +142,35 @@ void mok_default_config(mok_config* config) {
   if (config != nullptr) config_to(mok::Config{}, config);
 }
 
+const char* mok_shape_name(int32_t index) {
+  const auto& shapes = mok::named_shapes();
+  return index >= 0 && index < static_cast<int32_t>(shapes.size()) ? shapes[index].name.c_str() : nullptr;
+}
+
+int mok_problem_from_shape(const char* name, int32_t ep_size, int32_t tokens_per_rank, mok_problem* problem) {
+  return guarded([&] {
+    require_not_null(name, "name");
+    require_not_null(problem, "problem");
+    const mok::NamedShape& shape = mok::find_shape(name);
+    const mok::Problem p = mok::problem_from_shape(shape, ep_size > 0 ? ep_size : shape.default_ep_size,
+                                                   tokens_per_rank > 0 ? tokens_per_rank : shape.default_tokens);
+    mok::require(p.num_shared() <= MOK_C_MAX_SHARED, std::string("shape ") + name + ": more shared experts than " +
+                                                         std::to_string(MOK_C_MAX_SHARED));
+    *problem = mok_problem{};
+    problem->num_experts = p.num_experts;
+    problem->hidden = p.hidden;
+    problem->intermediate = p.intermediate;
+    problem->top_k = p.top_k;
+    problem->ep_size = p.ep_size;
+    problem->tokens_per_rank = p.tokens_per_rank;
+    problem->precision = static_cast<int32_t>(p.precision);
+    problem->num_shared = p.num_shared();
+    for (int s = 0; s < p.num_shared(); ++s) problem->shared_intermediate[s] = p.shared_intermediate[s];
+    problem->has_swiglu_limit = p.swiglu_limit.has_value() ? 1 : 0;
+    problem->swiglu_limit = p.swiglu_limit.value_or(0.0f);
+  });
+}
+
 int mok_layer_create(const mok_problem* problem, const mok_config* config, const mok_options* options,
                      mok_layer** layer) {
   return guarded([&] {
