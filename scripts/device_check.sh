@@ -76,20 +76,6 @@ if [ $RUN_TESTS = 1 ]; then
   fi
 fi
 
-# python/mok, the binding (libmok.so's C interface), with PyTorch CUDA tensors: the cuda
-# backend against the CPU backend, run to run and under torch.cuda.graph replay. Here its
-# torch test must run, not skip.
-if [ $RUN_TESTS = 1 ]; then
-  start=$(date +%s)
-  MOK_LIBRARY="$BIN/../lib/libmok.so" timeout 300 python3 -m unittest discover -s python/tests -v \
-    > "$OUT/binding.log" 2>&1
-  brc=$?
-  [ $brc = 0 ] && grep -q "skipped" "$OUT/binding.log" && brc=11
-  [ $brc = 0 ] || FAILED=1
-  note "python binding (torch CUDA): rc=$brc, $(grep -E '^Ran|^OK|^FAILED' "$OUT/binding.log" | tr '\n' ' ')in $(( $(date +%s) - start )) s"
-  [ $brc = 0 ] || tail -30 "$OUT/binding.log"
-fi
-
 # The NCCL provider (EpMode::distributed) on every GPU of this machine, one process each:
 # the group's y bitwise equal to virtual ranks' on the same batch, then mok bench twice into
 # one work directory (the second run must clear the first's files). NCCL's search path and
@@ -150,6 +136,20 @@ if [ $RUN_TESTS = 1 ]; then
   note "nccl group of $gpus GPU(s): rc=$grc, $(grep -cE 'check PASS|bitwise' "$OUT/group.log") passing checks in $(( $(date +%s) - start )) s"
   [ $grc = 0 ] || tail -20 "$OUT/group.log"
   rm -rf "$group_dir"
+fi
+
+# python/mok, the binding (libmok.so's C interface), with PyTorch CUDA tensors: the cuda
+# backend against the CPU backend, run to run, under torch.cuda.graph replay, and as an NCCL
+# group of this process (group_env.sh's search path, sourced above). Here nothing may skip.
+if [ $RUN_TESTS = 1 ]; then
+  start=$(date +%s)
+  MOK_LIBRARY="$BIN/../lib/libmok.so" timeout 300 python3 -m unittest discover -s python/tests -v \
+    > "$OUT/binding.log" 2>&1
+  brc=$?
+  [ $brc = 0 ] && grep -q "skipped" "$OUT/binding.log" && brc=11
+  [ $brc = 0 ] || FAILED=1
+  note "python binding (torch CUDA): rc=$brc, $(grep -E '^Ran|^OK|^FAILED' "$OUT/binding.log" | tr '\n' ' ')in $(( $(date +%s) - start )) s"
+  [ $brc = 0 ] || tail -30 "$OUT/binding.log"
 fi
 
 if [ ${#BENCH_ARGS[@]} -gt 0 ]; then

@@ -1,6 +1,7 @@
 """python/mok with PyTorch CUDA tensors on the cuda backend: the same layer as the CPU
 backend within MoK's BF16 bar (max-abs <= 0.5, sum|diff|/sum|ref| <= 0.01), bit for bit
-run to run, and under CUDA-graph capture and replay through torch.cuda.graph. Skips, saying
+run to run, under CUDA-graph capture and replay through torch.cuda.graph, and as a real
+NCCL group of this one process (ep_mode="distributed", bitwise equal to virtual ranks). Skips, saying
 why, without torch, a GPU, or a libmok.so built with the cuda backend; scripts/device_check.sh
 runs it on the device and fails when it skips.
 """
@@ -99,6 +100,39 @@ class TorchCuda(unittest.TestCase):
             with self.assertRaisesRegex(mok.MokError, r"top_experts\[rank 1\]\[token 5, slot 0\] = 123"):
                 layer.synchronize()
         self.assertTrue(torch.isnan(gpu[0]["y"].float()).all().item())
+
+    def test_a_group_of_one_process_through_nccl_gives_the_bits_of_virtual_ranks(self):
+        # What torchrun or `mok launch` would set for a group of one (mok reads MOK_* first).
+        launcher = {"MOK_RANK": "0", "MOK_WORLD_SIZE": "1", "MOK_LOCAL_RANK": "0"}
+        saved = {k: os.environ.get(k) for k in launcher}
+        os.environ.update(launcher)
+        try:
+            p = mok.Problem(num_experts=8, hidden=256, intermediate=128, top_k=2, shared_intermediate=[128],
+                            ep_size=1, tokens_per_rank=64)
+            ranks = make_inputs(p, 14)
+            virtual, group = [to_torch(r, "cuda") for r in ranks], [to_torch(r, "cuda") for r in ranks]
+            with mok.Layer(p, backend="cuda") as layer:
+                layer.forward(virtual)
+                layer.synchronize()
+            try:
+                layer = mok.Layer(p, backend="cuda", ep_mode="distributed")
+            except mok.MokError as e:
+                if "NCCL" in str(e) and ("libnccl" in str(e) or "MOK_NCCL_LIBRARY" in str(e)):
+                    self.skipTest(f"no usable NCCL (scripts/group_env.sh finds PyTorch's): {e}")
+                raise
+            with layer:
+                layer.forward(group)
+                layer.synchronize()
+            self.assertTrue(np.array_equal(y_bits(group[0]), y_bits(virtual[0])),
+                            "a group of one's y differs from virtual ranks'")
+            ok, stats = close(from_bf16(y_bits(group[0])), reference_forward(p, ranks)[0])
+            self.assertTrue(ok, stats)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
     def test_tensors_on_the_wrong_device_are_named(self):
         ranks = [to_torch(r, "cpu") for r in make_inputs(PROBLEM, 13)]
