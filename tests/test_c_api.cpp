@@ -1,0 +1,185 @@
+// The C interface (include/mok/c_api.h) against mok::Layer itself on the CPU backend: the
+// same bits through either, statuses and messages instead of exceptions, and arguments the
+// C side can get wrong (NULLs, enum values out of range) named. Also run under ASan/UBSan by
+// scripts/host_sanitizers.sh, which python/mok's tests are not.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "mok/c_api.h"
+#include "test_util.h"
+
+namespace mok::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+mok_tensor c_tensor(const TensorView& v) {
+  mok_tensor t{};
+  t.data = v.data;
+  t.dtype = static_cast<int32_t>(v.dtype);
+  t.device = static_cast<int32_t>(v.device);
+  t.device_index = v.device_index;
+  t.ndim = v.ndim;
+  for (int d = 0; d < v.ndim; ++d) {
+    t.shape[d] = v.shape[d];
+    t.strides[d] = v.strides[d];
+  }
+  return t;
+}
+
+mok_problem c_problem(const Problem& p) {
+  mok_problem c{};
+  c.num_experts = p.num_experts;
+  c.hidden = p.hidden;
+  c.intermediate = p.intermediate;
+  c.top_k = p.top_k;
+  c.ep_size = p.ep_size;
+  c.tokens_per_rank = p.tokens_per_rank;
+  c.precision = static_cast<int32_t>(p.precision);
+  c.num_shared = p.num_shared();
+  for (int s = 0; s < p.num_shared(); ++s) c.shared_intermediate[s] = p.shared_intermediate[s];
+  return c;
+}
+
+std::vector<mok_rank_forward> c_forward(const std::vector<RankForward>& args) {
+  std::vector<mok_rank_forward> out;
+  for (const RankForward& a : args) {
+    mok_rank_forward c{};
+    c.x = c_tensor(a.inputs.x);
+    c.top_experts = c_tensor(a.inputs.top_experts);
+    c.router_weights = c_tensor(a.inputs.router_weights);
+    c.w_gate = c_tensor(a.weights.w_gate);
+    c.w_up = c_tensor(a.weights.w_up);
+    c.w_down = c_tensor(a.weights.w_down);
+    c.num_shared = static_cast<int32_t>(a.weights.shared.size());
+    for (std::size_t s = 0; s < a.weights.shared.size(); ++s)
+      c.shared[s] = {c_tensor(a.weights.shared[s].w_gate), c_tensor(a.weights.shared[s].w_up),
+                     c_tensor(a.weights.shared[s].w_down)};
+    c.y = c_tensor(a.y);
+    out.push_back(c);
+  }
+  return out;
+}
+
+mok_options cpu_c_options() {
+  mok_options o{};
+  o.backend = MOK_BACKEND_CPU;
+  o.ep_mode = MOK_ALL_RANKS;
+  o.cpu_threads = 2;
+  return o;
+}
+
+TEST(CApi, ForwardAndBackwardGiveTheBitsOfTheCppLayer) {
+  const Problem p = make_problem(8, 64, 64, 2, {64}, 2, 16);
+  LayerData cpp = make_data(p, 31, true), c = make_data(p, 31, true);
+  run_reference(cpp, true, Config{}, 2);
+
+  const mok_problem problem = c_problem(p);
+  mok_config config;
+  mok_default_config(&config);
+  const mok_options options = cpu_c_options();
+  mok_layer* layer = nullptr;
+  ASSERT_EQ(mok_layer_create(&problem, &config, &options, &layer), MOK_OK) << mok_last_error();
+  const auto fwd = c_forward(c.forward_args());
+  ASSERT_EQ(mok_layer_forward(layer, fwd.data(), static_cast<int32_t>(fwd.size())), MOK_OK) << mok_last_error();
+
+  std::vector<mok_rank_backward> bwd;
+  for (const RankBackward& a : c.backward_args()) {
+    mok_rank_backward b{};
+    const mok_rank_forward f = c_forward({RankForward{a.inputs, a.weights, {}}})[0];
+    b.x = f.x;
+    b.top_experts = f.top_experts;
+    b.router_weights = f.router_weights;
+    b.w_gate = f.w_gate;
+    b.w_up = f.w_up;
+    b.w_down = f.w_down;
+    b.num_shared = f.num_shared;
+    std::memcpy(b.shared, f.shared, sizeof(b.shared));
+    b.dy = c_tensor(a.dy);
+    b.dx = c_tensor(a.dx);
+    b.d_router_weights = c_tensor(a.d_router_weights);
+    b.d_w_gate = c_tensor(a.d_w_gate);
+    b.d_w_up = c_tensor(a.d_w_up);
+    b.d_w_down = c_tensor(a.d_w_down);
+    for (std::size_t s = 0; s < a.d_shared.size(); ++s)
+      b.d_shared[s] = {c_tensor(a.d_shared[s].d_w_gate), c_tensor(a.d_shared[s].d_w_up),
+                       c_tensor(a.d_shared[s].d_w_down)};
+    bwd.push_back(b);
+  }
+  ASSERT_EQ(mok_layer_backward(layer, bwd.data(), static_cast<int32_t>(bwd.size())), MOK_OK) << mok_last_error();
+  EXPECT_EQ(mok_layer_synchronize(layer), MOK_OK);
+  mok_config resolved;
+  ASSERT_EQ(mok_layer_config(layer, &resolved), MOK_OK);
+  EXPECT_EQ(resolved.tile_rows, 128);
+  mok_layer_destroy(layer);
+
+  for (int r = 0; r < p.ep_size; ++r) {
+    EXPECT_TRUE(c.ranks[r].y.bitwise_equal(cpp.ranks[r].y)) << "rank " << r << " y";
+    EXPECT_TRUE(c.ranks[r].dx.bitwise_equal(cpp.ranks[r].dx)) << "rank " << r << " dx";
+    EXPECT_TRUE(c.ranks[r].d_router_weights.bitwise_equal(cpp.ranks[r].d_router_weights)) << "rank " << r;
+    EXPECT_TRUE(c.ranks[r].d_w_gate.bitwise_equal(cpp.ranks[r].d_w_gate)) << "rank " << r << " d_w_gate";
+    EXPECT_TRUE(c.ranks[r].d_shared[0].d_w_down.bitwise_equal(cpp.ranks[r].d_shared[0].d_w_down)) << "rank " << r;
+  }
+}
+
+TEST(CApi, FailuresAreStatusesWithTheLayersMessage) {
+  const Problem p = make_problem(8, 64, 64, 2, {}, 2, 16);
+  mok_problem problem = c_problem(p);
+  const mok_options options = cpu_c_options();
+  mok_layer* layer = nullptr;
+
+  problem.top_k = 0;
+  EXPECT_EQ(mok_layer_create(&problem, nullptr, &options, &layer), MOK_ERROR);
+  EXPECT_THAT(mok_last_error(), HasSubstr("top_k"));
+  EXPECT_EQ(layer, nullptr);
+  problem = c_problem(p);
+  problem.num_shared = 9;
+  EXPECT_EQ(mok_layer_create(&problem, nullptr, &options, &layer), MOK_ERROR);
+  EXPECT_THAT(mok_last_error(), HasSubstr("problem.num_shared = 9: must be in [0, 8]"));
+  problem = c_problem(p);
+  mok_options bad = options;
+  bad.ep_mode = 7;
+  EXPECT_EQ(mok_layer_create(&problem, nullptr, &bad, &layer), MOK_ERROR);
+  EXPECT_THAT(mok_last_error(), HasSubstr("options.ep_mode = 7"));
+  EXPECT_EQ(mok_layer_create(nullptr, nullptr, &options, &layer), MOK_ERROR);
+  EXPECT_THAT(mok_last_error(), HasSubstr("problem: must not be NULL"));
+
+  ASSERT_EQ(mok_layer_create(&problem, nullptr, &options, &layer), MOK_OK) << mok_last_error();
+  LayerData data = make_data(p, 32, false);
+  data.ranks[1].top_experts.data<std::int32_t>()[3 * 2 + 1] = 99;
+  auto fwd = c_forward(data.forward_args());
+  EXPECT_EQ(mok_layer_forward(layer, fwd.data(), 2), MOK_ERROR);
+  EXPECT_THAT(mok_last_error(), HasSubstr("top_experts[rank 1][token 3, slot 1] = 99"));
+  fwd[0].x.dtype = 42;
+  EXPECT_EQ(mok_layer_forward(layer, fwd.data(), 2), MOK_ERROR);
+  EXPECT_THAT(mok_last_error(), HasSubstr("ranks[0].x.dtype = 42"));
+  EXPECT_EQ(mok_layer_forward(layer, fwd.data(), 0), MOK_ERROR);
+  EXPECT_THAT(mok_last_error(), HasSubstr("num_ranks = 0"));
+  EXPECT_EQ(mok_layer_forward(nullptr, fwd.data(), 2), MOK_ERROR);
+  EXPECT_EQ(mok_layer_synchronize(nullptr), MOK_ERROR);
+  mok_layer_destroy(layer);
+  mok_layer_destroy(nullptr);  // ignored
+}
+
+TEST(CApi, NamedShapesAndTheAbiVersion) {
+  EXPECT_EQ(mok_c_abi_version(), MOK_C_ABI_VERSION);
+  std::vector<std::string> names;
+  for (int i = 0; mok_shape_name(i) != nullptr; ++i) names.push_back(mok_shape_name(i));
+  EXPECT_EQ(names.size(), named_shapes().size());
+  EXPECT_EQ(mok_shape_name(-1), nullptr);
+  mok_problem p{};
+  ASSERT_EQ(mok_problem_from_shape("deepseek-v4-pro", 0, 0, &p), MOK_OK) << mok_last_error();
+  EXPECT_EQ(p.hidden, 7168);
+  EXPECT_EQ(p.ep_size, 64);
+  EXPECT_EQ(p.num_shared, 1);
+  EXPECT_EQ(p.shared_intermediate[0], 3072);
+  EXPECT_EQ(mok_problem_from_shape("nope", 0, 0, &p), MOK_ERROR);
+  EXPECT_THAT(mok_last_error(), HasSubstr("nope"));
+}
+
+}  // namespace
+}  // namespace mok::test
