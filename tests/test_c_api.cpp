@@ -112,6 +112,15 @@ TEST(CApi, ForwardAndBackwardGiveTheBitsOfTheCppLayer) {
   }
   ASSERT_EQ(mok_layer_backward(layer, bwd.data(), static_cast<int32_t>(bwd.size())), MOK_OK) << mok_last_error();
   EXPECT_EQ(mok_layer_synchronize(layer), MOK_OK);
+  mok_tensor slots{};
+  ASSERT_EQ(mok_layer_combine_slots(layer, 1, &slots), MOK_OK) << mok_last_error();
+  EXPECT_NE(slots.data, nullptr);
+  EXPECT_EQ(slots.dtype, MOK_BF16);
+  EXPECT_EQ(slots.ndim, 2);
+  EXPECT_EQ(slots.shape[0], std::int64_t(p.tokens_per_rank) * p.top_k);
+  EXPECT_EQ(slots.shape[1], p.hidden);
+  EXPECT_EQ(mok_layer_combine_slots(layer, 2, &slots), MOK_ERROR);
+  EXPECT_THAT(mok_last_error(), HasSubstr("combine_slots"));
   mok_config resolved;
   ASSERT_EQ(mok_layer_config(layer, &resolved), MOK_OK);
   EXPECT_EQ(resolved.tile_rows, 128);

@@ -107,6 +107,9 @@ void mok_layer_destroy(mok_layer* layer);
 int mok_layer_forward(mok_layer* layer, const mok_rank_forward* ranks, int32_t num_ranks);
 int mok_layer_backward(mok_layer* layer, const mok_rank_backward* ranks, int32_t num_ranks);
 int mok_layer_synchronize(mok_layer* layer);
+/* mok::Layer::combine_slots: rank `rank`'s combine slots, bf16 [T*k, H], in the layer's
+ * memory (valid while the layer lives); a rank slice's other ranks' rows are written here. */
+int mok_layer_combine_slots(const mok_layer* layer, int32_t rank, mok_tensor* slots);
 /* The config the layer runs with, the library's choices filled in. */
 int mok_layer_config(const mok_layer* layer, mok_config* config);
 

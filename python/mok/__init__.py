@@ -123,6 +123,7 @@ def _lib():
         lib.mok_layer_backward.argtypes = [ctypes.c_void_p, ctypes.POINTER(_RankBackward), ctypes.c_int32]
         lib.mok_layer_synchronize.argtypes = [ctypes.c_void_p]
         lib.mok_layer_config.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Config)]
+        lib.mok_layer_combine_slots.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(_Tensor)]
         lib.mok_shape_name.argtypes = [ctypes.c_int32]
         lib.mok_shape_name.restype = ctypes.c_char_p
         lib.mok_problem_from_shape.argtypes = [ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32,
@@ -319,6 +320,31 @@ class Layer:
     def synchronize(self):
         """Waits for the layer's device work and raises what failed there (no-op on the CPU)."""
         _check(_lib().mok_layer_synchronize(self._live()))
+
+    def combine_slots(self, rank):
+        """mok::Layer::combine_slots: rank `rank`'s combine slots, bf16 [T*k, H], as a view of the
+        layer's memory that keeps the layer object alive (the memory lasts until close()): a
+        numpy uint16 array (cpu backend) or a torch.bfloat16 CUDA tensor (cuda backend). In a rank slice, the rows other ranks would
+        push to the active rank are written here before its forward."""
+        t = _Tensor()
+        _check(_lib().mok_layer_combine_slots(self._live(), rank, ctypes.byref(t)))
+        shape = tuple(t.shape[d] for d in range(t.ndim))
+        n = 1
+        for d in shape:
+            n *= d
+        if t.device == _CPU:
+            import numpy as np
+            buffer = (ctypes.c_uint16 * n).from_address(t.data)
+            buffer._owner = self  # the view keeps the layer (and its memory) alive
+            return np.frombuffer(buffer, dtype=np.uint16).reshape(shape)
+        import torch
+
+        class _CudaView:  # __cuda_array_interface__ (v3) over the layer's device memory
+            def __init__(self, owner):
+                self.owner = owner
+                self.__cuda_array_interface__ = {"shape": shape, "typestr": "<i2", "data": (t.data, False),
+                                                 "version": 3, "strides": None}
+        return torch.as_tensor(_CudaView(self), device=f"cuda:{t.device_index}").view(torch.bfloat16)
 
     @property
     def config(self):

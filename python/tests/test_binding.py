@@ -127,6 +127,30 @@ class Forward(unittest.TestCase):
                 for r, y in zip(ranks, first):
                     self.assertTrue(np.array_equal(r["y"], y), "a second forward changed bits")
 
+    def test_combine_slots_hold_each_experts_row(self):
+        ranks = make_inputs(SMALL, 9)
+        El, k, H = SMALL.num_experts // SMALL.ep_size, SMALL.top_k, SMALL.hidden
+        layer = mok.Layer(SMALL)
+        layer.forward(ranks)
+        slots = layer.combine_slots(1)
+        del layer  # the view keeps the layer alive
+        self.assertEqual(slots.shape, (SMALL.tokens_per_rank * k, H))
+        rank = ranks[1]
+        x = from_bf16(rank["x"]).astype(np.float64)
+        want = np.zeros((SMALL.tokens_per_rank * k, H))
+        for t in range(SMALL.tokens_per_rank):
+            for j in range(k):
+                e = int(rank["top_experts"][t, j])
+                owner = ranks[e // El]
+                want[t * k + j] = expert_parts(x[t:t + 1], owner["w_gate"][e % El], owner["w_up"][e % El],
+                                               owner["w_down"][e % El])[3][0]
+        ok, stats = close(from_bf16(slots), want)
+        self.assertTrue(ok, stats)
+        self.assertFalse(close(from_bf16(slots)[::-1], want)[0])
+        with mok.Layer(SMALL) as other:
+            with self.assertRaisesRegex(mok.MokError, "combine_slots"):
+                other.combine_slots(5)
+
     def test_the_check_can_fail(self):
         ranks = make_inputs(SMALL, 3)
         with mok.Layer(SMALL) as layer:

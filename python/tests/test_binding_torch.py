@@ -91,6 +91,28 @@ class TorchCuda(unittest.TestCase):
                     self.assertTrue(np.array_equal(y_bits(r), first[i]), f"rank {i}: graph replay changed bits")
             layer.synchronize()
 
+    def test_a_rank_slice_with_its_slots_filled_gives_the_bits_of_virtual_ranks(self):
+        ranks = make_inputs(PROBLEM, 15)
+        virtual = [to_torch(r, "cuda") for r in ranks]
+        with mok.Layer(PROBLEM, backend="cuda") as layer:
+            layer.forward(virtual)
+            layer.synchronize()
+            pushed_to_1 = layer.combine_slots(1).clone()  # what every rank pushed to rank 1
+        active = 1
+        sliced = [to_torch(r, "cuda") for r in ranks]
+        for r, rank in enumerate(sliced):
+            if r != active:  # another rank of the group: its inputs only
+                for key in ("w_gate", "w_up", "w_down", "y"):
+                    rank[key] = None
+                rank["shared"] = []
+        with mok.Layer(PROBLEM, backend="cuda", ep_mode="rank_slice", active_rank=active) as layer:
+            layer.combine_slots(active).copy_(pushed_to_1)
+            torch.cuda.synchronize()
+            layer.forward(sliced)
+            layer.synchronize()
+        self.assertTrue(np.array_equal(y_bits(sliced[active]), y_bits(virtual[active])),
+                        "the slice's y differs from virtual ranks'")
+
     def test_a_device_error_is_raised_by_synchronize_and_y_is_nan(self):
         ranks = make_inputs(PROBLEM, 12)
         ranks[1]["top_experts"][5, 0] = 123

@@ -260,6 +260,24 @@ int mok_layer_synchronize(mok_layer* layer) {
   });
 }
 
+int mok_layer_combine_slots(const mok_layer* layer, int32_t rank, mok_tensor* slots) {
+  return guarded([&] {
+    require_not_null(layer, "layer");
+    require_not_null(slots, "slots");
+    const mok::TensorView v = layer->layer.combine_slots(rank);
+    *slots = mok_tensor{};
+    slots->data = v.data;
+    slots->dtype = static_cast<int32_t>(v.dtype);
+    slots->device = static_cast<int32_t>(v.device);
+    slots->device_index = v.device_index;
+    slots->ndim = v.ndim;
+    for (int d = 0; d < v.ndim; ++d) {
+      slots->shape[d] = v.shape[d];
+      slots->strides[d] = v.strides[d];
+    }
+  });
+}
+
 int mok_layer_config(const mok_layer* layer, mok_config* config) {
   return guarded([&] {
     require_not_null(layer, "layer");
