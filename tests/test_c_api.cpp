@@ -42,6 +42,8 @@ mok_problem c_problem(const Problem& p) {
   c.precision = static_cast<int32_t>(p.precision);
   c.num_shared = p.num_shared();
   for (int s = 0; s < p.num_shared(); ++s) c.shared_intermediate[s] = p.shared_intermediate[s];
+  c.has_swiglu_limit = p.swiglu_limit.has_value() ? 1 : 0;
+  c.swiglu_limit = p.swiglu_limit.value_or(0.0f);
   return c;
 }
 
@@ -74,7 +76,8 @@ mok_options cpu_c_options() {
 }
 
 TEST(CApi, ForwardAndBackwardGiveTheBitsOfTheCppLayer) {
-  const Problem p = make_problem(8, 64, 64, 2, {64}, 2, 16);
+  // (A clamped SwiGLU, so the limit's way through the interface shows in the bits.)
+  const Problem p = make_problem(8, 64, 96, 2, {32}, 2, 16, Precision::bf16, 0.75f);
   LayerData cpp = make_data(p, 31, true), c = make_data(p, 31, true);
   run_reference(cpp, true, Config{}, 2);
 
@@ -131,7 +134,12 @@ TEST(CApi, ForwardAndBackwardGiveTheBitsOfTheCppLayer) {
     EXPECT_TRUE(c.ranks[r].dx.bitwise_equal(cpp.ranks[r].dx)) << "rank " << r << " dx";
     EXPECT_TRUE(c.ranks[r].d_router_weights.bitwise_equal(cpp.ranks[r].d_router_weights)) << "rank " << r;
     EXPECT_TRUE(c.ranks[r].d_w_gate.bitwise_equal(cpp.ranks[r].d_w_gate)) << "rank " << r << " d_w_gate";
-    EXPECT_TRUE(c.ranks[r].d_shared[0].d_w_down.bitwise_equal(cpp.ranks[r].d_shared[0].d_w_down)) << "rank " << r;
+    EXPECT_TRUE(c.ranks[r].d_w_up.bitwise_equal(cpp.ranks[r].d_w_up)) << "rank " << r << " d_w_up";
+    EXPECT_TRUE(c.ranks[r].d_w_down.bitwise_equal(cpp.ranks[r].d_w_down)) << "rank " << r << " d_w_down";
+    const SharedHostGrads &got = c.ranks[r].d_shared[0], &want = cpp.ranks[r].d_shared[0];
+    EXPECT_TRUE(got.d_w_gate.bitwise_equal(want.d_w_gate) && got.d_w_up.bitwise_equal(want.d_w_up) &&
+                got.d_w_down.bitwise_equal(want.d_w_down))
+        << "rank " << r << " shared gradients";
   }
 }
 
@@ -172,6 +180,10 @@ TEST(CApi, FailuresAreStatusesWithTheLayersMessage) {
   EXPECT_EQ(mok_layer_synchronize(nullptr), MOK_ERROR);
   mok_layer_destroy(layer);
   mok_layer_destroy(nullptr);  // ignored
+  // After a failure: destroyed as while an exception propagates (a group would abort).
+  ASSERT_EQ(mok_layer_create(&problem, nullptr, &options, &layer), MOK_OK) << mok_last_error();
+  mok_layer_destroy_after_error(layer);
+  mok_layer_destroy_after_error(nullptr);
 }
 
 TEST(CApi, NamedShapesAndTheAbiVersion) {

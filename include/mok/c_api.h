@@ -101,14 +101,20 @@ int mok_problem_from_shape(const char* name, int32_t ep_size, int32_t tokens_per
 /* Builds a layer (mok::Layer's constructor; collective in MOK_DISTRIBUTED mode). */
 int mok_layer_create(const mok_problem* problem, const mok_config* config, const mok_options* options,
                      mok_layer** layer);
-/* Destroys it; NULL is ignored. */
+/* Destroys it; NULL is ignored. In MOK_DISTRIBUTED mode this is collective (it waits for
+ * the peers), as mok::Layer's destructor is. */
 void mok_layer_destroy(mok_layer* layer);
+/* Destroys it after a failure on this rank, as mok::Layer is destroyed while an exception
+ * propagates: a distributed group's communicator is aborted, so nothing waits for peers. */
+void mok_layer_destroy_after_error(mok_layer* layer);
 /* mok::Layer::forward / backward over `num_ranks` entries (mok::Layer's rules on which). */
 int mok_layer_forward(mok_layer* layer, const mok_rank_forward* ranks, int32_t num_ranks);
 int mok_layer_backward(mok_layer* layer, const mok_rank_backward* ranks, int32_t num_ranks);
 int mok_layer_synchronize(mok_layer* layer);
 /* mok::Layer::combine_slots: rank `rank`'s combine slots, bf16 [T*k, H], in the layer's
- * memory (valid while the layer lives); a rank slice's other ranks' rows are written here. */
+ * memory; a rank slice's other ranks' rows are written here. On the cuda backend the memory
+ * lasts as long as the layer; the cpu backend makes new slots at every forward, so there
+ * the view lasts until the next forward. */
 int mok_layer_combine_slots(const mok_layer* layer, int32_t rank, mok_tensor* slots);
 /* The config the layer runs with, the library's choices filled in. */
 int mok_layer_config(const mok_layer* layer, mok_config* config);

@@ -119,6 +119,8 @@ def _lib():
                                          ctypes.POINTER(ctypes.c_void_p)]
         lib.mok_layer_destroy.argtypes = [ctypes.c_void_p]
         lib.mok_layer_destroy.restype = None
+        lib.mok_layer_destroy_after_error.argtypes = [ctypes.c_void_p]
+        lib.mok_layer_destroy_after_error.restype = None
         lib.mok_layer_forward.argtypes = [ctypes.c_void_p, ctypes.POINTER(_RankForward), ctypes.c_int32]
         lib.mok_layer_backward.argtypes = [ctypes.c_void_p, ctypes.POINTER(_RankBackward), ctypes.c_int32]
         lib.mok_layer_synchronize.argtypes = [ctypes.c_void_p]
@@ -139,6 +141,16 @@ def _check(status):
         return
     message = _lib().mok_last_error().decode("utf-8", "replace")
     raise (PeerWaitError if status == _PEER_WAIT_ERROR else MokError)(message)
+
+
+_INT32_MAX = 2**31 - 1
+
+
+def _int32(value, name):
+    """`value` as a C int32, or MokError naming `name` (ctypes would wrap it silently)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not -2**31 <= value <= _INT32_MAX:
+        raise MokError(f"{name} = {value!r}: must be an int32")
+    return value
 
 
 def cuda_available():
@@ -185,10 +197,11 @@ class Problem:
                            f"interface, got {len(self.shared_intermediate)}")
         if self.precision not in _PRECISIONS:
             raise MokError(f"Problem.precision = {self.precision!r}: must be one of {sorted(_PRECISIONS)}")
-        p = _Problem(self.num_experts, self.hidden, self.intermediate, self.top_k, self.ep_size,
-                     self.tokens_per_rank, _PRECISIONS[self.precision], len(self.shared_intermediate))
+        dims = [_int32(getattr(self, f), f"Problem.{f}") for f in ("num_experts", "hidden", "intermediate",
+                                                                    "top_k", "ep_size", "tokens_per_rank")]
+        p = _Problem(*dims, _PRECISIONS[self.precision], len(self.shared_intermediate))
         for s, w in enumerate(self.shared_intermediate):
-            p.shared_intermediate[s] = w
+            p.shared_intermediate[s] = _int32(w, f"Problem.shared_intermediate[{s}]")
         if self.swiglu_limit is not None:
             p.has_swiglu_limit, p.swiglu_limit = 1, float(self.swiglu_limit)
         return p
@@ -259,6 +272,9 @@ def _fill_common(c, rank, n):
 
 
 def _ranks(ranks, struct, keys, fill):
+    """The ctypes array for `ranks`, and the list of rank dicts, which the caller keeps until
+    the C call returns: the array holds raw pointers only (tensors made on the fly, in a
+    generator say, live as long as that list)."""
     ranks = list(ranks)
     array = (struct * max(1, len(ranks)))()
     for r, rank in enumerate(ranks):
@@ -268,7 +284,7 @@ def _ranks(ranks, struct, keys, fill):
             raise MokError(f"{n}: unknown key(s) {sorted(unknown)}; the keys are {sorted(keys)}")
         _fill_common(array[r], rank, n)
         fill(array[r], rank, n)
-    return array, len(ranks)
+    return array, len(ranks), ranks
 
 
 class Layer:
@@ -288,9 +304,10 @@ class Layer:
             if key not in dict(_Config._fields_):
                 raise MokError(f"config.{key}: not a mok::Config field ({[f for f, _ in _Config._fields_]})")
             setattr(c, key, value)
-        options = _Options(_BACKENDS[backend], _EP_MODES[ep_mode], active_rank, cpu_threads, cuda_device,
-                           cuda_stream)
+        options = _Options(_BACKENDS[backend], _EP_MODES[ep_mode], _int32(active_rank, "active_rank"),
+                           _int32(cpu_threads, "cpu_threads"), _int32(cuda_device, "cuda_device"), cuda_stream)
         self.problem = problem
+        self._distributed = ep_mode == "distributed"
         self._handle = ctypes.c_void_p()
         _check(lib.mok_layer_create(ctypes.byref(problem._c()), ctypes.byref(c), ctypes.byref(options),
                                     ctypes.byref(self._handle)))
@@ -303,9 +320,10 @@ class Layer:
     def forward(self, ranks):
         """mok::Layer::forward: one dict per rank held here (keys: x, top_experts,
         router_weights, w_gate, w_up, w_down, shared = [(w_gate, w_up, w_down), ...], y)."""
-        array, n = _ranks(ranks, _RankForward, _FORWARD_KEYS,
+        array, n, kept = _ranks(ranks, _RankForward, _FORWARD_KEYS,
                           lambda c, rank, name: setattr(c, "y", _tensor(rank.get("y"), name + ".y")))
         _check(_lib().mok_layer_forward(self._live(), array, n))
+        del kept  # (the tensors, kept alive through the call)
 
     def backward(self, ranks):
         """mok::Layer::backward: the forward's keys but y, and dy in; dx, d_router_weights,
@@ -313,30 +331,32 @@ class Layer:
         def fill(c, rank, name):
             for key in ("dy", "dx", "d_router_weights", "d_w_gate", "d_w_up", "d_w_down"):
                 setattr(c, key, _tensor(rank.get(key), f"{name}.{key}"))
-            _, c.d_shared = _shared(rank.get("d_shared"), name + ".d_shared")
-        array, n = _ranks(ranks, _RankBackward, _BACKWARD_KEYS, fill)
+            count, c.d_shared = _shared(rank.get("d_shared"), name + ".d_shared")
+            if count != c.num_shared:
+                raise MokError(f"{name}.d_shared: {count} entries for {c.num_shared} shared experts")
+        array, n, kept = _ranks(ranks, _RankBackward, _BACKWARD_KEYS, fill)
         _check(_lib().mok_layer_backward(self._live(), array, n))
+        del kept
 
     def synchronize(self):
         """Waits for the layer's device work and raises what failed there (no-op on the CPU)."""
         _check(_lib().mok_layer_synchronize(self._live()))
 
     def combine_slots(self, rank):
-        """mok::Layer::combine_slots: rank `rank`'s combine slots, bf16 [T*k, H], as a view of the
-        layer's memory that keeps the layer object alive (the memory lasts until close()): a
-        numpy uint16 array (cpu backend) or a torch.bfloat16 CUDA tensor (cuda backend). In a rank slice, the rows other ranks would
-        push to the active rank are written here before its forward."""
+        """mok::Layer::combine_slots: rank `rank`'s combine slots, bf16 [T*k, H]. On the cuda backend
+        a torch.bfloat16 CUDA tensor viewing the layer's memory (it keeps the Layer object alive;
+        close() still frees the memory): in a rank slice, the rows other ranks would push to the
+        active rank are written here before its forward. On the cpu backend a numpy uint16 copy
+        of the last forward's slots."""
         t = _Tensor()
         _check(_lib().mok_layer_combine_slots(self._live(), rank, ctypes.byref(t)))
         shape = tuple(t.shape[d] for d in range(t.ndim))
         n = 1
         for d in shape:
             n *= d
-        if t.device == _CPU:
+        if t.device == _CPU:  # (the cpu backend makes new slots at every forward: a copy)
             import numpy as np
-            buffer = (ctypes.c_uint16 * n).from_address(t.data)
-            buffer._owner = self  # the view keeps the layer (and its memory) alive
-            return np.frombuffer(buffer, dtype=np.uint16).reshape(shape)
+            return np.frombuffer((ctypes.c_uint16 * n).from_address(t.data), dtype=np.uint16).reshape(shape).copy()
         import torch
 
         class _CudaView:  # __cuda_array_interface__ (v3) over the layer's device memory
@@ -353,20 +373,25 @@ class Layer:
         _check(_lib().mok_layer_config(self._live(), ctypes.byref(c)))
         return {name: getattr(c, name) for name, _ in _Config._fields_}
 
-    def close(self):
-        """Destroys the layer now (collective in a distributed group, as in C++)."""
+    def close(self, after_error=False):
+        """Destroys the layer now. In a distributed group this is collective (it waits for the
+        peers), as in C++; `after_error` aborts the group's communicator instead, as C++ does
+        for a Layer destroyed while an exception propagates (leaving a `with` block on an
+        exception does that)."""
         if self._handle:
-            _lib().mok_layer_destroy(self._handle)
-            self._handle = ctypes.c_void_p()
+            handle, self._handle = self._handle, ctypes.c_void_p()
+            (_lib().mok_layer_destroy_after_error if after_error else _lib().mok_layer_destroy)(handle)
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, traceback):
+        self.close(after_error=exc_type is not None)
 
     def __del__(self):
+        # Garbage collection picks no moment the peers agree on: a distributed layer never
+        # reached by close() is aborted, which waits for nobody.
         try:
-            self.close()
+            self.close(after_error=getattr(self, "_distributed", False))
         except Exception:  # interpreter shutdown: the library may be gone already
             pass

@@ -130,10 +130,9 @@ class Forward(unittest.TestCase):
     def test_combine_slots_hold_each_experts_row(self):
         ranks = make_inputs(SMALL, 9)
         El, k, H = SMALL.num_experts // SMALL.ep_size, SMALL.top_k, SMALL.hidden
-        layer = mok.Layer(SMALL)
-        layer.forward(ranks)
-        slots = layer.combine_slots(1)
-        del layer  # the view keeps the layer alive
+        with mok.Layer(SMALL) as layer:
+            layer.forward(ranks)
+            slots = layer.combine_slots(1)  # (the cpu backend's: a copy)
         self.assertEqual(slots.shape, (SMALL.tokens_per_rank * k, H))
         rank = ranks[1]
         x = from_bf16(rank["x"]).astype(np.float64)
@@ -165,7 +164,7 @@ class Forward(unittest.TestCase):
 
 class Backward(unittest.TestCase):
     def test_gradients_match_the_definition(self):
-        p = mok.Problem(num_experts=4, hidden=64, intermediate=64, top_k=2, shared_intermediate=[64], ep_size=2,
+        p = mok.Problem(num_experts=4, hidden=64, intermediate=96, top_k=2, shared_intermediate=[32], ep_size=2,
                         tokens_per_rank=8)
         ranks = make_inputs(p, 4)
         rng = np.random.default_rng(5)
@@ -183,32 +182,43 @@ class Backward(unittest.TestCase):
         with mok.Layer(p) as layer:
             layer.backward(args)
         # The definition's gradients (float64; bf16 rounding of the forward's intermediates).
+        def expert_backward(x, do, wg, wu, wd):
+            """(dx, d_w_gate, d_w_up, d_w_down) of expert(x) given d expert(x) = do."""
+            g, u, a, _ = expert_parts(x, wg, wu, wd)
+            da = do @ from_bf16(wd)
+            sig = 1 / (1 + np.exp(-g))
+            dg, du = da * u * sig * (1 + g * (1 - sig)), da * silu(g)
+            return dg @ from_bf16(wg) + du @ from_bf16(wu), dg.T @ x, du.T @ x, do.T @ a
+
+        d_w = [[np.zeros((El, I, H)), np.zeros((El, I, H)), np.zeros((El, H, I))] for _ in args]
         for r, b in enumerate(args):
             x = from_bf16(b["x"]).astype(np.float64)
             dy = from_bf16(b["dy"]).astype(np.float64)
             dx = np.zeros_like(x)
             drw = np.zeros((T, k))
-            for wg, wu, wd in b["shared"]:
-                g, u, a, _ = expert_parts(x, wg, wu, wd)
-                da = dy @ from_bf16(wd)
-                sig = 1 / (1 + np.exp(-g))
-                dg, du = da * u * sig * (1 + g * (1 - sig)), da * silu(g)
-                dx += dg @ from_bf16(wg) + du @ from_bf16(wu)
+            for s, (wg, wu, wd) in enumerate(b["shared"]):
+                ddx, dwg, dwu, dwd = expert_backward(x, dy, wg, wu, wd)
+                dx += ddx
+                for got, want, what in zip(b["d_shared"][s], (dwg, dwu, dwd), ("w_gate", "w_up", "w_down")):
+                    self.assertGreaterEqual(cosine(got, want), COS, f"rank {r} shared {s} d_{what}")
             for t in range(T):
                 for j in range(k):
                     e = int(b["top_experts"][t, j])
                     owner = args[e // El]
                     wg, wu, wd = owner["w_gate"][e % El], owner["w_up"][e % El], owner["w_down"][e % El]
-                    g, u, a, o = expert_parts(x[t:t + 1], wg, wu, wd)
-                    drw[t, j] = float(o[0] @ dy[t])
-                    da = float(b["router_weights"][t, j]) * dy[t:t + 1] @ from_bf16(wd)
-                    sig = 1 / (1 + np.exp(-g))
-                    dg, du = da * u * sig * (1 + g * (1 - sig)), da * silu(g)
-                    dx[t] += (dg @ from_bf16(wg) + du @ from_bf16(wu))[0]
+                    drw[t, j] = float(expert_parts(x[t:t + 1], wg, wu, wd)[3][0] @ dy[t])
+                    ddx, dwg, dwu, dwd = expert_backward(x[t:t + 1], float(b["router_weights"][t, j]) * dy[t:t + 1],
+                                                         wg, wu, wd)
+                    dx[t] += ddx[0]
+                    for acc, d in zip(d_w[e // El], (dwg, dwu, dwd)):
+                        acc[e % El] += d
             self.assertGreaterEqual(cosine(from_bf16(b["dx"]), dx), COS, f"rank {r} dx")
             self.assertGreaterEqual(cosine(b["d_router_weights"], drw), COS, f"rank {r} d_router_weights")
-            self.assertTrue(np.abs(b["d_w_gate"]).sum() > 0 and np.isfinite(b["d_w_down"]).all(),
-                            f"rank {r}: weight gradients were not written")
+        for r, b in enumerate(args):
+            for got, want, what in zip((b["d_w_gate"], b["d_w_up"], b["d_w_down"]), d_w[r],
+                                       ("d_w_gate", "d_w_up", "d_w_down")):
+                self.assertGreaterEqual(cosine(got, want), COS, f"rank {r} {what}")
+            self.assertLess(cosine(b["d_w_gate"], d_w[r][1]), COS, "the check tells gate from up")
 
 
 class Errors(unittest.TestCase):
@@ -235,6 +245,30 @@ class Errors(unittest.TestCase):
         layer.close()
         with self.assertRaisesRegex(mok.MokError, "after close"):
             layer.synchronize()
+
+    def test_values_ctypes_would_wrap_and_mismatched_gradients_are_refused(self):
+        with self.assertRaisesRegex(mok.MokError, r"Problem.hidden = 4294967552: must be an int32"):
+            mok.Layer(mok.Problem(num_experts=8, hidden=2**32 + 256, intermediate=64, top_k=2, tokens_per_rank=16))
+        with self.assertRaisesRegex(mok.MokError, "active_rank"):
+            mok.Layer(SMALL, active_rank=2**40)
+        ranks = make_inputs(SMALL, 10)
+        b = {key: ranks[0][key] for key in ("x", "top_experts", "router_weights", "w_gate", "w_up", "w_down",
+                                            "shared")}
+        with mok.Layer(SMALL) as layer:
+            with self.assertRaisesRegex(mok.MokError, r"ranks\[0\]\.d_shared: 0 entries for 1 shared experts"):
+                layer.backward([dict(b, d_shared=[])])
+
+    def test_ranks_from_a_generator_live_through_the_call(self):
+        ranks = make_inputs(SMALL, 16)
+        with mok.Layer(SMALL) as layer:
+            layer.forward(ranks)
+            want = [r["y"].copy() for r in ranks]
+            ys = [np.zeros_like(r["y"]) for r in ranks]
+            # Every input made on the fly: only the binding's list keeps them alive.
+            layer.forward({**{key: (v.copy() if hasattr(v, "copy") else v) for key, v in r.items()}, "y": y}
+                          for r, y in zip(ranks, ys))
+        for y, w in zip(ys, want):
+            self.assertTrue(np.array_equal(y, w))
 
     def test_a_device_error_on_the_cpu_backend_is_raised_by_the_call(self):
         ranks = make_inputs(SMALL, 8)

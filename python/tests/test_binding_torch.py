@@ -5,9 +5,11 @@ NCCL group of this one process (ep_mode="distributed", bitwise equal to virtual 
 why, without torch, a GPU, or a libmok.so built with the cuda backend; scripts/device_check.sh
 runs it on the device and fails when it skips.
 """
+import gc
 import os
 import sys
 import unittest
+import weakref
 
 import numpy as np
 
@@ -105,11 +107,19 @@ class TorchCuda(unittest.TestCase):
                 for key in ("w_gate", "w_up", "w_down", "y"):
                     rank[key] = None
                 rank["shared"] = []
-        with mok.Layer(PROBLEM, backend="cuda", ep_mode="rank_slice", active_rank=active) as layer:
-            layer.combine_slots(active).copy_(pushed_to_1)
-            torch.cuda.synchronize()
-            layer.forward(sliced)
-            layer.synchronize()
+        layer = mok.Layer(PROBLEM, backend="cuda", ep_mode="rank_slice", active_rank=active)
+        alive = weakref.ref(layer)
+        slots = layer.combine_slots(active)
+        del layer
+        gc.collect()
+        self.assertIsNotNone(alive(), "the slots' view did not keep its layer alive")
+        slots.copy_(pushed_to_1)
+        torch.cuda.synchronize()
+        alive().forward(sliced)
+        alive().synchronize()
+        del slots
+        gc.collect()
+        self.assertIsNone(alive(), "the layer outlived the last view of its slots")
         self.assertTrue(np.array_equal(y_bits(sliced[active]), y_bits(virtual[active])),
                         "the slice's y differs from virtual ranks'")
 

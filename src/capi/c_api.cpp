@@ -31,20 +31,29 @@ namespace {
 
 thread_local std::string last_error;
 
+// Keeping the message may itself fail (out of memory): then a fixed one is kept instead.
+void set_last_error(const char* what) noexcept {
+  try {
+    last_error = what;
+  } catch (...) {
+    last_error.clear();  // (never throws; c_str() below then says nothing rather than crash)
+  }
+}
+
 // Runs `body`, turning what it throws into a status and this thread's last error.
 template <typename Body>
-int guarded(Body&& body) {
+int guarded(Body&& body) noexcept {
   try {
     body();
     return MOK_OK;
   } catch (const mok::PeerWaitError& e) {
-    last_error = e.what();
+    set_last_error(e.what());
     return MOK_PEER_WAIT_ERROR;
   } catch (const std::exception& e) {
-    last_error = e.what();
+    set_last_error(e.what());
     return MOK_ERROR;
   } catch (...) {
-    last_error = "mok: an unknown exception";
+    set_last_error("mok: an unknown exception");
     return MOK_ERROR;
   }
 }
@@ -143,8 +152,12 @@ void mok_default_config(mok_config* config) {
 }
 
 const char* mok_shape_name(int32_t index) {
-  const auto& shapes = mok::named_shapes();
-  return index >= 0 && index < static_cast<int32_t>(shapes.size()) ? shapes[index].name.c_str() : nullptr;
+  const char* name = nullptr;
+  guarded([&] {
+    const auto& shapes = mok::named_shapes();
+    if (index >= 0 && index < static_cast<int32_t>(shapes.size())) name = shapes[index].name.c_str();
+  });
+  return name;
 }
 
 int mok_problem_from_shape(const char* name, int32_t ep_size, int32_t tokens_per_rank, mok_problem* problem) {
@@ -205,6 +218,24 @@ void mok_layer_destroy(mok_layer* layer) {
   // (mok::Layer's destructor does not throw; a collective destroy in a group waits for the
   // peers, as in C++.)
   delete layer;
+}
+
+void mok_layer_destroy_after_error(mok_layer* layer) {
+  if (layer == nullptr) return;
+  // mok::Layer aborts a group's communicator instead of the collective destroy when it is
+  // destroyed while an exception propagates (std::uncaught_exceptions() > 0, include/mok/
+  // layer.h). A caller in C has no such exception, so the layer is destroyed during the
+  // unwinding of one thrown here for that purpose alone.
+  struct DestroyWhileUnwinding {
+    mok_layer* layer;
+    ~DestroyWhileUnwinding() { delete layer; }
+  };
+  struct Unwinding {};
+  try {
+    DestroyWhileUnwinding destroy{layer};
+    throw Unwinding{};
+  } catch (const Unwinding&) {
+  }
 }
 
 int mok_layer_forward(mok_layer* layer, const mok_rank_forward* ranks, int32_t num_ranks) {
