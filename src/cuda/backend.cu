@@ -499,8 +499,7 @@ class CudaBackend final : public BackendImpl {
   // group is in step, and it stays usable (synchronize).
   // (A trapped kernel, a CUDA error or a wait that gave up on the peers go the same way.)
   void abort_group_after(const std::string& why) const {
-    if (!group_ || group_aborted_) return;
-    group_aborted_ = true;
+    if (!group_ || !group_abort_reason_.empty()) return;
     group_abort_reason_ = why.empty() ? std::string("an error without a message") : why;
     if (group_->communicator_aborted()) return;  // (a wait that gave up on the peers said so)
     std::fprintf(stderr, "mok: rank %d: %s; aborting its NCCL communicator (the group may be out of step)\n",
@@ -510,7 +509,7 @@ class CudaBackend final : public BackendImpl {
   }
 
   void throw_if_group_aborted(const std::string& call) const {
-    if (group_aborted_)
+    if (!group_abort_reason_.empty())
       throw Error(call + ": this rank's EP group was aborted after an earlier error (" + group_abort_reason_ +
                   "); destroy this Layer and build a new one");
   }
@@ -1099,8 +1098,8 @@ class CudaBackend final : public BackendImpl {
   std::vector<ArgSlot> slots_;
   // Distributed mode only (the destructor frees the symmetric buffers while the group lives).
   std::unique_ptr<comm::EpGroup> group_;
-  // Whether, and why, this rank aborted its group's communicator (abort_group_after).
-  mutable bool group_aborted_ = false;
+  // Why this rank aborted its group's communicator (abort_group_after); empty while it has
+  // not (a reason is never empty).
   mutable std::string group_abort_reason_;
   comm::SymmetricBuffer x_sym_, combine_sym_;
   std::vector<void*> peer_x_;
