@@ -87,21 +87,51 @@ mok::TensorView view(const mok_tensor& t, const std::string& name) {
   return v;
 }
 
+// mok_tensor <- TensorView (what the library hands out: combine_slots).
+mok_tensor c_tensor(const mok::TensorView& v) {
+  mok_tensor t{};
+  t.data = v.data;
+  t.dtype = static_cast<int32_t>(v.dtype);
+  t.device = static_cast<int32_t>(v.device);
+  t.device_index = v.device_index;
+  t.ndim = v.ndim;
+  for (int d = 0; d < v.ndim; ++d) {
+    t.shape[d] = v.shape[d];
+    t.strides[d] = v.strides[d];
+  }
+  return t;
+}
+
 int32_t shared_count(int32_t n, const std::string& name) {
   mok::require(n >= 0 && n <= MOK_C_MAX_SHARED,
                name + " = " + std::to_string(n) + ": must be in [0, " + std::to_string(MOK_C_MAX_SHARED) + "]");
   return n;
 }
 
-mok::RankWeights weights(const mok_tensor& w_gate, const mok_tensor& w_up, const mok_tensor& w_down,
-                         int32_t num_shared, const mok_shared_weights* shared, const std::string& rank) {
-  mok::RankWeights w{view(w_gate, rank + ".w_gate"), view(w_up, rank + ".w_up"), view(w_down, rank + ".w_down"), {}};
-  for (int s = 0; s < shared_count(num_shared, rank + ".num_shared"); ++s) {
-    const std::string n = rank + ".shared[" + std::to_string(s) + "]";
-    w.shared.push_back({view(shared[s].w_gate, n + ".w_gate"), view(shared[s].w_up, n + ".w_up"),
-                        view(shared[s].w_down, n + ".w_down")});
+// A rank's `a.num_shared` shared-expert triples (weights: SharedExpertWeights; gradients:
+// SharedExpertGrads, the same three views), named `name`[s].w_gate and so on.
+template <typename Triple, typename CRank>
+std::vector<Triple> shared_triples(const CRank& a, const mok_shared_weights* shared, const std::string& rank,
+                                   const std::string& name) {
+  std::vector<Triple> out;
+  for (int s = 0; s < shared_count(a.num_shared, rank + ".num_shared"); ++s) {
+    const std::string n = name + "[" + std::to_string(s) + "]";
+    out.push_back({view(shared[s].w_gate, n + ".w_gate"), view(shared[s].w_up, n + ".w_up"),
+                   view(shared[s].w_down, n + ".w_down")});
   }
-  return w;
+  return out;
+}
+
+// What mok_rank_forward and mok_rank_backward share: the rank's inputs and weights.
+template <typename CRank>
+mok::RankInputs inputs_of(const CRank& a, const std::string& n) {
+  return {view(a.x, n + ".x"), view(a.top_experts, n + ".top_experts"), view(a.router_weights, n + ".router_weights")};
+}
+
+template <typename CRank>
+mok::RankWeights weights_of(const CRank& a, const std::string& n) {
+  return {view(a.w_gate, n + ".w_gate"), view(a.w_up, n + ".w_up"), view(a.w_down, n + ".w_down"),
+          shared_triples<mok::SharedExpertWeights>(a, a.shared, n, n + ".shared")};
 }
 
 mok::Config config_from(const mok_config& c) {
@@ -246,10 +276,7 @@ int mok_layer_forward(mok_layer* layer, const mok_rank_forward* ranks, int32_t n
     for (int r = 0; r < rank_count(num_ranks); ++r) {
       const mok_rank_forward& a = ranks[r];
       const std::string n = "ranks[" + std::to_string(r) + "]";
-      args.push_back({{view(a.x, n + ".x"), view(a.top_experts, n + ".top_experts"),
-                       view(a.router_weights, n + ".router_weights")},
-                      weights(a.w_gate, a.w_up, a.w_down, a.num_shared, a.shared, n),
-                      view(a.y, n + ".y")});
+      args.push_back({inputs_of(a, n), weights_of(a, n), view(a.y, n + ".y")});
     }
     layer->layer.forward(args);
   });
@@ -264,20 +291,15 @@ int mok_layer_backward(mok_layer* layer, const mok_rank_backward* ranks, int32_t
       const mok_rank_backward& a = ranks[r];
       const std::string n = "ranks[" + std::to_string(r) + "]";
       mok::RankBackward b;
-      b.inputs = {view(a.x, n + ".x"), view(a.top_experts, n + ".top_experts"),
-                  view(a.router_weights, n + ".router_weights")};
-      b.weights = weights(a.w_gate, a.w_up, a.w_down, a.num_shared, a.shared, n);
+      b.inputs = inputs_of(a, n);
+      b.weights = weights_of(a, n);
       b.dy = view(a.dy, n + ".dy");
       b.dx = view(a.dx, n + ".dx");
       b.d_router_weights = view(a.d_router_weights, n + ".d_router_weights");
       b.d_w_gate = view(a.d_w_gate, n + ".d_w_gate");
       b.d_w_up = view(a.d_w_up, n + ".d_w_up");
       b.d_w_down = view(a.d_w_down, n + ".d_w_down");
-      for (int s = 0; s < a.num_shared; ++s) {
-        const std::string d = n + ".d_shared[" + std::to_string(s) + "]";
-        b.d_shared.push_back({view(a.d_shared[s].w_gate, d + ".w_gate"), view(a.d_shared[s].w_up, d + ".w_up"),
-                              view(a.d_shared[s].w_down, d + ".w_down")});
-      }
+      b.d_shared = shared_triples<mok::SharedExpertGrads>(a, a.d_shared, n, n + ".d_shared");
       args.push_back(std::move(b));
     }
     layer->layer.backward(args);
@@ -295,17 +317,7 @@ int mok_layer_combine_slots(const mok_layer* layer, int32_t rank, mok_tensor* sl
   return guarded([&] {
     require_not_null(layer, "layer");
     require_not_null(slots, "slots");
-    const mok::TensorView v = layer->layer.combine_slots(rank);
-    *slots = mok_tensor{};
-    slots->data = v.data;
-    slots->dtype = static_cast<int32_t>(v.dtype);
-    slots->device = static_cast<int32_t>(v.device);
-    slots->device_index = v.device_index;
-    slots->ndim = v.ndim;
-    for (int d = 0; d < v.ndim; ++d) {
-      slots->shape[d] = v.shape[d];
-      slots->strides[d] = v.strides[d];
-    }
+    *slots = c_tensor(layer->layer.combine_slots(rank));
   });
 }
 
