@@ -12,26 +12,21 @@ import unittest
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))  # MoK's bars and the bf16 helpers, shared
+import checks  # noqa: E402
 import mok  # noqa: E402
+import workdir  # noqa: E402
 
-MAX_ABS, REL, COS = 0.5, 0.01, 0.9999
-
-
-def to_bf16(a):
-    """float -> bf16 bit patterns (uint16), round to nearest even."""
-    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    return u.astype(np.uint16)
-
-
-def from_bf16(bits):
-    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+TOL, COS = checks.tolerance("bf16"), 0.9999
+to_bf16 = workdir.f32_to_bf16_bits  # float -> bf16 bit patterns (uint16), round to nearest even
+from_bf16 = workdir.bf16_bits_to_f32
 
 
 def rnd(a):
     """Rounded to bf16, as float64."""
-    return from_bf16(to_bf16(a)).astype(np.float64)
+    return workdir.round_bf16(a).astype(np.float64)
 
 
 def silu(g):
@@ -91,12 +86,9 @@ def reference_forward(p, ranks):
 
 
 def close(got, ref):
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    if not np.all(np.isfinite(got)):
-        return False, "non-finite values"
-    max_abs = float(np.abs(got - ref).max())
-    rel = float(np.abs(got - ref).sum() / max(np.abs(ref).sum(), 1e-30))
-    return max_abs <= MAX_ABS and rel <= REL, f"max_abs={max_abs:.4g} rel={rel:.4g}"
+    """MoK's check (bench/checks.py): (passes, its numbers as text); NaN never passes."""
+    st = checks.compare(np.asarray(got, np.float64), np.asarray(ref, np.float64), np)
+    return checks.passes(st, TOL), f"max_abs={st['max_abs']:.4g} rel={st['rel']:.4g} non_finite={st['non_finite']}"
 
 
 def cosine(a, b):
