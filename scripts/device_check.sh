@@ -123,12 +123,12 @@ if [ $RUN_TESTS = 1 ]; then
     rm -rf "$alone_dir"
   done
   # The library's own group tests (tests/gpu: GpuGroup, a group of this one process): a
-  # forward that throws aborts the group and later calls say why; a device error leaves it
-  # usable. Elsewhere they skip without NCCL; here they must run.
+  # forward that throws, or abandon_group, aborts the group and later calls say why; a
+  # device error leaves it usable. Elsewhere they skip without NCCL; here they must run.
   if [ $grc = 0 ]; then
     timeout 120 "$BIN/mok_gpu_tests" --gtest_filter='GpuGroup.*' > "$OUT/group_tests.log" 2>&1 || grc=10
-    # (Both ran and passed: not skipped, and not a filter that matched nothing.)
-    [ $grc = 0 ] && ! grep -q '^\[  PASSED  \] 2 tests' "$OUT/group_tests.log" && grc=10
+    # (All three ran and passed: not skipped, and not a filter that matched nothing.)
+    [ $grc = 0 ] && ! grep -q '^\[  PASSED  \] 3 tests' "$OUT/group_tests.log" && grc=10
     cat "$OUT/group_tests.log" >> "$OUT/group.log"
     [ $grc = 0 ] && echo "check PASS: GpuGroup tests $(grep -E '^\[  PASSED  \]' "$OUT/group_tests.log")" >> "$OUT/group.log"
   fi
@@ -185,7 +185,7 @@ if [ $RUN_SAN = 1 ] && command -v compute-sanitizer > /dev/null; then
     timeout 240 compute-sanitizer --tool synccheck --report-api-errors no --error-exitcode 9 \
       "$BIN/mok_gpu_tests" --gtest_filter='GpuGroup.*' > "$OUT/sanitizer_group_synccheck.log" 2>&1
     src=$?
-    grep -q '^\[  PASSED  \] 2 tests' "$OUT/sanitizer_group_synccheck.log" || src=10
+    grep -q '^\[  PASSED  \] 3 tests' "$OUT/sanitizer_group_synccheck.log" || src=10
     [ $src = 0 ] || FAILED=1
     note "compute-sanitizer synccheck, GpuGroup tests: rc=$src $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_group_synccheck.log" | head -1)"
     [ $src = 0 ] || grep -v '^mok\|^  ' "$OUT/sanitizer_group_synccheck.log" | head -40

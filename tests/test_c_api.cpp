@@ -178,6 +178,14 @@ TEST(CApi, FailuresAreStatusesWithTheLayersMessage) {
   EXPECT_THAT(mok_last_error(), HasSubstr("num_ranks = 0"));
   EXPECT_EQ(mok_layer_forward(nullptr, fwd.data(), 2), MOK_ERROR);
   EXPECT_EQ(mok_layer_synchronize(nullptr), MOK_ERROR);
+  EXPECT_EQ(mok_layer_abandon_group(nullptr, "why"), MOK_ERROR);
+  EXPECT_THAT(mok_last_error(), HasSubstr("layer: must not be NULL"));
+  // Without a group there is nothing to abandon: the layer goes on.
+  EXPECT_EQ(mok_layer_abandon_group(layer, nullptr), MOK_OK) << mok_last_error();
+  EXPECT_EQ(mok_layer_abandon_group(layer, "no group"), MOK_OK) << mok_last_error();
+  LayerData good = make_data(p, 33, false);
+  const auto good_fwd = c_forward(good.forward_args());
+  EXPECT_EQ(mok_layer_forward(layer, good_fwd.data(), 2), MOK_OK) << mok_last_error();
   mok_layer_destroy(layer);
   mok_layer_destroy(nullptr);  // ignored
   // After a failure: destroyed as while an exception propagates (a group would abort).

@@ -6,7 +6,7 @@
  * Every call that can fail returns a status (MOK_OK, or MOK_ERROR / MOK_PEER_WAIT_ERROR with
  * the message in mok_last_error(), as mok::Error / mok::PeerWaitError would say it); none
  * throws or aborts. The structs are plain data: a binding mirrors them field for field, and
- * MOK_C_ABI_VERSION changes whenever one of them does.
+ * MOK_C_ABI_VERSION changes whenever one of them, or the set of functions, does.
  */
 #ifndef MOK_C_API_H
 #define MOK_C_API_H
@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define MOK_C_ABI_VERSION 1
+#define MOK_C_ABI_VERSION 2
 #define MOK_C_MAX_DIMS 4
 #define MOK_C_MAX_SHARED 8
 
@@ -105,8 +105,13 @@ int mok_layer_create(const mok_problem* problem, const mok_config* config, const
  * the peers), as mok::Layer's destructor is. */
 void mok_layer_destroy(mok_layer* layer);
 /* Destroys it after a failure on this rank, as mok::Layer is destroyed while an exception
- * propagates: a distributed group's communicator is aborted, so nothing waits for peers. */
+ * propagates: a distributed group's communicator is aborted (mok_layer_abandon_group), so
+ * nothing waits for peers. */
 void mok_layer_destroy_after_error(mok_layer* layer);
+/* mok::Layer::abandon_group: a distributed layer's rank gives up on its group now (its
+ * communicator is aborted, later calls fail saying why, destroying it waits for nobody);
+ * without a group nothing changes. `why` may be NULL. */
+int mok_layer_abandon_group(mok_layer* layer, const char* why);
 /* mok::Layer::forward / backward over `num_ranks` entries (mok::Layer's rules on which). */
 int mok_layer_forward(mok_layer* layer, const mok_rank_forward* ranks, int32_t num_ranks);
 int mok_layer_backward(mok_layer* layer, const mok_rank_backward* ranks, int32_t num_ranks);

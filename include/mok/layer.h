@@ -140,6 +140,14 @@ class Layer {
   // (capacity overflow, a timed-out wait) as mok::Error. No-op on the CPU backend.
   void synchronize() const;
 
+  // Distributed mode: this rank gives up on its EP group now, without waiting for the peers.
+  // Its NCCL communicator is aborted (the peers' waits then time out and name this rank),
+  // every later call throws saying why (`why`), and destroying the Layer waits for nobody.
+  // For a rank that stops after an error its peers may not share, caught above the Layer (a
+  // Layer destroyed while an exception propagates does this by itself). Other modes and the
+  // CPU backend hold no group: nothing to abandon, and the Layer goes on as before.
+  void abandon_group(const std::string& why);
+
   // The combine slots of rank r, bf16 [T*k, H]: slot t*k+j receives the row that
   // expert top_experts[t,j] produced for token t. Exposed for tests and rank_slice runs
   // (where the slots other ranks would write are filled in advance).

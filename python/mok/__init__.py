@@ -21,11 +21,12 @@ The library is found at $MOK_LIBRARY, else in the repository's build directories
 """
 import ctypes
 import os
+import weakref
 from dataclasses import dataclass, field
 
 __all__ = ["MokError", "PeerWaitError", "Problem", "Layer", "cuda_available", "library_path", "shapes"]
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 _MAX_DIMS = 4
 _MAX_SHARED = 8
 _OK, _ERROR, _PEER_WAIT_ERROR = 0, 1, 4
@@ -121,6 +122,7 @@ def _lib():
         lib.mok_layer_destroy.restype = None
         lib.mok_layer_destroy_after_error.argtypes = [ctypes.c_void_p]
         lib.mok_layer_destroy_after_error.restype = None
+        lib.mok_layer_abandon_group.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
         lib.mok_layer_forward.argtypes = [ctypes.c_void_p, ctypes.POINTER(_RankForward), ctypes.c_int32]
         lib.mok_layer_backward.argtypes = [ctypes.c_void_p, ctypes.POINTER(_RankBackward), ctypes.c_int32]
         lib.mok_layer_synchronize.argtypes = [ctypes.c_void_p]
@@ -287,6 +289,32 @@ def _ranks(ranks, struct, keys, fill):
     return array, len(ranks), ranks
 
 
+class _Native:
+    """The C layer. Layer.close() destroys it at once, or, while combine_slots views still point
+    into its memory (cuda backend), leaves that to the end of the last of them: each view holds
+    this object, and its __del__ destroys the layer."""
+
+    def __init__(self, handle, distributed):
+        self.handle = handle
+        self.distributed = distributed
+        self.views = weakref.WeakSet()  # the combine_slots views alive
+
+    def destroy(self, after_error):
+        if self.handle:
+            handle, self.handle = self.handle, None
+            (_lib().mok_layer_destroy_after_error if after_error else _lib().mok_layer_destroy)(handle)
+
+    def __del__(self):
+        # Reached when nothing holds the layer any more: after a close() that left it to its
+        # views, or when a Layer is garbage-collected. Garbage collection picks no moment a
+        # group's peers agree on, so a distributed layer is aborted, which waits for nobody
+        # (a close() that left it to its views abandoned the group already).
+        try:
+            self.destroy(after_error=self.distributed)
+        except Exception:  # interpreter shutdown: the library may be gone already
+            pass
+
+
 class Layer:
     """mok::Layer (include/mok/layer.h). `config`: a dict of mok::Config fields to change
     from the library's defaults (0 where the library chooses)."""
@@ -307,15 +335,16 @@ class Layer:
         options = _Options(_BACKENDS[backend], _EP_MODES[ep_mode], _int32(active_rank, "active_rank"),
                            _int32(cpu_threads, "cpu_threads"), _int32(cuda_device, "cuda_device"), cuda_stream)
         self.problem = problem
-        self._distributed = ep_mode == "distributed"
-        self._handle = ctypes.c_void_p()
+        self._native = None
+        handle = ctypes.c_void_p()
         _check(lib.mok_layer_create(ctypes.byref(problem._c()), ctypes.byref(c), ctypes.byref(options),
-                                    ctypes.byref(self._handle)))
+                                    ctypes.byref(handle)))
+        self._native = _Native(handle, distributed=ep_mode == "distributed")
 
     def _live(self):
-        if not self._handle:
+        if self._native is None:
             raise MokError("Layer: used after close()")
-        return self._handle
+        return self._native.handle
 
     def forward(self, ranks):
         """mok::Layer::forward: one dict per rank held here (keys: x, top_experts,
@@ -342,12 +371,19 @@ class Layer:
         """Waits for the layer's device work and raises what failed there (no-op on the CPU)."""
         _check(_lib().mok_layer_synchronize(self._live()))
 
+    def abandon_group(self, why=None):
+        """mok::Layer::abandon_group: a distributed layer's rank gives up on its group now,
+        waiting for no peer (its communicator is aborted; later calls raise saying why; closing
+        it waits for nobody). Without a group (other modes, the cpu backend) nothing changes."""
+        _check(_lib().mok_layer_abandon_group(self._live(), None if why is None else str(why).encode()))
+
     def combine_slots(self, rank):
         """mok::Layer::combine_slots: rank `rank`'s combine slots, bf16 [T*k, H]. On the cuda backend
-        a torch.bfloat16 CUDA tensor viewing the layer's memory (it keeps the Layer object alive;
-        close() still frees the memory): in a rank slice, the rows other ranks would push to the
-        active rank are written here before its forward. On the cpu backend a numpy uint16 copy
-        of the last forward's slots."""
+        a torch.bfloat16 CUDA tensor viewing the layer's memory: in a rank slice, the rows other
+        ranks would push to the active rank are written here before its forward. The view keeps
+        the Layer object alive, and its memory outlives close(): the layer is destroyed once
+        the last view is gone. On the cpu backend a numpy uint16 copy of the last forward's
+        slots."""
         t = _Tensor()
         _check(_lib().mok_layer_combine_slots(self._live(), rank, ctypes.byref(t)))
         shape = tuple(t.shape[d] for d in range(t.ndim))
@@ -360,11 +396,14 @@ class Layer:
         import torch
 
         class _CudaView:  # __cuda_array_interface__ (v3) over the layer's device memory
-            def __init__(self, owner):
-                self.owner = owner
+            def __init__(self, layer):
+                # (torch holds this object as long as the tensor's storage lives.)
+                self.layer, self.native = layer, layer._native
                 self.__cuda_array_interface__ = {"shape": shape, "typestr": "<i2", "data": (t.data, False),
                                                  "version": 3, "strides": None}
-        return torch.as_tensor(_CudaView(self), device=f"cuda:{t.device_index}").view(torch.bfloat16)
+        view = _CudaView(self)
+        self._native.views.add(view)
+        return torch.as_tensor(view, device=f"cuda:{t.device_index}").view(torch.bfloat16)
 
     @property
     def config(self):
@@ -374,24 +413,30 @@ class Layer:
         return {name: getattr(c, name) for name, _ in _Config._fields_}
 
     def close(self, after_error=False):
-        """Destroys the layer now. In a distributed group this is collective (it waits for the
-        peers), as in C++; `after_error` aborts the group's communicator instead, as C++ does
-        for a Layer destroyed while an exception propagates (leaving a `with` block on an
-        exception does that)."""
-        if self._handle:
-            handle, self._handle = self._handle, ctypes.c_void_p()
-            (_lib().mok_layer_destroy_after_error if after_error else _lib().mok_layer_destroy)(handle)
+        """Ends the layer's use and destroys it. In a distributed group this is collective (it
+        waits for the peers), as in C++; `after_error` aborts the group's communicator instead,
+        as C++ does for a Layer destroyed while an exception propagates (leaving a `with` block
+        on an exception does that). While combine_slots views are alive their memory stays, and
+        the last of them destroys the layer; a distributed layer's collective destroy cannot
+        wait for them, so closing one without `after_error` then raises and leaves it open."""
+        native = self._native
+        if native is None:
+            return
+        views = len(native.views)
+        if views and native.distributed and not after_error:
+            raise MokError(f"close(): {views} combine_slots view(s) of this distributed layer are alive, and "
+                           "its destroy is collective (it happens now, on every rank): delete them first, or "
+                           "close(after_error=True), which abandons the group")
+        self._native = None
+        if views:
+            # (Abandoning first, the destroy left to the views waits for nobody.)
+            if native.distributed:
+                _check(_lib().mok_layer_abandon_group(native.handle, b"closed after an error"))
+            return
+        native.destroy(after_error)
 
     def __enter__(self):
         return self
 
     def __exit__(self, exc_type, exc, traceback):
         self.close(after_error=exc_type is not None)
-
-    def __del__(self):
-        # Garbage collection picks no moment the peers agree on: a distributed layer never
-        # reached by close() is aborted, which waits for nobody.
-        try:
-            self.close(after_error=getattr(self, "_distributed", False))
-        except Exception:  # interpreter shutdown: the library may be gone already
-            pass

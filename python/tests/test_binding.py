@@ -142,6 +142,21 @@ class Forward(unittest.TestCase):
             with self.assertRaisesRegex(mok.MokError, "combine_slots"):
                 other.combine_slots(5)
 
+    def test_abandoning_without_a_group_changes_nothing(self):
+        ranks = make_inputs(SMALL, 17)
+        with mok.Layer(SMALL) as layer:
+            layer.forward(ranks)
+            want = [r["y"].copy() for r in ranks]
+            layer.abandon_group("no group here")
+            layer.abandon_group()
+            for r in ranks:
+                r["y"][:] = 0
+            layer.forward(ranks)
+        for r, w in zip(ranks, want):
+            self.assertTrue(np.array_equal(r["y"], w), "a forward after abandon_group changed bits")
+        with self.assertRaisesRegex(mok.MokError, "after close"):
+            layer.abandon_group()
+
     def test_the_check_can_fail(self):
         ranks = make_inputs(SMALL, 3)
         with mok.Layer(SMALL) as layer:

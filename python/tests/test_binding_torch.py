@@ -5,6 +5,7 @@ NCCL group of this one process (ep_mode="distributed", bitwise equal to virtual 
 why, without torch, a GPU, or a libmok.so built with the cuda backend; scripts/device_check.sh
 runs it on the device and fails when it skips.
 """
+import contextlib
 import gc
 import os
 import sys
@@ -40,6 +41,22 @@ def to_torch(rank, device):
 
 def y_bits(rank):
     return rank["y"].view(torch.int16).cpu().numpy().view(np.uint16)
+
+
+@contextlib.contextmanager
+def group_of_one_env():
+    """What torchrun or `mok launch` would set for a group of one (mok reads MOK_* first)."""
+    launcher = {"MOK_RANK": "0", "MOK_WORLD_SIZE": "1", "MOK_LOCAL_RANK": "0"}
+    saved = {k: os.environ.get(k) for k in launcher}
+    os.environ.update(launcher)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 class TorchCuda(unittest.TestCase):
@@ -133,12 +150,38 @@ class TorchCuda(unittest.TestCase):
                 layer.synchronize()
         self.assertTrue(torch.isnan(gpu[0]["y"].float()).all().item())
 
-    def test_a_group_of_one_process_through_nccl_gives_the_bits_of_virtual_ranks(self):
-        # What torchrun or `mok launch` would set for a group of one (mok reads MOK_* first).
-        launcher = {"MOK_RANK": "0", "MOK_WORLD_SIZE": "1", "MOK_LOCAL_RANK": "0"}
-        saved = {k: os.environ.get(k) for k in launcher}
-        os.environ.update(launcher)
+    def test_close_leaves_live_slot_views_valid_and_the_last_one_destroys_the_layer(self):
+        gpu = [to_torch(r, "cuda") for r in make_inputs(PROBLEM, 18)]
+        layer = mok.Layer(PROBLEM, backend="cuda")
+        layer.forward(gpu)
+        layer.synchronize()
+        slots = layer.combine_slots(1)
+        want = slots.clone()
+        native = weakref.ref(layer._native)
+        layer.close()
+        with self.assertRaisesRegex(mok.MokError, "after close"):
+            layer.combine_slots(1)
+        gc.collect()
+        self.assertIsNotNone(native(), "close() destroyed the layer under a live view of its slots")
+        self.assertTrue(torch.equal(slots, want))
+        slots.fill_(0)
+        torch.cuda.synchronize()
+        del slots
+        gc.collect()
+        self.assertIsNone(native(), "the layer outlived the last view of its slots")
+
+    def _group_of_one(self, p):
+        """A distributed layer of this one process, or a skip without a usable NCCL; call it with
+        the launcher's variables set (group_of_one_env)."""
         try:
+            return mok.Layer(p, backend="cuda", ep_mode="distributed")
+        except mok.MokError as e:
+            if "NCCL" in str(e) and ("libnccl" in str(e) or "MOK_NCCL_LIBRARY" in str(e)):
+                self.skipTest(f"no usable NCCL (scripts/group_env.sh finds PyTorch's): {e}")
+            raise
+
+    def test_a_group_of_one_process_through_nccl_gives_the_bits_of_virtual_ranks(self):
+        with group_of_one_env():
             p = mok.Problem(num_experts=8, hidden=256, intermediate=128, top_k=2, shared_intermediate=[128],
                             ep_size=1, tokens_per_rank=64)
             ranks = make_inputs(p, 14)
@@ -146,25 +189,40 @@ class TorchCuda(unittest.TestCase):
             with mok.Layer(p, backend="cuda") as layer:
                 layer.forward(virtual)
                 layer.synchronize()
-            try:
-                layer = mok.Layer(p, backend="cuda", ep_mode="distributed")
-            except mok.MokError as e:
-                if "NCCL" in str(e) and ("libnccl" in str(e) or "MOK_NCCL_LIBRARY" in str(e)):
-                    self.skipTest(f"no usable NCCL (scripts/group_env.sh finds PyTorch's): {e}")
-                raise
-            with layer:
+            with self._group_of_one(p) as layer:
                 layer.forward(group)
                 layer.synchronize()
             self.assertTrue(np.array_equal(y_bits(group[0]), y_bits(virtual[0])),
                             "a group of one's y differs from virtual ranks'")
             ok, stats = close(from_bf16(y_bits(group[0])), reference_forward(p, ranks)[0])
             self.assertTrue(ok, stats)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+
+    def test_a_group_is_abandoned_on_request_and_never_destroyed_collectively_under_live_views(self):
+        with group_of_one_env():
+            p = mok.Problem(num_experts=8, hidden=256, intermediate=128, top_k=2, ep_size=1, tokens_per_rank=64)
+            group = [to_torch(r, "cuda") for r in make_inputs(p, 19)]
+            layer = self._group_of_one(p)
+            layer.forward(group)
+            layer.synchronize()
+            slots = layer.combine_slots(0)
+            # The collective destroy cannot wait for the view: close() refuses and the layer goes on.
+            with self.assertRaisesRegex(mok.MokError, r"1 combine_slots view\(s\) of this distributed layer"):
+                layer.close()
+            layer.forward(group)
+            layer.synchronize()
+            layer.abandon_group("the test gave up")
+            with self.assertRaisesRegex(mok.MokError, "abandoned the group: the test gave up"):
+                layer.forward(group)
+            native = weakref.ref(layer._native)
+            layer.close(after_error=True)  # (the view still lives: the layer stays until it goes)
+            gc.collect()
+            self.assertIsNotNone(native())
+            del slots
+            gc.collect()
+            self.assertIsNone(native(), "the layer outlived the last view of its slots")
+            with self._group_of_one(p) as again:  # the process can build a new group
+                again.forward(group)
+                again.synchronize()
 
     def test_tensors_on_the_wrong_device_are_named(self):
         ranks = [to_torch(r, "cpu") for r in make_inputs(PROBLEM, 13)]

@@ -252,20 +252,20 @@ void mok_layer_destroy(mok_layer* layer) {
 
 void mok_layer_destroy_after_error(mok_layer* layer) {
   if (layer == nullptr) return;
-  // mok::Layer aborts a group's communicator instead of the collective destroy when it is
-  // destroyed while an exception propagates (std::uncaught_exceptions() > 0, include/mok/
-  // layer.h). A caller in C has no such exception, so the layer is destroyed during the
-  // unwinding of one thrown here for that purpose alone.
-  struct DestroyWhileUnwinding {
-    mok_layer* layer;
-    ~DestroyWhileUnwinding() { delete layer; }
-  };
-  struct Unwinding {};
+  // (abandon_group reports nothing it could fail on: the abort's own status is not an error
+  // a caller could act on, and a destroy must go on whatever happens.)
   try {
-    DestroyWhileUnwinding destroy{layer};
-    throw Unwinding{};
-  } catch (const Unwinding&) {
+    layer->layer.abandon_group("the layer was destroyed after an error");
+  } catch (...) {
   }
+  delete layer;
+}
+
+int mok_layer_abandon_group(mok_layer* layer, const char* why) {
+  return guarded([&] {
+    require_not_null(layer, "layer");
+    layer->layer.abandon_group(why != nullptr ? why : "");
+  });
 }
 
 int mok_layer_forward(mok_layer* layer, const mok_rank_forward* ranks, int32_t num_ranks) {

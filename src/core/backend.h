@@ -24,6 +24,8 @@ class BackendImpl {
   virtual void backward(std::span<const RankBackward> ranks) = 0;
   virtual std::vector<ScheduleStats> last_schedule_stats() const = 0;
   virtual void synchronize() const {}
+  // Distributed mode: abort the group's communicator (Layer::abandon_group); no group, no-op.
+  virtual void abandon_group(const std::string& /*why*/) {}
   virtual TensorView combine_slots(int rank) const = 0;
   virtual std::size_t workspace_bytes() const = 0;
   // The config with the backend's choices (comm SMs, ...) filled in.

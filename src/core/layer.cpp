@@ -68,6 +68,7 @@ void Layer::forward(std::span<const RankForward> ranks) { impl().backend->forwar
 void Layer::backward(std::span<const RankBackward> ranks) { impl().backend->backward(ranks); }
 std::vector<ScheduleStats> Layer::last_schedule_stats() const { return impl().backend->last_schedule_stats(); }
 void Layer::synchronize() const { impl().backend->synchronize(); }
+void Layer::abandon_group(const std::string& why) { impl().backend->abandon_group(why); }
 
 BackendImpl& LayerInternals::backend(const Layer& layer) { return *layer.impl().backend; }
 

@@ -508,6 +508,10 @@ class CudaBackend final : public BackendImpl {
     group_->abort_communicator();
   }
 
+  void abandon_group(const std::string& why) override {
+    abort_group_after(why.empty() ? std::string("the caller abandoned the group") : "the caller abandoned the group: " + why);
+  }
+
   void throw_if_group_aborted(const std::string& call) const {
     if (!group_abort_reason_.empty())
       throw Error(call + ": this rank's EP group was aborted after an earlier error (" + group_abort_reason_ +

@@ -1021,6 +1021,41 @@ TEST(GpuGroup, AForwardThatThrowsAbortsTheGroupAndLaterCallsSayWhy) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
+// A rank that gives up on its group (Layer::abandon_group, after an error caught above the
+// Layer, say) aborts the communicator at once: later calls say why, and the destroy waits
+// for no peer. Without a group the call changes nothing.
+TEST(GpuGroup, AnAbandonedGroupIsAbortedAndLaterCallsSayWhy) {
+  MOK_REQUIRE_GROUP();
+  const GroupOfOneEnv launched;
+  const Problem p = make_problem(16, 256, 128, 4, {}, 1, 64);
+  LayerData host = make_data(p, "gaussian");
+  DeviceMirror mirror(host, 0);
+  const auto args = mirror.forward_args();
+  {
+    LayerOptions o;
+    o.backend = Backend::cuda;
+    Layer single(p, Config{}, o);
+    single.abandon_group("no group to abandon");
+    single.forward(args);
+    EXPECT_NO_THROW(single.synchronize());
+  }
+  auto layer = std::make_unique<Layer>(p, Config{}, group_of_one());
+  layer->forward(args);
+  layer->synchronize();
+  mirror.copy_outputs_to(host);
+  expect_close(host, run_reference(host), Precision::bf16, "group of one before it was abandoned");
+  layer->abandon_group("the trainer stopped");
+  layer->abandon_group("a second reason is not kept");
+  const auto abandoned = ::testing::AllOf(::testing::HasSubstr("EP group was aborted after an earlier error"),
+                                          ::testing::HasSubstr("the caller abandoned the group: the trainer stopped"),
+                                          ::testing::Not(::testing::HasSubstr("second reason")));
+  EXPECT_THAT([&] { layer->forward(args); }, ::testing::ThrowsMessage<Error>(abandoned));
+  EXPECT_THAT([&] { layer->synchronize(); }, ::testing::ThrowsMessage<Error>(abandoned));
+  const auto start = std::chrono::steady_clock::now();
+  layer.reset();  // no collective destroy: the communicator is gone
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
 // A device error travels to every rank through the group barrier, so the group stays in
 // step and usable: the next forward runs. (3 tokens of H = 64: 24 epilogue chunks, so the
 // epilogue's one warp is partial where it reads the gathered codes.)
