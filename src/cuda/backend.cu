@@ -285,10 +285,20 @@ __global__ void peer_pointers_kernel(ncclWindow_t x_window, ncclWindow_t combine
 struct ArgSlot {
   void* host = nullptr;  // pinned
   DeviceBuffer device;
+  // Recorded on the stream behind the slot's latest upload outside a capture: once it has
+  // completed, the pinned host copy may be rewritten (the device copy is rewritten by a copy
+  // on the same stream, so it waits for every forward that read it by stream order alone).
+  cudaEvent_t uploaded = nullptr;
+  bool upload_recorded = false;
   ArgSlot() = default;
-  ArgSlot(ArgSlot&& o) noexcept : host(o.host), device(std::move(o.device)) { o.host = nullptr; }
+  ArgSlot(ArgSlot&& o) noexcept
+      : host(o.host), device(std::move(o.device)), uploaded(o.uploaded), upload_recorded(o.upload_recorded) {
+    o.host = nullptr;
+    o.uploaded = nullptr;
+  }
   ~ArgSlot() {
     if (host) cudaFreeHost(host);
+    if (uploaded) cudaEventDestroy(uploaded);
   }
 };
 
@@ -932,6 +942,7 @@ class CudaBackend final : public BackendImpl {
     for (std::size_t i = 0; i < kCacheEntries; ++i) {
       ArgSlot slot;
       MOK_CUDA_CHECK(cudaMallocHost(&slot.host, arg_slot_bytes()));
+      MOK_CUDA_CHECK(cudaEventCreateWithFlags(&slot.uploaded, cudaEventDisableTiming));
       slot.device = track(DeviceBuffer(arg_slot_bytes()));
       slots_.push_back(std::move(slot));
     }
@@ -980,8 +991,13 @@ class CudaBackend final : public BackendImpl {
       require(victim != cache_.rend(),
               "forward: all " + std::to_string(slots_.size()) + " argument slots hold tensor sets of captured CUDA "
               "graphs, which replay them; call with one of those sets, or use another Layer for more");
-      wait_for_stream("a forward waiting for an argument slot");  // the evicted set may still be in use
       slot = victim->slot;
+      // Its host copy is rewritten below: the copy that last uploaded it must be done. It
+      // almost always is (the set was used least recently), so the host does not wait; if
+      // not (the host is many calls ahead of the stream), wait for the stream, with its limits.
+      const ArgSlot& s = slots_[slot];
+      if (!s.upload_recorded || cudaEventQuery(s.uploaded) != cudaSuccess)
+        wait_for_stream("a forward waiting for an argument slot");
       cache_.erase(std::next(victim).base());
     }
     cache_.emplace_front();
@@ -1034,6 +1050,9 @@ class CudaBackend final : public BackendImpl {
                            r.y.as<__nv_bfloat16>()};
     }
     MOK_CUDA_CHECK(cudaMemcpyAsync(slots_[slot].device.as<void>(), host, total, cudaMemcpyHostToDevice, stream_));
+    // (A slot uploaded in a capture is the graph's for good: never evicted, never timed.)
+    slots_[slot].upload_recorded = !capturing;
+    if (!capturing) MOK_CUDA_CHECK(cudaEventRecord(slots_[slot].uploaded, stream_));
     char* dev = slots_[slot].device.as<char>();
     a.maps = reinterpret_cast<RankMaps*>(dev);
     a.x_source = reinterpret_cast<const __nv_bfloat16**>(dev + maps_bytes);

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 
 #include "core/backend.h"
 #include "comm/ep_group.h"
@@ -932,6 +934,74 @@ TEST(GpuGraph, CapturedTensorsKeepTheirSlotThroughManyEagerTensorSets) {
     EXPECT_TRUE(std::isnan(num::bf16_to_float(other.ranks[0].y.data<std::uint16_t>()[0])))
         << "the replay wrote eager tensor set " << i << "'s y";
   }
+}
+
+// Eight argument slots hold the tensor sets seen last; a new set (a fresh y per call, as a
+// training loop's allocator hands out) takes the least recently used one. Rewriting its host
+// copy needs only that copy's last upload to be done, not the stream: the host must not wait
+// for queued forwards, and when that upload is still queued it must wait, or an earlier
+// forward would read the new set's pointers.
+TEST(GpuArgSlots, ANewTensorSetWaitsOnlyForItsSlotsLastUpload) {
+  MOK_REQUIRE_GPU();
+  const Problem p = make_problem(16, 256, 128, 4, {128}, 2, 64);
+  const LayerData host = make_data(p, "gaussian");
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  LayerOptions o;
+  o.backend = Backend::cuda;
+  o.cuda_stream = stream;
+  auto layer = std::make_unique<Layer>(p, Config{}, o);
+  constexpr int kWarm = 9, kBlocked = 10;  // (the slots: 8)
+  std::vector<std::unique_ptr<DeviceMirror>> sets;
+  for (int i = 0; i < kWarm + kBlocked; ++i) {  // (allocated up front: cudaMalloc may synchronise)
+    sets.push_back(std::make_unique<DeviceMirror>(host, 0));
+    sets.back()->poison_outputs();
+  }
+  for (int i = 0; i < kWarm; ++i) layer->forward(sets[i]->forward_args());
+  layer->synchronize();
+
+  // The stream waits behind a host function until the gate opens, 2 s from now.
+  struct Gate {
+    std::atomic<bool> open{false}, timed_out{false};
+  } gate;
+  auto hold = [](void* g) {
+    auto* gate = static_cast<Gate*>(g);
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!gate->open.load())
+      if (std::chrono::steady_clock::now() > limit) {
+        gate->timed_out = true;
+        return;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+  };
+  ASSERT_EQ(cudaLaunchHostFunc(stream, hold, &gate), cudaSuccess);
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    gate.open = true;
+  });
+  // The first 8 new sets take slots whose uploads were done before the gate: no waiting.
+  for (int i = kWarm; i < kWarm + 8; ++i) layer->forward(sets[i]->forward_args());
+  const bool waited = gate.open.load();
+  // The next ones take slots uploaded behind the gate: they wait for it.
+  for (int i = kWarm + 8; i < kWarm + kBlocked; ++i) layer->forward(sets[i]->forward_args());
+  const bool gate_passed = gate.open.load();
+  opener.join();
+  layer->synchronize();
+  EXPECT_FALSE(waited) << "a forward evicting a slot uploaded long ago waited for the stream";
+  EXPECT_TRUE(gate_passed) << "a forward rewrote a slot whose upload was still queued";
+  EXPECT_FALSE(gate.timed_out.load());
+
+  LayerData first = host;
+  sets[0]->copy_outputs_to(first);
+  expect_close(first, run_reference(host), Precision::bf16, "the first tensor set");
+  for (int i = 1; i < kWarm + kBlocked; ++i) {
+    LayerData got = host;
+    sets[i]->copy_outputs_to(got);
+    expect_same_bits(global_y(got), global_y(first), "tensor set " + std::to_string(i) + " vs the first");
+  }
+  layer.reset();
+  cudaStreamDestroy(stream);
 }
 
 // ---- errors ------------------------------------------------------------------------------
