@@ -126,10 +126,12 @@ class Layer {
   std::size_t workspace_bytes() const;
 
   // `ranks` holds all R ranks (all_ranks mode), all R ranks' inputs with the active
-  // rank's weights and outputs (rank_slice mode), or this process's rank only (distributed). On the CUDA backend the call is
-  // asynchronous on the stream given in the options and never waits for the host. It captures
-  // into a CUDA graph; up to 8 distinct tensor sets are kept ready per Layer, and the sets
-  // graphs captured stay reserved for their replays.
+  // rank's weights and outputs (rank_slice mode), or this process's rank only (distributed).
+  // On the CUDA backend the call is asynchronous on the stream given in the options: the host
+  // does not wait for the device (a new tensor set waits only while the host is 8 sets ahead
+  // of the stream). It captures into a CUDA graph; the 8 tensor sets seen last are kept ready
+  // (their pointers and tensor maps uploaded), and the sets graphs captured stay reserved for
+  // their replays.
   void forward(std::span<const RankForward> ranks);
   void backward(std::span<const RankBackward> ranks);
 
