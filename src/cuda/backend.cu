@@ -981,8 +981,11 @@ class CudaBackend final : public BackendImpl {
         cache_.splice(cache_.begin(), cache_, it);
         return cache_.front();
       }
-    std::size_t slot = cache_.size();
-    if (cache_.size() >= slots_.size()) {
+    // A slot no cached set holds, else the least recently used uncaptured set's.
+    std::vector<bool> held(slots_.size(), false);
+    for (const CallArgs& c : cache_) held[c.slot] = true;
+    std::size_t slot = std::find(held.begin(), held.end(), false) - held.begin();
+    if (slot == slots_.size()) {
       require(!capturing, "forward: more than " + std::to_string(slots_.size()) +
                               " distinct tensor sets seen, and the stream is capturing; reuse tensors in captured "
                               "graphs");
@@ -994,14 +997,12 @@ class CudaBackend final : public BackendImpl {
       slot = victim->slot;
       // Its host copy is rewritten below: the copy that last uploaded it must be done. It
       // almost always is (the set was used least recently), so the host does not wait; if
-      // not (the host is many calls ahead of the stream), wait for the stream, with its limits.
-      const ArgSlot& s = slots_[slot];
-      if (!s.upload_recorded || cudaEventQuery(s.uploaded) != cudaSuccess)
-        wait_for_stream("a forward waiting for an argument slot");
+      // not (the host is that many new sets ahead of the stream), it waits for that copy.
+      wait_for_upload(slots_[slot]);
       cache_.erase(std::next(victim).base());
     }
-    cache_.emplace_front();
-    CallArgs& a = cache_.front();
+    // (Cached only once its slot holds it: a throw below leaves no entry naming this set.)
+    CallArgs a;
     a.key = std::move(key);
     a.slot = slot;
     a.captured = capturing;
@@ -1059,7 +1060,24 @@ class CudaBackend final : public BackendImpl {
     a.tops = reinterpret_cast<const int**>(dev + maps_bytes + ptr_bytes);
     a.weights = reinterpret_cast<const float**>(dev + maps_bytes + 2 * ptr_bytes);
     a.calls = reinterpret_cast<CallRank*>(dev + maps_bytes + 3 * ptr_bytes);
-    return a;
+    cache_.push_front(std::move(a));
+    return cache_.front();
+  }
+
+  // Waits until the copy that last uploaded `slot` has read its host memory. In a real group
+  // the stream also holds NCCL work that waits for the peers: the whole stream is waited for,
+  // with the group's limits; on one GPU, the copy's event alone.
+  void wait_for_upload(const ArgSlot& slot) const {
+    if (slot.upload_recorded && cudaEventQuery(slot.uploaded) == cudaSuccess) return;
+    if (group_ || !slot.upload_recorded) {
+      wait_for_stream("a forward waiting for an argument slot");
+      return;
+    }
+    const cudaError_t done = cudaEventSynchronize(slot.uploaded);
+    if (done != cudaSuccess) {
+      throw_if_trapped();
+      MOK_CUDA_CHECK(done);
+    }
   }
 
   // Where computed rank d's tensors are in the `ranks` argument.

@@ -960,13 +960,16 @@ TEST(GpuArgSlots, ANewTensorSetWaitsOnlyForItsSlotsLastUpload) {
   for (int i = 0; i < kWarm; ++i) layer->forward(sets[i]->forward_args());
   layer->synchronize();
 
-  // The stream waits behind a host function until the gate opens, 2 s from now.
+  // The stream waits behind a host function until the gate opens. A forward that waited for
+  // the stream where it should not would wait for the gate, which only this thread opens
+  // afterwards: the host function then gives up (timed_out) and the test fails, whatever
+  // the host's speed.
   struct Gate {
     std::atomic<bool> open{false}, timed_out{false};
   } gate;
   auto hold = [](void* g) {
     auto* gate = static_cast<Gate*>(g);
-    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (!gate->open.load())
       if (std::chrono::steady_clock::now() > limit) {
         gate->timed_out = true;
@@ -975,15 +978,29 @@ TEST(GpuArgSlots, ANewTensorSetWaitsOnlyForItsSlotsLastUpload) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
   };
+  std::thread opener;
+  // On every way out: the gate opens, the opener ends and the stream drains (hold reads
+  // `gate` on this stack).
+  struct Release {
+    Gate& gate;
+    std::thread& opener;
+    cudaStream_t& stream;
+    ~Release() {
+      gate.open = true;
+      if (opener.joinable()) opener.join();
+      if (stream) cudaStreamSynchronize(stream);
+    }
+  } release{gate, opener, stream};
   ASSERT_EQ(cudaLaunchHostFunc(stream, hold, &gate), cudaSuccess);
-  std::thread opener([&] {
-    std::this_thread::sleep_for(std::chrono::seconds(2));
-    gate.open = true;
-  });
   // The first 8 new sets take slots whose uploads were done before the gate: no waiting.
   for (int i = kWarm; i < kWarm + 8; ++i) layer->forward(sets[i]->forward_args());
-  const bool waited = gate.open.load();
-  // The next ones take slots uploaded behind the gate: they wait for it.
+  const bool waited = gate.timed_out.load();
+  // The next ones take slots uploaded behind the gate: they must wait for it, which opens
+  // 1 s from now (a forward that did not wait returns long before).
+  opener = std::thread([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    gate.open = true;
+  });
   for (int i = kWarm + 8; i < kWarm + kBlocked; ++i) layer->forward(sets[i]->forward_args());
   const bool gate_passed = gate.open.load();
   opener.join();
@@ -1002,6 +1019,7 @@ TEST(GpuArgSlots, ANewTensorSetWaitsOnlyForItsSlotsLastUpload) {
   }
   layer.reset();
   cudaStreamDestroy(stream);
+  stream = nullptr;
 }
 
 // ---- errors ------------------------------------------------------------------------------
