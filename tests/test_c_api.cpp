@@ -183,6 +183,11 @@ TEST(CApi, FailuresAreStatusesWithTheLayersMessage) {
   // Without a group there is nothing to abandon: the layer goes on.
   EXPECT_EQ(mok_layer_abandon_group(layer, nullptr), MOK_OK) << mok_last_error();
   EXPECT_EQ(mok_layer_abandon_group(layer, "no group"), MOK_OK) << mok_last_error();
+  int32_t aborted = 7;
+  EXPECT_EQ(mok_layer_group_aborted(layer, &aborted), MOK_OK) << mok_last_error();
+  EXPECT_EQ(aborted, 0);
+  EXPECT_EQ(mok_layer_group_aborted(layer, nullptr), MOK_ERROR);
+  EXPECT_THAT(mok_last_error(), HasSubstr("aborted: must not be NULL"));
   LayerData good = make_data(p, 33, false);
   const auto good_fwd = c_forward(good.forward_args());
   EXPECT_EQ(mok_layer_forward(layer, good_fwd.data(), 2), MOK_OK) << mok_last_error();

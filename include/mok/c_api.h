@@ -112,6 +112,8 @@ void mok_layer_destroy_after_error(mok_layer* layer);
  * communicator is aborted, later calls fail saying why, destroying it waits for nobody);
  * without a group nothing changes. `why` may be NULL. */
 int mok_layer_abandon_group(mok_layer* layer, const char* why);
+/* mok::Layer::group_aborted, into *aborted (1 or 0). */
+int mok_layer_group_aborted(const mok_layer* layer, int32_t* aborted);
 /* mok::Layer::forward / backward over `num_ranks` entries (mok::Layer's rules on which). */
 int mok_layer_forward(mok_layer* layer, const mok_rank_forward* ranks, int32_t num_ranks);
 int mok_layer_backward(mok_layer* layer, const mok_rank_backward* ranks, int32_t num_ranks);

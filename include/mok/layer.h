@@ -12,8 +12,9 @@
 //     its peers throws mok::PeerWaitError; a Layer destroyed while an exception propagates
 //     aborts its communicator instead of waiting for the peers. A forward that throws on
 //     one rank (a bad argument, say) leaves the group out of step, since its peers went on:
-//     that rank's communicator is aborted at once, its later calls throw naming the first
-//     error, and destroying its Layer waits for nobody (build a new Layer to go on). A
+//     that rank's communicator is aborted at once, its later forwards, backwards and
+//     synchronizes throw naming the first error, and destroying its Layer waits for nobody
+//     (build a new Layer to go on); abandon_group does the same on request. A
 //     device-side failure (Layer::synchronize) reaches every rank through the group's
 //     barrier instead: the group stays in step and the next forward runs.
 //
@@ -144,11 +145,18 @@ class Layer {
 
   // Distributed mode: this rank gives up on its EP group now, without waiting for the peers.
   // Its NCCL communicator is aborted (the peers' waits then time out and name this rank),
-  // every later call throws saying why (`why`), and destroying the Layer waits for nobody.
-  // For a rank that stops after an error its peers may not share, caught above the Layer (a
-  // Layer destroyed while an exception propagates does this by itself). Other modes and the
-  // CPU backend hold no group: nothing to abandon, and the Layer goes on as before.
+  // every later forward, backward and synchronize throws saying why (`why`), and destroying
+  // the Layer waits for nobody. For a rank that stops after an error its peers may not share,
+  // caught above the Layer (a Layer destroyed while an exception propagates does this by
+  // itself). Forwards still queued on the layer's stream read the peers' memory through the
+  // communicator, which the abort unmaps: call it once they are done or failed (after
+  // synchronize, say), or the device may fault on them. Other modes and the CPU backend hold
+  // no group: nothing to abandon, and the Layer goes on as before.
   void abandon_group(const std::string& why);
+  // Distributed mode: whether this rank's communicator was aborted (abandon_group, a failed
+  // call, or a wait that gave up on the peers), so that destroying the Layer waits for nobody.
+  // False without a group.
+  bool group_aborted() const;
 
   // The combine slots of rank r, bf16 [T*k, H]: slot t*k+j receives the row that
   // expert top_experts[t,j] produced for token t. Exposed for tests and rank_slice runs

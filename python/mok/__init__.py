@@ -19,8 +19,10 @@ stream's own ordering says the work is done.
 The library is found at $MOK_LIBRARY, else in the repository's build directories
 (build/lib, build-cuda/lib).
 """
+import atexit
 import ctypes
 import os
+import sys
 import weakref
 from dataclasses import dataclass, field
 
@@ -123,6 +125,7 @@ def _lib():
         lib.mok_layer_destroy_after_error.argtypes = [ctypes.c_void_p]
         lib.mok_layer_destroy_after_error.restype = None
         lib.mok_layer_abandon_group.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        lib.mok_layer_group_aborted.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32)]
         lib.mok_layer_forward.argtypes = [ctypes.c_void_p, ctypes.POINTER(_RankForward), ctypes.c_int32]
         lib.mok_layer_backward.argtypes = [ctypes.c_void_p, ctypes.POINTER(_RankBackward), ctypes.c_int32]
         lib.mok_layer_synchronize.argtypes = [ctypes.c_void_p]
@@ -289,28 +292,72 @@ def _ranks(ranks, struct, keys, fill):
     return array, len(ranks), ranks
 
 
+# C layers whose last holder went while a CUDA graph was being captured on this thread: a
+# destroy then (cudaFree, NCCL) would break the capture, so they wait here for the next
+# Layer call, or the interpreter's exit. (handle, distributed) pairs.
+_parked = []
+
+
+def _capturing():
+    torch = sys.modules.get("torch")
+    try:
+        return torch is not None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    except Exception:  # (a torch too old or too broken to say: not capturing through it)
+        return False
+
+
+def _destroy(handle, distributed, after_error):
+    lib = _lib()
+    if distributed and after_error is None:
+        # Garbage collection picks no moment a group's peers agree on: abandon it, so the
+        # destroy waits for nobody, and say why.
+        lib.mok_layer_abandon_group(handle, b"the Python Layer was garbage-collected without close()")
+        after_error = True
+    (lib.mok_layer_destroy_after_error if after_error else lib.mok_layer_destroy)(handle)
+
+
+def _drain_parked():
+    while _parked and not _capturing():
+        handle, distributed = _parked.pop()
+        _destroy(handle, distributed, None)
+
+
+atexit.register(_drain_parked)
+
+
 class _Native:
     """The C layer. Layer.close() destroys it at once, or, while combine_slots views still point
     into its memory (cuda backend), leaves that to the end of the last of them: each view holds
-    this object, and its __del__ destroys the layer."""
+    this object, and its __del__ destroys the layer (later, if a CUDA graph is being captured
+    then: _parked).
+
+    A view holds this object only, not its Layer, so that a view kept on the Layer (a cycle
+    through torch's storage, which the garbage collector cannot see) does not keep both."""
 
     def __init__(self, handle, distributed):
         self.handle = handle
         self.distributed = distributed
         self.views = weakref.WeakSet()  # the combine_slots views alive
 
+    def aborted(self):
+        flag = ctypes.c_int32()
+        _check(_lib().mok_layer_group_aborted(self.handle, ctypes.byref(flag)))
+        return bool(flag.value)
+
     def destroy(self, after_error):
         if self.handle:
             handle, self.handle = self.handle, None
-            (_lib().mok_layer_destroy_after_error if after_error else _lib().mok_layer_destroy)(handle)
+            _destroy(handle, self.distributed, after_error)
 
     def __del__(self):
         # Reached when nothing holds the layer any more: after a close() that left it to its
-        # views, or when a Layer is garbage-collected. Garbage collection picks no moment a
-        # group's peers agree on, so a distributed layer is aborted, which waits for nobody
-        # (a close() that left it to its views abandoned the group already).
+        # views, or when a Layer is garbage-collected.
         try:
-            self.destroy(after_error=self.distributed)
+            if self.handle and _capturing():
+                _parked.append((self.handle, self.distributed))
+                self.handle = None
+            else:
+                self.destroy(after_error=None)
         except Exception:  # interpreter shutdown: the library may be gone already
             pass
 
@@ -336,6 +383,7 @@ class Layer:
                            _int32(cpu_threads, "cpu_threads"), _int32(cuda_device, "cuda_device"), cuda_stream)
         self.problem = problem
         self._native = None
+        _drain_parked()
         handle = ctypes.c_void_p()
         _check(lib.mok_layer_create(ctypes.byref(problem._c()), ctypes.byref(c), ctypes.byref(options),
                                     ctypes.byref(handle)))
@@ -377,13 +425,19 @@ class Layer:
         it waits for nobody). Without a group (other modes, the cpu backend) nothing changes."""
         _check(_lib().mok_layer_abandon_group(self._live(), None if why is None else str(why).encode()))
 
+    @property
+    def group_aborted(self):
+        """mok::Layer::group_aborted: whether this distributed layer's communicator was aborted
+        (abandon_group, a failed call), so that closing it waits for nobody; False without a group."""
+        self._live()
+        return self._native.aborted()
+
     def combine_slots(self, rank):
         """mok::Layer::combine_slots: rank `rank`'s combine slots, bf16 [T*k, H]. On the cuda backend
         a torch.bfloat16 CUDA tensor viewing the layer's memory: in a rank slice, the rows other
-        ranks would push to the active rank are written here before its forward. The view keeps
-        the Layer object alive, and its memory outlives close(): the layer is destroyed once
-        the last view is gone. On the cpu backend a numpy uint16 copy of the last forward's
-        slots."""
+        ranks would push to the active rank are written here before its forward. Its memory
+        outlives close() and the Layer object: the layer is destroyed once the last view is
+        gone. On the cpu backend a numpy uint16 copy of the last forward's slots."""
         t = _Tensor()
         _check(_lib().mok_layer_combine_slots(self._live(), rank, ctypes.byref(t)))
         shape = tuple(t.shape[d] for d in range(t.ndim))
@@ -396,12 +450,12 @@ class Layer:
         import torch
 
         class _CudaView:  # __cuda_array_interface__ (v3) over the layer's device memory
-            def __init__(self, layer):
+            def __init__(self, native):
                 # (torch holds this object as long as the tensor's storage lives.)
-                self.layer, self.native = layer, layer._native
+                self.native = native
                 self.__cuda_array_interface__ = {"shape": shape, "typestr": "<i2", "data": (t.data, False),
                                                  "version": 3, "strides": None}
-        view = _CudaView(self)
+        view = _CudaView(self._native)
         self._native.views.add(view)
         return torch.as_tensor(view, device=f"cuda:{t.device_index}").view(torch.bfloat16)
 
@@ -417,20 +471,23 @@ class Layer:
         waits for the peers), as in C++; `after_error` aborts the group's communicator instead,
         as C++ does for a Layer destroyed while an exception propagates (leaving a `with` block
         on an exception does that). While combine_slots views are alive their memory stays, and
-        the last of them destroys the layer; a distributed layer's collective destroy cannot
-        wait for them, so closing one without `after_error` then raises and leaves it open."""
+        the last of them destroys the layer. A distributed layer's collective destroy cannot
+        wait for them: closing one whose group is not aborted (abandon_group, an earlier
+        failure) then raises and leaves it open, unless `after_error` abandons the group."""
+        _drain_parked()
         native = self._native
         if native is None:
             return
         views = len(native.views)
-        if views and native.distributed and not after_error:
+        collective = native.distributed and not native.aborted()
+        if views and collective and not after_error:
             raise MokError(f"close(): {views} combine_slots view(s) of this distributed layer are alive, and "
                            "its destroy is collective (it happens now, on every rank): delete them first, or "
                            "close(after_error=True), which abandons the group")
         self._native = None
         if views:
-            # (Abandoning first, the destroy left to the views waits for nobody.)
-            if native.distributed:
+            # (Abandoned first, the destroy the views leave to their end waits for nobody.)
+            if collective:
                 _check(_lib().mok_layer_abandon_group(native.handle, b"closed after an error"))
             return
         native.destroy(after_error)

@@ -261,6 +261,14 @@ void mok_layer_destroy_after_error(mok_layer* layer) {
   delete layer;
 }
 
+int mok_layer_group_aborted(const mok_layer* layer, int32_t* aborted) {
+  return guarded([&] {
+    require_not_null(layer, "layer");
+    require_not_null(aborted, "aborted");
+    *aborted = layer->layer.group_aborted() ? 1 : 0;
+  });
+}
+
 int mok_layer_abandon_group(mok_layer* layer, const char* why) {
   return guarded([&] {
     require_not_null(layer, "layer");

@@ -26,6 +26,7 @@ class BackendImpl {
   virtual void synchronize() const {}
   // Distributed mode: abort the group's communicator (Layer::abandon_group); no group, no-op.
   virtual void abandon_group(const std::string& /*why*/) {}
+  virtual bool group_aborted() const { return false; }
   virtual TensorView combine_slots(int rank) const = 0;
   virtual std::size_t workspace_bytes() const = 0;
   // The config with the backend's choices (comm SMs, ...) filled in.

@@ -69,6 +69,7 @@ void Layer::backward(std::span<const RankBackward> ranks) { impl().backend->back
 std::vector<ScheduleStats> Layer::last_schedule_stats() const { return impl().backend->last_schedule_stats(); }
 void Layer::synchronize() const { impl().backend->synchronize(); }
 void Layer::abandon_group(const std::string& why) { impl().backend->abandon_group(why); }
+bool Layer::group_aborted() const { return impl().backend->group_aborted(); }
 
 BackendImpl& LayerInternals::backend(const Layer& layer) { return *layer.impl().backend; }
 

@@ -518,6 +518,10 @@ class CudaBackend final : public BackendImpl {
     group_->abort_communicator();
   }
 
+  bool group_aborted() const override {
+    return !group_abort_reason_.empty() || (group_ && group_->communicator_aborted());
+  }
+
   void abandon_group(const std::string& why) override {
     abort_group_after(why.empty() ? std::string("the caller abandoned the group") : "the caller abandoned the group: " + why);
   }

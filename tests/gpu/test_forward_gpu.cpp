@@ -1124,6 +1124,7 @@ TEST(GpuGroup, AnAbandonedGroupIsAbortedAndLaterCallsSayWhy) {
     o.backend = Backend::cuda;
     Layer single(p, Config{}, o);
     single.abandon_group("no group to abandon");
+    EXPECT_FALSE(single.group_aborted());
     single.forward(args);
     EXPECT_NO_THROW(single.synchronize());
   }
@@ -1132,13 +1133,16 @@ TEST(GpuGroup, AnAbandonedGroupIsAbortedAndLaterCallsSayWhy) {
   layer->synchronize();
   mirror.copy_outputs_to(host);
   expect_close(host, run_reference(host), Precision::bf16, "group of one before it was abandoned");
+  EXPECT_FALSE(layer->group_aborted());
   layer->abandon_group("the trainer stopped");
+  EXPECT_TRUE(layer->group_aborted());
   layer->abandon_group("a second reason is not kept");
   const auto abandoned = ::testing::AllOf(::testing::HasSubstr("EP group was aborted after an earlier error"),
                                           ::testing::HasSubstr("the caller abandoned the group: the trainer stopped"),
                                           ::testing::Not(::testing::HasSubstr("second reason")));
   EXPECT_THAT([&] { layer->forward(args); }, ::testing::ThrowsMessage<Error>(abandoned));
   EXPECT_THAT([&] { layer->synchronize(); }, ::testing::ThrowsMessage<Error>(abandoned));
+  // (A smoke check: in a group of one even a collective destroy returns at once.)
   const auto start = std::chrono::steady_clock::now();
   layer.reset();  // no collective destroy: the communicator is gone
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
