@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define MOK_C_ABI_VERSION 2
+#define MOK_C_ABI_VERSION 3
 #define MOK_C_MAX_DIMS 4
 #define MOK_C_MAX_SHARED 8
 

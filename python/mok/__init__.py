@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["MokError", "PeerWaitError", "Problem", "Layer", "cuda_available", "library_path", "shapes"]
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 _MAX_DIMS = 4
 _MAX_SHARED = 8
 _OK, _ERROR, _PEER_WAIT_ERROR = 0, 1, 4
@@ -292,16 +292,21 @@ def _ranks(ranks, struct, keys, fill):
     return array, len(ranks), ranks
 
 
-# C layers whose last holder went while a CUDA graph was being captured on this thread: a
-# destroy then (cudaFree, NCCL) would break the capture, so they wait here for the next
-# Layer call, or the interpreter's exit. (handle, distributed) pairs.
+# CUDA layers whose last holder went while this thread's current stream was capturing a CUDA
+# graph through PyTorch: a destroy then (cudaFree, NCCL) would break the capture, so they wait
+# here for the next call on any Layer, or the interpreter's exit. (handle, distributed) pairs.
+# What this cannot see: a capture on another thread or stream (PyTorch's default "global"
+# capture mode forbids a cudaFree from any thread), or one not made through PyTorch; drop
+# views and close layers outside captures.
 _parked = []
 
 
 def _capturing():
-    torch = sys.modules.get("torch")
     try:
-        return torch is not None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        torch = sys.modules.get("torch")
+        # (is_initialized: a capture through torch implies it; asking is_available() would
+        # initialise the driver in a process that never used CUDA.)
+        return torch is not None and torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
     except Exception:  # (a torch too old or too broken to say: not capturing through it)
         return False
 
@@ -310,7 +315,10 @@ def _destroy(handle, distributed, after_error):
     lib = _lib()
     if distributed and after_error is None:
         # Garbage collection picks no moment a group's peers agree on: abandon it, so the
-        # destroy waits for nobody, and say why.
+        # destroy waits for nobody, and say why. Its queued forwards read the peers' memory,
+        # which the abort unmaps: let them finish first (within the group's wait limits; a
+        # failure there is the layer's last, and nobody is left to tell).
+        lib.mok_layer_synchronize(handle)
         lib.mok_layer_abandon_group(handle, b"the Python Layer was garbage-collected without close()")
         after_error = True
     (lib.mok_layer_destroy_after_error if after_error else lib.mok_layer_destroy)(handle)
@@ -318,7 +326,10 @@ def _destroy(handle, distributed, after_error):
 
 def _drain_parked():
     while _parked and not _capturing():
-        handle, distributed = _parked.pop()
+        try:
+            handle, distributed = _parked.pop()
+        except IndexError:  # (another thread took the last one)
+            break
         _destroy(handle, distributed, None)
 
 
@@ -334,9 +345,10 @@ class _Native:
     A view holds this object only, not its Layer, so that a view kept on the Layer (a cycle
     through torch's storage, which the garbage collector cannot see) does not keep both."""
 
-    def __init__(self, handle, distributed):
+    def __init__(self, handle, distributed, cuda):
         self.handle = handle
         self.distributed = distributed
+        self.cuda = cuda
         self.views = weakref.WeakSet()  # the combine_slots views alive
 
     def aborted(self):
@@ -353,7 +365,7 @@ class _Native:
         # Reached when nothing holds the layer any more: after a close() that left it to its
         # views, or when a Layer is garbage-collected.
         try:
-            if self.handle and _capturing():
+            if self.handle and self.cuda and _capturing():
                 _parked.append((self.handle, self.distributed))
                 self.handle = None
             else:
@@ -387,9 +399,11 @@ class Layer:
         handle = ctypes.c_void_p()
         _check(lib.mok_layer_create(ctypes.byref(problem._c()), ctypes.byref(c), ctypes.byref(options),
                                     ctypes.byref(handle)))
-        self._native = _Native(handle, distributed=ep_mode == "distributed")
+        self._native = _Native(handle, distributed=ep_mode == "distributed", cuda=backend == "cuda")
 
     def _live(self):
+        if _parked:
+            _drain_parked()
         if self._native is None:
             raise MokError("Layer: used after close()")
         return self._native.handle

@@ -149,6 +149,7 @@ class Forward(unittest.TestCase):
             want = [r["y"].copy() for r in ranks]
             layer.abandon_group("no group here")
             layer.abandon_group()
+            self.assertFalse(layer.group_aborted)
             for r in ranks:
                 r["y"][:] = 0
             layer.forward(ranks)

@@ -995,6 +995,7 @@ TEST(GpuArgSlots, ANewTensorSetWaitsOnlyForItsSlotsLastUpload) {
   // The first 8 new sets take slots whose uploads were done before the gate: no waiting.
   for (int i = kWarm; i < kWarm + 8; ++i) layer->forward(sets[i]->forward_args());
   const bool waited = gate.timed_out.load();
+  ASSERT_FALSE(waited) << "a forward evicting a slot uploaded long ago waited for the stream";
   // The next ones take slots uploaded behind the gate: they must wait for it, which opens
   // 1 s from now (a forward that did not wait returns long before).
   opener = std::thread([&] {
@@ -1005,7 +1006,6 @@ TEST(GpuArgSlots, ANewTensorSetWaitsOnlyForItsSlotsLastUpload) {
   const bool gate_passed = gate.open.load();
   opener.join();
   layer->synchronize();
-  EXPECT_FALSE(waited) << "a forward evicting a slot uploaded long ago waited for the stream";
   EXPECT_TRUE(gate_passed) << "a forward rewrote a slot whose upload was still queued";
   EXPECT_FALSE(gate.timed_out.load());
 
