@@ -1,14 +1,14 @@
 // The C interface (include/mok/c_api.h) against mok::Layer itself on the CPU backend: the
 // same bits through either, statuses and messages instead of exceptions, and arguments the
 // C side can get wrong (NULLs, enum values out of range) named. Also run under ASan/UBSan by
-// scripts/host_sanitizers.sh, which python/mok's tests are not.
+// scripts/host_sanitizers.sh (python/mok's CPU tests are too, through that build's libmok.so).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <string>
 #include <vector>
 
+#include "capi/c_structs.h"
 #include "mok/c_api.h"
 #include "test_util.h"
 
@@ -17,50 +17,28 @@ namespace {
 
 using ::testing::HasSubstr;
 
-mok_tensor c_tensor(const TensorView& v) {
-  mok_tensor t{};
-  t.data = v.data;
-  t.dtype = static_cast<int32_t>(v.dtype);
-  t.device = static_cast<int32_t>(v.device);
-  t.device_index = v.device_index;
-  t.ndim = v.ndim;
-  for (int d = 0; d < v.ndim; ++d) {
-    t.shape[d] = v.shape[d];
-    t.strides[d] = v.strides[d];
-  }
-  return t;
-}
+using capi::c_problem;
+using capi::c_tensor;
 
-mok_problem c_problem(const Problem& p) {
-  mok_problem c{};
-  c.num_experts = p.num_experts;
-  c.hidden = p.hidden;
-  c.intermediate = p.intermediate;
-  c.top_k = p.top_k;
-  c.ep_size = p.ep_size;
-  c.tokens_per_rank = p.tokens_per_rank;
-  c.precision = static_cast<int32_t>(p.precision);
-  c.num_shared = p.num_shared();
-  for (int s = 0; s < p.num_shared(); ++s) c.shared_intermediate[s] = p.shared_intermediate[s];
-  c.has_swiglu_limit = p.swiglu_limit.has_value() ? 1 : 0;
-  c.swiglu_limit = p.swiglu_limit.value_or(0.0f);
-  return c;
+// What a C caller fills in both mok_rank_forward and mok_rank_backward: inputs and weights.
+template <typename CRank>
+void fill_inputs_and_weights(CRank& c, const RankInputs& in, const RankWeights& w) {
+  c.x = c_tensor(in.x);
+  c.top_experts = c_tensor(in.top_experts);
+  c.router_weights = c_tensor(in.router_weights);
+  c.w_gate = c_tensor(w.w_gate);
+  c.w_up = c_tensor(w.w_up);
+  c.w_down = c_tensor(w.w_down);
+  c.num_shared = static_cast<int32_t>(w.shared.size());
+  for (std::size_t s = 0; s < w.shared.size(); ++s)
+    c.shared[s] = {c_tensor(w.shared[s].w_gate), c_tensor(w.shared[s].w_up), c_tensor(w.shared[s].w_down)};
 }
 
 std::vector<mok_rank_forward> c_forward(const std::vector<RankForward>& args) {
   std::vector<mok_rank_forward> out;
   for (const RankForward& a : args) {
     mok_rank_forward c{};
-    c.x = c_tensor(a.inputs.x);
-    c.top_experts = c_tensor(a.inputs.top_experts);
-    c.router_weights = c_tensor(a.inputs.router_weights);
-    c.w_gate = c_tensor(a.weights.w_gate);
-    c.w_up = c_tensor(a.weights.w_up);
-    c.w_down = c_tensor(a.weights.w_down);
-    c.num_shared = static_cast<int32_t>(a.weights.shared.size());
-    for (std::size_t s = 0; s < a.weights.shared.size(); ++s)
-      c.shared[s] = {c_tensor(a.weights.shared[s].w_gate), c_tensor(a.weights.shared[s].w_up),
-                     c_tensor(a.weights.shared[s].w_down)};
+    fill_inputs_and_weights(c, a.inputs, a.weights);
     c.y = c_tensor(a.y);
     out.push_back(c);
   }
@@ -93,15 +71,7 @@ TEST(CApi, ForwardAndBackwardGiveTheBitsOfTheCppLayer) {
   std::vector<mok_rank_backward> bwd;
   for (const RankBackward& a : c.backward_args()) {
     mok_rank_backward b{};
-    const mok_rank_forward f = c_forward({RankForward{a.inputs, a.weights, {}}})[0];
-    b.x = f.x;
-    b.top_experts = f.top_experts;
-    b.router_weights = f.router_weights;
-    b.w_gate = f.w_gate;
-    b.w_up = f.w_up;
-    b.w_down = f.w_down;
-    b.num_shared = f.num_shared;
-    std::memcpy(b.shared, f.shared, sizeof(b.shared));
+    fill_inputs_and_weights(b, a.inputs, a.weights);
     b.dy = c_tensor(a.dy);
     b.dx = c_tensor(a.dx);
     b.d_router_weights = c_tensor(a.d_router_weights);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "capi/c_structs.h"
 #include "mok/mok.h"
 
 static_assert(MOK_BF16 == static_cast<int>(mok::DType::bf16) && MOK_F32 == static_cast<int>(mok::DType::f32) &&
@@ -26,6 +27,40 @@ static_assert(MOK_C_MAX_DIMS == mok::kMaxTensorDims);
 struct mok_layer {
   mok::Layer layer;
 };
+
+namespace mok::capi {
+
+mok_tensor c_tensor(const TensorView& v) {
+  mok_tensor t{};
+  t.data = v.data;
+  t.dtype = static_cast<int32_t>(v.dtype);
+  t.device = static_cast<int32_t>(v.device);
+  t.device_index = v.device_index;
+  t.ndim = v.ndim;
+  for (int d = 0; d < v.ndim; ++d) {
+    t.shape[d] = v.shape[d];
+    t.strides[d] = v.strides[d];
+  }
+  return t;
+}
+
+mok_problem c_problem(const Problem& p) {
+  mok_problem c{};
+  c.num_experts = p.num_experts;
+  c.hidden = p.hidden;
+  c.intermediate = p.intermediate;
+  c.top_k = p.top_k;
+  c.ep_size = p.ep_size;
+  c.tokens_per_rank = p.tokens_per_rank;
+  c.precision = static_cast<int32_t>(p.precision);
+  c.num_shared = p.num_shared();
+  for (int s = 0; s < p.num_shared(); ++s) c.shared_intermediate[s] = p.shared_intermediate[s];
+  c.has_swiglu_limit = p.swiglu_limit.has_value() ? 1 : 0;
+  c.swiglu_limit = p.swiglu_limit.value_or(0.0f);
+  return c;
+}
+
+}  // namespace mok::capi
 
 namespace {
 
@@ -85,21 +120,6 @@ mok::TensorView view(const mok_tensor& t, const std::string& name) {
     v.strides[d] = t.strides[d];
   }
   return v;
-}
-
-// mok_tensor <- TensorView (what the library hands out: combine_slots).
-mok_tensor c_tensor(const mok::TensorView& v) {
-  mok_tensor t{};
-  t.data = v.data;
-  t.dtype = static_cast<int32_t>(v.dtype);
-  t.device = static_cast<int32_t>(v.device);
-  t.device_index = v.device_index;
-  t.ndim = v.ndim;
-  for (int d = 0; d < v.ndim; ++d) {
-    t.shape[d] = v.shape[d];
-    t.strides[d] = v.strides[d];
-  }
-  return t;
 }
 
 int32_t shared_count(int32_t n, const std::string& name) {
@@ -199,18 +219,7 @@ int mok_problem_from_shape(const char* name, int32_t ep_size, int32_t tokens_per
                                                    tokens_per_rank > 0 ? tokens_per_rank : shape.default_tokens);
     mok::require(p.num_shared() <= MOK_C_MAX_SHARED, std::string("shape ") + name + ": more shared experts than " +
                                                          std::to_string(MOK_C_MAX_SHARED));
-    *problem = mok_problem{};
-    problem->num_experts = p.num_experts;
-    problem->hidden = p.hidden;
-    problem->intermediate = p.intermediate;
-    problem->top_k = p.top_k;
-    problem->ep_size = p.ep_size;
-    problem->tokens_per_rank = p.tokens_per_rank;
-    problem->precision = static_cast<int32_t>(p.precision);
-    problem->num_shared = p.num_shared();
-    for (int s = 0; s < p.num_shared(); ++s) problem->shared_intermediate[s] = p.shared_intermediate[s];
-    problem->has_swiglu_limit = p.swiglu_limit.has_value() ? 1 : 0;
-    problem->swiglu_limit = p.swiglu_limit.value_or(0.0f);
+    *problem = mok::capi::c_problem(p);
   });
 }
 
@@ -325,7 +334,7 @@ int mok_layer_combine_slots(const mok_layer* layer, int32_t rank, mok_tensor* sl
   return guarded([&] {
     require_not_null(layer, "layer");
     require_not_null(slots, "slots");
-    *slots = c_tensor(layer->layer.combine_slots(rank));
+    *slots = mok::capi::c_tensor(layer->layer.combine_slots(rank));
   });
 }
 
