@@ -402,8 +402,7 @@ class Layer:
         self._native = _Native(handle, distributed=ep_mode == "distributed", cuda=backend == "cuda")
 
     def _live(self):
-        if _parked:
-            _drain_parked()
+        _drain_parked()
         if self._native is None:
             raise MokError("Layer: used after close()")
         return self._native.handle

@@ -288,11 +288,11 @@ struct ArgSlot {
   // Recorded on the stream behind the slot's latest upload outside a capture: once it has
   // completed, the pinned host copy may be rewritten (the device copy is rewritten by a copy
   // on the same stream, so it waits for every forward that read it by stream order alone).
+  // A slot uploaded in a capture is the graph's for good and never handed over, so every
+  // slot that is has its event recorded.
   cudaEvent_t uploaded = nullptr;
-  bool upload_recorded = false;
   ArgSlot() = default;
-  ArgSlot(ArgSlot&& o) noexcept
-      : host(o.host), device(std::move(o.device)), uploaded(o.uploaded), upload_recorded(o.upload_recorded) {
+  ArgSlot(ArgSlot&& o) noexcept : host(o.host), device(std::move(o.device)), uploaded(o.uploaded) {
     o.host = nullptr;
     o.uploaded = nullptr;
   }
@@ -518,9 +518,8 @@ class CudaBackend final : public BackendImpl {
     group_->abort_communicator();
   }
 
-  bool group_aborted() const override {
-    return !group_abort_reason_.empty() || (group_ && group_->communicator_aborted());
-  }
+  // (Every abort goes through abort_group_after, a wait that gave up included: the reason says.)
+  bool group_aborted() const override { return !group_abort_reason_.empty(); }
 
   void abandon_group(const std::string& why) override {
     abort_group_after(why.empty() ? std::string("the caller abandoned the group") : "the caller abandoned the group: " + why);
@@ -1055,8 +1054,6 @@ class CudaBackend final : public BackendImpl {
                            r.y.as<__nv_bfloat16>()};
     }
     MOK_CUDA_CHECK(cudaMemcpyAsync(slots_[slot].device.as<void>(), host, total, cudaMemcpyHostToDevice, stream_));
-    // (A slot uploaded in a capture is the graph's for good: never evicted, never timed.)
-    slots_[slot].upload_recorded = !capturing;
     if (!capturing) MOK_CUDA_CHECK(cudaEventRecord(slots_[slot].uploaded, stream_));
     char* dev = slots_[slot].device.as<char>();
     a.maps = reinterpret_cast<RankMaps*>(dev);
@@ -1072,8 +1069,8 @@ class CudaBackend final : public BackendImpl {
   // the stream also holds NCCL work that waits for the peers: the whole stream is waited for,
   // with the group's limits; on one GPU, the copy's event alone.
   void wait_for_upload(const ArgSlot& slot) const {
-    if (slot.upload_recorded && cudaEventQuery(slot.uploaded) == cudaSuccess) return;
-    if (group_ || !slot.upload_recorded) {
+    if (cudaEventQuery(slot.uploaded) == cudaSuccess) return;
+    if (group_) {
       wait_for_stream("a forward waiting for an argument slot");
       return;
     }
