@@ -4,6 +4,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -54,14 +55,23 @@ bool write_whole(const std::filesystem::path& path, const void* data, std::size_
   return true;
 }
 
-// Whether `path` holds exactly `bytes` bytes equal to `data` (false when it is missing, short,
-// longer, or different).
-bool holds(const std::filesystem::path& path, const void* data, std::size_t bytes) {
+// What `path` holds when it is exactly `bytes` long (nothing when it is missing, short or
+// longer).
+std::optional<std::vector<char>> read_exact(const std::filesystem::path& path, std::size_t bytes) {
   std::ifstream in(path, std::ios::binary);
-  std::vector<char> got(bytes + 1);
-  if (!in.read(got.data(), static_cast<std::streamsize>(bytes))) return false;
-  if (in.get() != std::ifstream::traits_type::eof()) return false;
-  return std::memcmp(got.data(), data, bytes) == 0;
+  std::vector<char> got(bytes);
+  if (!in.read(got.data(), static_cast<std::streamsize>(bytes))) return std::nullopt;
+  if (in.get() != std::ifstream::traits_type::eof()) return std::nullopt;
+  return got;
+}
+
+bool same(const std::optional<std::vector<char>>& got, const void* data, std::size_t bytes) {
+  return got && std::memcmp(got->data(), data, bytes) == 0;
+}
+
+// Whether `path` holds exactly `bytes` bytes equal to `data`.
+bool holds(const std::filesystem::path& path, const void* data, std::size_t bytes) {
+  return same(read_exact(path, bytes), data, bytes);
 }
 
 }  // namespace
@@ -103,25 +113,21 @@ void IdRendezvous::arrive_and_wait_for_all(void* id, std::size_t bytes, std::uin
                   why + " (may this process write there?)");
   };
   leave_mark();
-  std::vector<char> in_file(bytes);
   std::vector<int> missing;
   const bool all_here = poll_until(timeout_ms, [&] {
-    if (rank_ != 0) {
+    const auto in_file = read_exact(file_, bytes);
+    if (rank_ != 0 && in_file && !same(in_file, id, bytes)) {
       // Rank 0 publishes once per job: an id file that now differs from ours means ours was
       // an earlier job's (read before rank 0 replaced it). Take the new one and mark again.
-      std::ifstream in(file_, std::ios::binary);
-      if (in.read(in_file.data(), static_cast<std::streamsize>(bytes)) &&
-          std::memcmp(in_file.data(), id, bytes) != 0) {
-        std::memcpy(id, in_file.data(), bytes);  // (the mark follows just below)
-        std::error_code ignored;
-        std::filesystem::remove(mark(rank_), ignored);
-      }
+      std::memcpy(id, in_file->data(), bytes);  // (the mark follows just below)
+      std::error_code ignored;
+      std::filesystem::remove(mark(rank_), ignored);
     }
     // Rank 0's publish clears old marks: one of ours it removed is left again, but only while
     // the id file holds our id (once rank 0 has given up and removed it, a mark left now
     // would outlive this rank if it were killed). A failure to write it is not this wait's
     // error: the wait goes on and, at worst, times out naming the missing ranks.
-    if (!holds(mark(rank_), id, bytes) && holds(file_, id, bytes)) {
+    if (!holds(mark(rank_), id, bytes) && same(in_file, id, bytes)) {
       std::string ignored;
       write_whole(mark(rank_), id, bytes, &ignored);
     }
