@@ -80,6 +80,9 @@ fi
 # the group's y bitwise equal to virtual ranks' on the same batch, then mok bench twice into
 # one work directory (the second run must clear the first's files). NCCL's search path and
 # the GPU count: scripts/group_env.sh.
+# What gtest prints when every GpuGroup test (tests/gpu) ran and passed: the group section and
+# synccheck below both require it (keep the count equal to those tests).
+GROUP_TESTS_PASSED='^\[  PASSED  \] 3 tests'
 if [ $RUN_TESTS = 1 ]; then
   source "$(dirname "$0")/group_env.sh"
   gpus=$group_gpus
@@ -127,8 +130,8 @@ if [ $RUN_TESTS = 1 ]; then
   # device error leaves it usable. Elsewhere they skip without NCCL; here they must run.
   if [ $grc = 0 ]; then
     timeout 120 "$BIN/mok_gpu_tests" --gtest_filter='GpuGroup.*' > "$OUT/group_tests.log" 2>&1 || grc=10
-    # (All three ran and passed: not skipped, and not a filter that matched nothing.)
-    [ $grc = 0 ] && ! grep -q '^\[  PASSED  \] 3 tests' "$OUT/group_tests.log" && grc=10
+    # (All of them ran and passed: not skipped, and not a filter that matched nothing.)
+    [ $grc = 0 ] && ! grep -q "$GROUP_TESTS_PASSED" "$OUT/group_tests.log" && grc=10
     cat "$OUT/group_tests.log" >> "$OUT/group.log"
     [ $grc = 0 ] && echo "check PASS: GpuGroup tests $(grep -E '^\[  PASSED  \]' "$OUT/group_tests.log")" >> "$OUT/group.log"
   fi
@@ -185,7 +188,7 @@ if [ $RUN_SAN = 1 ] && command -v compute-sanitizer > /dev/null; then
     timeout 240 compute-sanitizer --tool synccheck --report-api-errors no --error-exitcode 9 \
       "$BIN/mok_gpu_tests" --gtest_filter='GpuGroup.*' > "$OUT/sanitizer_group_synccheck.log" 2>&1
     src=$?
-    grep -q '^\[  PASSED  \] 3 tests' "$OUT/sanitizer_group_synccheck.log" || src=10
+    grep -q "$GROUP_TESTS_PASSED" "$OUT/sanitizer_group_synccheck.log" || src=10
     [ $src = 0 ] || FAILED=1
     note "compute-sanitizer synccheck, GpuGroup tests: rc=$src $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_group_synccheck.log" | head -1)"
     [ $src = 0 ] || grep -v '^mok\|^  ' "$OUT/sanitizer_group_synccheck.log" | head -40

@@ -1076,6 +1076,21 @@ LayerOptions group_of_one() {
   return o;
 }
 
+// After its group was aborted, `layer`'s forward and synchronize throw saying so, with
+// `reason` in the message, and destroying it waits for no peer (a smoke check: in a group of
+// one even a collective destroy returns at once).
+template <typename Reason>
+void expect_aborted_then_destroyed(std::unique_ptr<Layer>& layer, const std::vector<RankForward>& args,
+                                   const Reason& reason) {
+  const auto aborted =
+      ::testing::AllOf(::testing::HasSubstr("EP group was aborted after an earlier error"), reason);
+  EXPECT_THAT([&] { layer->forward(args); }, ::testing::ThrowsMessage<Error>(aborted));
+  EXPECT_THAT([&] { layer->synchronize(); }, ::testing::ThrowsMessage<Error>(aborted));
+  const auto start = std::chrono::steady_clock::now();
+  layer.reset();  // no collective destroy: the communicator is gone
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
 // A forward that throws on one rank leaves the group out of step (the peers enqueued theirs):
 // the communicator is aborted at once, every later call names the first error, and the Layer
 // is destroyed without waiting for peers.
@@ -1099,14 +1114,9 @@ TEST(GpuGroup, AForwardThatThrowsAbortsTheGroupAndLaterCallsSayWhy) {
   EXPECT_THAT([&] { layer->forward(bad); },
               ::testing::ThrowsMessage<Error>(::testing::HasSubstr("16-byte aligned")));
   cudaFree(shifted);
-  const auto aborted = ::testing::AllOf(::testing::HasSubstr("EP group was aborted after an earlier error"),
-                                        ::testing::HasSubstr("16-byte aligned"),
-                                        ::testing::HasSubstr("build a new one"));
-  EXPECT_THAT([&] { layer->forward(args); }, ::testing::ThrowsMessage<Error>(aborted));
-  EXPECT_THAT([&] { layer->synchronize(); }, ::testing::ThrowsMessage<Error>(aborted));
-  const auto start = std::chrono::steady_clock::now();
-  layer.reset();  // no collective destroy: the communicator is gone
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  expect_aborted_then_destroyed(layer, args,
+                                ::testing::AllOf(::testing::HasSubstr("16-byte aligned"),
+                                                 ::testing::HasSubstr("build a new one")));
 }
 
 // A rank that gives up on its group (Layer::abandon_group, after an error caught above the
@@ -1137,15 +1147,10 @@ TEST(GpuGroup, AnAbandonedGroupIsAbortedAndLaterCallsSayWhy) {
   layer->abandon_group("the trainer stopped");
   EXPECT_TRUE(layer->group_aborted());
   layer->abandon_group("a second reason is not kept");
-  const auto abandoned = ::testing::AllOf(::testing::HasSubstr("EP group was aborted after an earlier error"),
-                                          ::testing::HasSubstr("the caller abandoned the group: the trainer stopped"),
-                                          ::testing::Not(::testing::HasSubstr("second reason")));
-  EXPECT_THAT([&] { layer->forward(args); }, ::testing::ThrowsMessage<Error>(abandoned));
-  EXPECT_THAT([&] { layer->synchronize(); }, ::testing::ThrowsMessage<Error>(abandoned));
-  // (A smoke check: in a group of one even a collective destroy returns at once.)
-  const auto start = std::chrono::steady_clock::now();
-  layer.reset();  // no collective destroy: the communicator is gone
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  expect_aborted_then_destroyed(
+      layer, args,
+      ::testing::AllOf(::testing::HasSubstr("the caller abandoned the group: the trainer stopped"),
+                       ::testing::Not(::testing::HasSubstr("second reason"))));
 }
 
 // A device error travels to every rank through the group barrier, so the group stays in
