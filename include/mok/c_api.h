@@ -91,7 +91,7 @@ const char* mok_last_error(void);
 int mok_cuda_available(void);
 void mok_default_config(mok_config* config);
 
-/* The named shapes (MISSION.md's, the single-GPU ones, test shapes): the name at `index`,
+/* The named shapes (MoK's four, the single-GPU ones, test shapes): the name at `index`,
  * NULL past the last. */
 const char* mok_shape_name(int32_t index);
 /* mok::problem_from_shape: the shape `name` at `ep_size` ranks of `tokens_per_rank` tokens

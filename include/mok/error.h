@@ -1,5 +1,5 @@
 // mok: errors. Every validation failure throws mok::Error whose message names the
-// argument and the rule it broke, e.g. "top_experts[rank 1][5,2] = 9: expert id must be in [0, 8)".
+// argument and the rule it broke, e.g. "top_experts[rank 1][token 5, slot 2] = 9: expert id must be in [0, 8)".
 #pragma once
 #include <stdexcept>
 #include <string>

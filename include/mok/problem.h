@@ -38,8 +38,9 @@ struct Problem {
   int local_experts() const { return num_experts / ep_size; }
   int num_shared() const { return static_cast<int>(shared_intermediate.size()); }
   std::int64_t rows_per_rank() const { return std::int64_t(tokens_per_rank) * top_k; }
-  // Forward FLOPs per rank counted as MoK does: 6*(T + T*k)*H*I (the shared expert counts
-  // as T rows of width I; with other shared widths each adds 6*T*H*I_s).
+  // Forward FLOPs per rank counted as MoK does: 6*(T + T*k)*H*I. The shared expert always
+  // counts as T rows of width I, whatever the shared experts really are (none, or other
+  // widths); forward_flops() is what the rank does.
   double mok_forward_flops() const;
   // FLOPs the rank actually performs in the forward (routed rows times 6*H*I plus each
   // shared expert's 6*T*H*I_s); equals mok_forward_flops() for MoK's shapes.
@@ -47,7 +48,7 @@ struct Problem {
   std::string describe() const;
 };
 
-// Named shapes (MISSION.md): MoK's four, the single-GPU ones, and small test shapes.
+// Named shapes: MoK's four, the single-GPU ones, and small test shapes.
 struct NamedShape {
   std::string name;
   int num_experts, hidden, intermediate, top_k;
