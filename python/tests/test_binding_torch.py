@@ -110,6 +110,42 @@ class TorchCuda(unittest.TestCase):
                     self.assertTrue(np.array_equal(y_bits(r), first[i]), f"rank {i}: graph replay changed bits")
             layer.synchronize()
 
+    def test_a_fresh_y_per_call_and_then_a_graph_with_its_own_y(self):
+        """A training loop's allocator hands out a new y per call: after more than the layer's 8
+        argument slots, a capture with yet another y (allocated in the graph's pool) takes the slot
+        of a set whose upload was seen done; synchronize() before the capture makes sure of that."""
+        ranks = make_inputs(PROBLEM, 12)
+        stream = torch.cuda.Stream()
+        gpu = [to_torch(r, "cuda") for r in ranks]
+        with mok.Layer(PROBLEM, backend="cuda", cuda_stream=stream.cuda_stream) as layer:
+            with torch.cuda.stream(stream):
+                layer.forward(gpu)
+            layer.synchronize()
+            first = [y_bits(r) for r in gpu]
+            kept = []
+            for _ in range(10):
+                with torch.cuda.stream(stream):
+                    fresh = [dict(r, y=torch.full_like(r["y"], float("nan"))) for r in gpu]
+                    layer.forward(fresh)
+                kept.append(fresh)
+            layer.synchronize()
+            for n, fresh in enumerate(kept):
+                for i, r in enumerate(fresh):
+                    self.assertTrue(np.array_equal(y_bits(r), first[i]), f"eager call {n}, rank {i}: bits changed")
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                in_graph = [dict(r, y=torch.empty_like(r["y"])) for r in gpu]
+                layer.forward(in_graph)
+            for _ in range(2):
+                with torch.cuda.stream(stream):
+                    for r in in_graph:
+                        r["y"].fill_(float("nan"))
+                graph.replay()
+                stream.synchronize()
+                for i, r in enumerate(in_graph):
+                    self.assertTrue(np.array_equal(y_bits(r), first[i]), f"rank {i}: the graph's y differs")
+            layer.synchronize()
+
     def test_a_rank_slice_with_its_slots_filled_gives_the_bits_of_virtual_ranks(self):
         ranks = make_inputs(PROBLEM, 15)
         virtual = [to_torch(r, "cuda") for r in ranks]

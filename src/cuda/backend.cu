@@ -291,8 +291,14 @@ struct ArgSlot {
   // A slot uploaded in a capture is the graph's for good and never handed over, so every
   // slot that is has its event recorded.
   cudaEvent_t uploaded = nullptr;
+  // The host has seen that event complete (or the slot was never uploaded): its pinned copy
+  // may be rewritten without asking the device. While a stream captures the layer may not
+  // query or wait for an event (CUDA forbids it), so a capture hands over only such a slot.
+  // (Mutable: a const wait for the whole stream sees every upload done.)
+  mutable bool upload_seen_done = true;
   ArgSlot() = default;
-  ArgSlot(ArgSlot&& o) noexcept : host(o.host), device(std::move(o.device)), uploaded(o.uploaded) {
+  ArgSlot(ArgSlot&& o) noexcept
+      : host(o.host), device(std::move(o.device)), uploaded(o.uploaded), upload_seen_done(o.upload_seen_done) {
     o.host = nullptr;
     o.uploaded = nullptr;
   }
@@ -308,6 +314,10 @@ struct CallArgs {
   // A CUDA graph captured a call with these tensors: it reads the slot (and may re-upload it
   // from the slot's host copy) on every replay, so the slot is never given to another set.
   bool captured = false;
+  // The device copy was written outside a capture. A set first seen in a capture was copied
+  // only into the graph, which writes the device copy when it replays: an eager call with it
+  // uploads it first (the host copy is unchanged, so that copy needs no wait).
+  bool uploaded_eagerly = false;
   RankMaps* maps = nullptr;  // device views into the slot
   const __nv_bfloat16** x_source = nullptr;
   const int** tops = nullptr;
@@ -760,6 +770,7 @@ class CudaBackend final : public BackendImpl {
         throw_if_trapped();
         MOK_CUDA_CHECK(sync);
       }
+      for (const ArgSlot& s : slots_) s.upload_seen_done = true;  // (every copy queued before is done)
     } catch (const std::exception& e) {
       abort_group_after(e.what());  // (in a real group; a no-op otherwise)
       throw;
@@ -978,30 +989,43 @@ class CudaBackend final : public BackendImpl {
     cudaStreamCaptureStatus status;
     MOK_CUDA_CHECK(cudaStreamIsCapturing(stream_, &status));
     const bool capturing = status != cudaStreamCaptureStatusNone;
+    if (!capturing) note_finished_uploads();
     for (auto it = cache_.begin(); it != cache_.end(); ++it)
       if (it->key == key) {
         it->captured = it->captured || capturing;
+        if (!capturing && !it->uploaded_eagerly) {
+          MOK_CUDA_CHECK(cudaMemcpyAsync(slots_[it->slot].device.as<void>(), slots_[it->slot].host, arg_slot_bytes(),
+                                         cudaMemcpyHostToDevice, stream_));
+          it->uploaded_eagerly = true;
+        }
         cache_.splice(cache_.begin(), cache_, it);
         return cache_.front();
       }
-    // A slot no cached set holds, else the least recently used uncaptured set's.
+    // A slot no cached set holds, else the least recently used uncaptured set's (while a
+    // stream captures, one whose last upload the host has already seen done).
     std::vector<bool> held(slots_.size(), false);
     for (const CallArgs& c : cache_) held[c.slot] = true;
     std::size_t slot = std::find(held.begin(), held.end(), false) - held.begin();
     if (slot == slots_.size()) {
-      require(!capturing, "forward: more than " + std::to_string(slots_.size()) +
-                              " distinct tensor sets seen, and the stream is capturing; reuse tensors in captured "
-                              "graphs");
-      // The least recently used set that no graph captured gives up its slot.
-      auto victim = std::find_if(cache_.rbegin(), cache_.rend(), [](const CallArgs& c) { return !c.captured; });
-      require(victim != cache_.rend(),
-              "forward: all " + std::to_string(slots_.size()) + " argument slots hold tensor sets of captured CUDA "
-              "graphs, which replay them; call with one of those sets, or use another Layer for more");
+      auto victim = std::find_if(cache_.rbegin(), cache_.rend(), [&](const CallArgs& c) {
+        return !c.captured && (!capturing || slots_[c.slot].upload_seen_done);
+      });
+      if (victim == cache_.rend()) {
+        const bool uncaptured = std::any_of(cache_.begin(), cache_.end(), [](const CallArgs& c) { return !c.captured; });
+        require(!uncaptured,
+                "forward: the stream is capturing and this tensor set is new, but the " + std::to_string(slots_.size()) +
+                    " argument slots hold earlier sets whose last uploads may still be queued (no wait is allowed "
+                    "during a capture); call synchronize() before capturing, or capture with a tensor set already seen");
+        require(false, "forward: all " + std::to_string(slots_.size()) +
+                           " argument slots hold tensor sets of captured CUDA graphs, which replay them; call with one "
+                           "of those sets, or use another Layer for more");
+      }
       slot = victim->slot;
       // Its host copy is rewritten below: the copy that last uploaded it must be done. It
       // almost always is (the set was used least recently), so the host does not wait; if
       // not (the host is that many new sets ahead of the stream), it waits for that copy.
-      wait_for_upload(slots_[slot]);
+      // (While capturing the slot was picked as seen done.)
+      if (!capturing) wait_for_upload(slots_[slot]);
       cache_.erase(std::next(victim).base());
     }
     // (Cached only once its slot holds it: a throw below leaves no entry naming this set.)
@@ -1009,6 +1033,7 @@ class CudaBackend final : public BackendImpl {
     a.key = std::move(key);
     a.slot = slot;
     a.captured = capturing;
+    a.uploaded_eagerly = !capturing;
 
     // Layout: RankMaps[num_ranks] | x_source[R] | tops[R] | weights[R] | CallRank[num_ranks].
     const std::size_t maps_bytes = num_ranks_ * sizeof(RankMaps);
@@ -1054,7 +1079,10 @@ class CudaBackend final : public BackendImpl {
                            r.y.as<__nv_bfloat16>()};
     }
     MOK_CUDA_CHECK(cudaMemcpyAsync(slots_[slot].device.as<void>(), host, total, cudaMemcpyHostToDevice, stream_));
-    if (!capturing) MOK_CUDA_CHECK(cudaEventRecord(slots_[slot].uploaded, stream_));
+    if (!capturing) {
+      MOK_CUDA_CHECK(cudaEventRecord(slots_[slot].uploaded, stream_));
+      slots_[slot].upload_seen_done = false;
+    }
     char* dev = slots_[slot].device.as<char>();
     a.maps = reinterpret_cast<RankMaps*>(dev);
     a.x_source = reinterpret_cast<const __nv_bfloat16**>(dev + maps_bytes);
@@ -1069,7 +1097,10 @@ class CudaBackend final : public BackendImpl {
   // the stream also holds NCCL work that waits for the peers: the whole stream is waited for,
   // with the group's limits; on one GPU, the copy's event alone.
   void wait_for_upload(const ArgSlot& slot) const {
-    if (cudaEventQuery(slot.uploaded) == cudaSuccess) return;
+    if (slot.upload_seen_done || cudaEventQuery(slot.uploaded) == cudaSuccess) {
+      slot.upload_seen_done = true;
+      return;
+    }
     if (group_) {
       wait_for_stream("a forward waiting for an argument slot");
       return;
@@ -1079,6 +1110,15 @@ class CudaBackend final : public BackendImpl {
       throw_if_trapped();
       MOK_CUDA_CHECK(done);
     }
+    slot.upload_seen_done = true;
+  }
+
+  // Outside a capture: notes the slots whose last upload has completed since it was queued,
+  // so that a capture later may hand one over without asking the device (a query per slot
+  // only until its upload is seen done).
+  void note_finished_uploads() const {
+    for (const ArgSlot& s : slots_)
+      if (!s.upload_seen_done && cudaEventQuery(s.uploaded) == cudaSuccess) s.upload_seen_done = true;
   }
 
   // Where computed rank d's tensors are in the `ranks` argument.

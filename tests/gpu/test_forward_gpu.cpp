@@ -936,6 +936,112 @@ TEST(GpuGraph, CapturedTensorsKeepTheirSlotThroughManyEagerTensorSets) {
   }
 }
 
+// A tensor set first seen inside a capture is copied into its argument slot only by the
+// graph, when it replays. An eager call with the same tensors before any replay must upload
+// it first (it used to read a slot that nothing had written yet).
+TEST(GpuGraph, AnEagerCallWithASetFirstSeenInACaptureUploadsItFirst) {
+  MOK_REQUIRE_GPU();
+  CapturedSetup cs(make_problem(16, 256, 128, 4, {128}, 2, 128));
+  ASSERT_NE(cs.graph, nullptr);
+  cs.mirror->poison_outputs();
+  cs.layer->forward(cs.mirror->forward_args());  // (no replay yet)
+  cs.layer->synchronize();
+  expect_same_bits(cs.captured_y(), cs.eager, "an eager call with the captured tensor set");
+  ASSERT_NO_FATAL_FAILURE(cs.replay(2));
+  expect_same_bits(cs.captured_y(), cs.eager, "the replays after it");
+}
+
+// After 8 distinct tensor sets (a fresh y per call, say) every argument slot holds one. A
+// capture with a new set may take the slot of an uncaptured set whose last upload the host
+// has seen done (no wait is allowed while a stream captures); when none is known done, the
+// capture is refused with a clear error, and after synchronize() it goes through.
+TEST(GpuGraph, ACaptureAfterEightTensorSetsTakesASlotSeenUploaded) {
+  MOK_REQUIRE_GPU();
+  const Problem p = make_problem(16, 256, 128, 4, {128}, 2, 64);
+  const LayerData host = make_data(p, "gaussian");
+  const std::vector<std::uint16_t> eager = global_y(run_gpu_all_ranks(host).data);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  LayerOptions o;
+  o.backend = Backend::cuda;
+  o.cuda_stream = stream;
+  auto layer = std::make_unique<Layer>(p, Config{}, o);
+  std::vector<std::unique_ptr<DeviceMirror>> sets;
+  for (int i = 0; i < 20; ++i) {  // (allocated up front: cudaMalloc may synchronise)
+    sets.push_back(std::make_unique<DeviceMirror>(host, 0));
+    sets.back()->poison_outputs();
+  }
+  auto expect_y = [&](int i, const std::string& what) {
+    LayerData got = host;
+    sets[i]->copy_outputs_to(got);
+    expect_same_bits(global_y(got), eager, what);
+  };
+  auto replay = [&](cudaGraph_t graph, int times) {
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int t = 0; t < times; ++t) ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    layer->synchronize();
+    cudaGraphExecDestroy(exec);
+  };
+
+  // Ten sets eagerly, then a capture with an eleventh: the eager calls saw their uploads done.
+  for (int i = 0; i < 10; ++i) layer->forward(sets[i]->forward_args());
+  layer->synchronize();
+  cudaGraph_t graph = capture_forward(*layer, stream, sets[10]->forward_args());
+  ASSERT_NE(graph, nullptr);
+  ASSERT_NO_FATAL_FAILURE(replay(graph, 3));
+  expect_y(10, "the graph captured after 10 eager tensor sets");
+  for (int i = 0; i < 10; ++i) expect_y(i, "eager tensor set " + std::to_string(i));
+
+  // The stream is held behind a host function, and 7 new sets (filling every uncaptured slot)
+  // queue their uploads behind it: none is seen done, so a capture with a new set is refused.
+  std::atomic<bool> open{false};
+  auto hold = [](void* flag) {
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!static_cast<std::atomic<bool>*>(flag)->load() && std::chrono::steady_clock::now() < limit)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  struct Release {
+    std::atomic<bool>& open;
+    cudaStream_t stream;
+    ~Release() {
+      open = true;
+      cudaStreamSynchronize(stream);
+    }
+  } release{open, stream};
+  ASSERT_EQ(cudaLaunchHostFunc(stream, hold, &open), cudaSuccess);
+  for (int i = 11; i < 18; ++i) layer->forward(sets[i]->forward_args());
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  std::string refused;
+  try {
+    layer->forward(sets[18]->forward_args());
+  } catch (const Error& e) {
+    refused = e.what();
+  }
+  cudaGraph_t discarded = nullptr;
+  cudaStreamEndCapture(stream, &discarded);
+  if (discarded != nullptr) cudaGraphDestroy(discarded);
+  EXPECT_NE(refused.find("synchronize() before capturing"), std::string::npos)
+      << "a capture needing a slot whose upload may be queued: " << (refused.empty() ? "not refused" : refused);
+  open = true;
+  layer->synchronize();
+  for (int i = 11; i < 18; ++i) expect_y(i, "eager tensor set " + std::to_string(i) + " queued behind the gate");
+
+  // Once synchronized, the same capture goes through, and the first graph still replays.
+  sets[10]->poison_outputs();
+  cudaGraph_t second = capture_forward(*layer, stream, sets[18]->forward_args());
+  ASSERT_NE(second, nullptr);
+  ASSERT_NO_FATAL_FAILURE(replay(second, 2));
+  ASSERT_NO_FATAL_FAILURE(replay(graph, 1));
+  expect_y(18, "the graph captured after synchronize()");
+  expect_y(10, "the first graph, replayed after the second capture");
+  cudaGraphDestroy(second);
+  cudaGraphDestroy(graph);
+  layer.reset();
+  cudaStreamDestroy(stream);
+}
+
 // Eight argument slots hold the tensor sets seen last; a new set (a fresh y per call, as a
 // training loop's allocator hands out) takes the least recently used one. Rewriting its host
 // copy needs only that copy's last upload to be done, not the stream: the host must not wait
