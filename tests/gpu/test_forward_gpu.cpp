@@ -1002,12 +1002,13 @@ TEST(GpuGraph, ACaptureAfterEightTensorSetsTakesASlotSeenUploaded) {
     while (!static_cast<std::atomic<bool>*>(flag)->load() && std::chrono::steady_clock::now() < limit)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
   };
+  // On every way out: the gate opens and the stream drains (hold reads `open` on this stack).
   struct Release {
     std::atomic<bool>& open;
-    cudaStream_t stream;
+    cudaStream_t& stream;
     ~Release() {
       open = true;
-      cudaStreamSynchronize(stream);
+      if (stream) cudaStreamSynchronize(stream);
     }
   } release{open, stream};
   ASSERT_EQ(cudaLaunchHostFunc(stream, hold, &open), cudaSuccess);
@@ -1040,6 +1041,7 @@ TEST(GpuGraph, ACaptureAfterEightTensorSetsTakesASlotSeenUploaded) {
   cudaGraphDestroy(graph);
   layer.reset();
   cudaStreamDestroy(stream);
+  stream = nullptr;
 }
 
 // Eight argument slots hold the tensor sets seen last; a new set (a fresh y per call, as a
