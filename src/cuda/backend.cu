@@ -316,7 +316,8 @@ struct CallArgs {
   bool captured = false;
   // The device copy was written outside a capture. A set first seen in a capture was copied
   // only into the graph, which writes the device copy when it replays: an eager call with it
-  // uploads it first (the host copy is unchanged, so that copy needs no wait).
+  // uploads it first, and so does every later capture with it, into its own graph (the host
+  // copy is unchanged, so these copies need no wait).
   bool uploaded_eagerly = false;
   RankMaps* maps = nullptr;  // device views into the slot
   const __nv_bfloat16** x_source = nullptr;
@@ -993,10 +994,11 @@ class CudaBackend final : public BackendImpl {
     for (auto it = cache_.begin(); it != cache_.end(); ++it)
       if (it->key == key) {
         it->captured = it->captured || capturing;
-        if (!capturing && !it->uploaded_eagerly) {
+        if (!it->uploaded_eagerly) {
+          // (Into a capture too: each graph then writes the slot itself, whichever replays first.)
           MOK_CUDA_CHECK(cudaMemcpyAsync(slots_[it->slot].device.as<void>(), slots_[it->slot].host, arg_slot_bytes(),
                                          cudaMemcpyHostToDevice, stream_));
-          it->uploaded_eagerly = true;
+          it->uploaded_eagerly = !capturing;
         }
         cache_.splice(cache_.begin(), cache_, it);
         return cache_.front();

@@ -951,6 +951,25 @@ TEST(GpuGraph, AnEagerCallWithASetFirstSeenInACaptureUploadsItFirst) {
   expect_same_bits(cs.captured_y(), cs.eager, "the replays after it");
 }
 
+// The same for a second capture with such a set: its graph must write the slot itself, since
+// the first graph may never replay (it used to read a slot that nothing had written yet).
+TEST(GpuGraph, ASecondCaptureOfASetFirstSeenInACaptureReplaysFirst) {
+  MOK_REQUIRE_GPU();
+  CapturedSetup cs(make_problem(16, 256, 128, 4, {128}, 2, 128));
+  ASSERT_NE(cs.graph, nullptr);
+  cudaGraph_t second = capture_forward(*cs.layer, cs.stream, cs.mirror->forward_args());
+  ASSERT_NE(second, nullptr);
+  cs.mirror->poison_outputs();
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, second, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, cs.stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(cs.stream), cudaSuccess);
+  cs.layer->synchronize();
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(second);
+  expect_same_bits(cs.captured_y(), cs.eager, "the second graph, replayed before the first");
+}
+
 // After 8 distinct tensor sets (a fresh y per call, say) every argument slot holds one. A
 // capture with a new set may take the slot of an uncaptured set whose last upload the host
 // has seen done (no wait is allowed while a stream captures); when none is known done, the
