@@ -132,9 +132,8 @@ class Layer {
   // does not wait for the device (a new tensor set waits only while the host is 8 sets ahead
   // of the stream). It captures into a CUDA graph; the 8 tensor sets seen last are kept ready
   // (their pointers and tensor maps uploaded), and the sets graphs captured stay reserved for
-  // their replays. A capture with a new tensor set once 8 have been seen needs the upload of
-  // one of them known to be done; call synchronize() before such a capture, or it may be
-  // refused (an error saying so; nothing was enqueued).
+  // their replays (a capture with a new set takes the slot of the least recently used set no
+  // graph captured, as an eager call does).
   void forward(std::span<const RankForward> ranks);
   void backward(std::span<const RankBackward> ranks);
 

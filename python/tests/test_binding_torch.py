@@ -104,7 +104,7 @@ class TorchCuda(unittest.TestCase):
                 with torch.cuda.stream(stream):
                     for r in gpu:
                         r["y"].zero_()
-                graph.replay()
+                    graph.replay()
                 stream.synchronize()
                 for i, r in enumerate(gpu):
                     self.assertTrue(np.array_equal(y_bits(r), first[i]), f"rank {i}: graph replay changed bits")
@@ -112,8 +112,8 @@ class TorchCuda(unittest.TestCase):
 
     def test_a_fresh_y_per_call_and_then_a_graph_with_its_own_y(self):
         """A training loop's allocator hands out a new y per call: after more than the layer's 8
-        argument slots, a capture with yet another y (allocated in the graph's pool) takes the slot
-        of a set whose upload was seen done; synchronize() before the capture makes sure of that."""
+        argument slots, a capture with yet another y (allocated in the graph's pool) takes the
+        least recently used slot, as an eager call does."""
         ranks = make_inputs(PROBLEM, 12)
         stream = torch.cuda.Stream()
         gpu = [to_torch(r, "cuda") for r in ranks]
@@ -123,24 +123,24 @@ class TorchCuda(unittest.TestCase):
             layer.synchronize()
             first = [y_bits(r) for r in gpu]
             kept = []
-            for _ in range(10):
-                with torch.cuda.stream(stream):
+            with torch.cuda.stream(stream):
+                for _ in range(10):
                     fresh = [dict(r, y=torch.full_like(r["y"], float("nan"))) for r in gpu]
                     layer.forward(fresh)
-                kept.append(fresh)
-            layer.synchronize()
-            for n, fresh in enumerate(kept):
-                for i, r in enumerate(fresh):
-                    self.assertTrue(np.array_equal(y_bits(r), first[i]), f"eager call {n}, rank {i}: bits changed")
+                    kept.append(fresh)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=stream):
                 in_graph = [dict(r, y=torch.empty_like(r["y"])) for r in gpu]
                 layer.forward(in_graph)
+            layer.synchronize()
+            for n, fresh in enumerate(kept):
+                for i, r in enumerate(fresh):
+                    self.assertTrue(np.array_equal(y_bits(r), first[i]), f"eager call {n}, rank {i}: bits changed")
             for _ in range(2):
                 with torch.cuda.stream(stream):
                     for r in in_graph:
                         r["y"].fill_(float("nan"))
-                graph.replay()
+                    graph.replay()
                 stream.synchronize()
                 for i, r in enumerate(in_graph):
                     self.assertTrue(np.array_equal(y_bits(r), first[i]), f"rank {i}: the graph's y differs")

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 #include <cstddef>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include <iterator>
 #include <list>
 #include <sstream>
+#include <thread>
 
 #include <nccl.h>
 #include <nccl_device/core.h>
@@ -279,6 +281,16 @@ __global__ void peer_pointers_kernel(ncclWindow_t x_window, ncclWindow_t combine
   out[ranks + r] = ncclGetPeerPointer(combine_window, 0, r);
 }
 
+// This thread in relaxed stream-capture mode while it lives: its event queries and waits are
+// then allowed during its own capture and do not invalidate another thread's.
+struct RelaxedCaptureMode {
+  cudaStreamCaptureMode previous = cudaStreamCaptureModeRelaxed;
+  RelaxedCaptureMode() { MOK_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&previous)); }
+  ~RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&previous); }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+};
+
 // One call's pointers and tensor maps, uploaded once per distinct set of tensors into one
 // of a few slots allocated up front (so nothing is allocated while a stream captures),
 // and kept unchanged while cached, so a captured CUDA graph that copied them stays valid.
@@ -288,17 +300,12 @@ struct ArgSlot {
   // Recorded on the stream behind the slot's latest upload outside a capture: once it has
   // completed, the pinned host copy may be rewritten (the device copy is rewritten by a copy
   // on the same stream, so it waits for every forward that read it by stream order alone).
-  // A slot uploaded in a capture is the graph's for good and never handed over, so every
-  // slot that is has its event recorded.
+  // A slot uploaded in a capture is the graph's for good and never handed over, so a slot
+  // handed over always had its last upload recorded (a slot never used: nothing recorded,
+  // and the event counts as complete).
   cudaEvent_t uploaded = nullptr;
-  // The host has seen that event complete (or the slot was never uploaded): its pinned copy
-  // may be rewritten without asking the device. While a stream captures the layer may not
-  // query or wait for an event (CUDA forbids it), so a capture hands over only such a slot.
-  // (Mutable: a const wait for the whole stream sees every upload done.)
-  mutable bool upload_seen_done = true;
   ArgSlot() = default;
-  ArgSlot(ArgSlot&& o) noexcept
-      : host(o.host), device(std::move(o.device)), uploaded(o.uploaded), upload_seen_done(o.upload_seen_done) {
+  ArgSlot(ArgSlot&& o) noexcept : host(o.host), device(std::move(o.device)), uploaded(o.uploaded) {
     o.host = nullptr;
     o.uploaded = nullptr;
   }
@@ -315,9 +322,10 @@ struct CallArgs {
   // from the slot's host copy) on every replay, so the slot is never given to another set.
   bool captured = false;
   // The device copy was written outside a capture. A set first seen in a capture was copied
-  // only into the graph, which writes the device copy when it replays: an eager call with it
-  // uploads it first, and so does every later capture with it, into its own graph (the host
-  // copy is unchanged, so these copies need no wait).
+  // only into that graph, which writes the device copy when it replays. Until an eager call
+  // has uploaded it, every call with it copies it first: an eager one on the stream, a later
+  // capture into its own graph, so any graph may replay first (the host copy is unchanged,
+  // so these copies need no wait).
   bool uploaded_eagerly = false;
   RankMaps* maps = nullptr;  // device views into the slot
   const __nv_bfloat16** x_source = nullptr;
@@ -771,7 +779,6 @@ class CudaBackend final : public BackendImpl {
         throw_if_trapped();
         MOK_CUDA_CHECK(sync);
       }
-      for (const ArgSlot& s : slots_) s.upload_seen_done = true;  // (every copy queued before is done)
     } catch (const std::exception& e) {
       abort_group_after(e.what());  // (in a real group; a no-op otherwise)
       throw;
@@ -990,46 +997,35 @@ class CudaBackend final : public BackendImpl {
     cudaStreamCaptureStatus status;
     MOK_CUDA_CHECK(cudaStreamIsCapturing(stream_, &status));
     const bool capturing = status != cudaStreamCaptureStatusNone;
-    if (!capturing) note_finished_uploads();
     for (auto it = cache_.begin(); it != cache_.end(); ++it)
       if (it->key == key) {
-        it->captured = it->captured || capturing;
         if (!it->uploaded_eagerly) {
-          // (Into a capture too: each graph then writes the slot itself, whichever replays first.)
           MOK_CUDA_CHECK(cudaMemcpyAsync(slots_[it->slot].device.as<void>(), slots_[it->slot].host, arg_slot_bytes(),
                                          cudaMemcpyHostToDevice, stream_));
           it->uploaded_eagerly = !capturing;
         }
+        it->captured = it->captured || capturing;
         cache_.splice(cache_.begin(), cache_, it);
         return cache_.front();
       }
-    // A slot no cached set holds, else the least recently used uncaptured set's (while a
-    // stream captures, one whose last upload the host has already seen done).
+    // A slot no cached set holds, else the least recently used uncaptured set's.
     std::vector<bool> held(slots_.size(), false);
     for (const CallArgs& c : cache_) held[c.slot] = true;
     std::size_t slot = std::find(held.begin(), held.end(), false) - held.begin();
+    auto victim = cache_.rend();
     if (slot == slots_.size()) {
-      auto victim = std::find_if(cache_.rbegin(), cache_.rend(), [&](const CallArgs& c) {
-        return !c.captured && (!capturing || slots_[c.slot].upload_seen_done);
-      });
-      if (victim == cache_.rend()) {
-        const bool uncaptured = std::any_of(cache_.begin(), cache_.end(), [](const CallArgs& c) { return !c.captured; });
-        require(!uncaptured,
-                "forward: the stream is capturing and this tensor set is new, but the " + std::to_string(slots_.size()) +
-                    " argument slots hold earlier sets whose last uploads may still be queued (no wait is allowed "
-                    "during a capture); call synchronize() before capturing, or capture with a tensor set already seen");
-        require(false, "forward: all " + std::to_string(slots_.size()) +
-                           " argument slots hold tensor sets of captured CUDA graphs, which replay them; call with one "
-                           "of those sets, or use another Layer for more");
-      }
+      victim = std::find_if(cache_.rbegin(), cache_.rend(), [](const CallArgs& c) { return !c.captured; });
+      require(victim != cache_.rend(),
+              "forward: all " + std::to_string(slots_.size()) + " argument slots hold tensor sets of captured CUDA "
+              "graphs, which replay them; call with one of those sets, or use another Layer for more");
       slot = victim->slot;
-      // Its host copy is rewritten below: the copy that last uploaded it must be done. It
-      // almost always is (the set was used least recently), so the host does not wait; if
-      // not (the host is that many new sets ahead of the stream), it waits for that copy.
-      // (While capturing the slot was picked as seen done.)
-      if (!capturing) wait_for_upload(slots_[slot]);
-      cache_.erase(std::next(victim).base());
     }
+    // The slot's host copy is rewritten below: the copy that last uploaded it must be done. It
+    // almost always is (a set used least recently, or a slot never used), so the host does not
+    // wait; if not (the host is that many new sets ahead of the stream), it waits for that copy,
+    // during a capture too.
+    wait_for_upload(slots_[slot], capturing);
+    if (victim != cache_.rend()) cache_.erase(std::next(victim).base());
     // (Cached only once its slot holds it: a throw below leaves no entry naming this set.)
     CallArgs a;
     a.key = std::move(key);
@@ -1081,10 +1077,7 @@ class CudaBackend final : public BackendImpl {
                            r.y.as<__nv_bfloat16>()};
     }
     MOK_CUDA_CHECK(cudaMemcpyAsync(slots_[slot].device.as<void>(), host, total, cudaMemcpyHostToDevice, stream_));
-    if (!capturing) {
-      MOK_CUDA_CHECK(cudaEventRecord(slots_[slot].uploaded, stream_));
-      slots_[slot].upload_seen_done = false;
-    }
+    if (!capturing) MOK_CUDA_CHECK(cudaEventRecord(slots_[slot].uploaded, stream_));
     char* dev = slots_[slot].device.as<char>();
     a.maps = reinterpret_cast<RankMaps*>(dev);
     a.x_source = reinterpret_cast<const __nv_bfloat16**>(dev + maps_bytes);
@@ -1095,32 +1088,43 @@ class CudaBackend final : public BackendImpl {
     return cache_.front();
   }
 
-  // Waits until the copy that last uploaded `slot` has read its host memory. In a real group
-  // the stream also holds NCCL work that waits for the peers: the whole stream is waited for,
-  // with the group's limits; on one GPU, the copy's event alone.
-  void wait_for_upload(const ArgSlot& slot) const {
-    if (slot.upload_seen_done || cudaEventQuery(slot.uploaded) == cudaSuccess) {
-      slot.upload_seen_done = true;
+  // Waits until the copy that last uploaded `slot` (always outside a capture) has read its
+  // host memory. On one GPU it waits for that copy's event. In a real group the stream also
+  // holds NCCL work that waits for the peers: outside a capture the whole stream is waited for,
+  // with the group's limits; during one (a capturing stream may not be waited for) the event is
+  // polled within the same limits. The event calls run in relaxed capture mode: in this
+  // thread's own capture they are otherwise refused, and in another thread's global-mode
+  // capture (PyTorch's default) they would invalidate it. (The event was recorded before any
+  // capture began, so waiting for it adds nothing to a graph.)
+  void wait_for_upload(const ArgSlot& slot, bool capturing) const {
+    const RelaxedCaptureMode relaxed;
+    if (cudaEventQuery(slot.uploaded) == cudaSuccess) return;
+    if (group_ && !capturing) {
+      wait_for_stream("a forward waiting for an argument slot");
       return;
     }
     if (group_) {
-      wait_for_stream("a forward waiting for an argument slot");
-      return;
+      const std::uint64_t limit_ms = (std::uint64_t(phase_wait_units_) << 20) / 1000000 + 2000;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(limit_ms);
+      for (;;) {
+        const cudaError_t q = cudaEventQuery(slot.uploaded);
+        if (q == cudaSuccess) return;
+        if (q != cudaErrorNotReady) {
+          throw_if_trapped();
+          MOK_CUDA_CHECK(q);
+        }
+        if (std::chrono::steady_clock::now() > deadline)
+          throw PeerWaitError("EP group: rank " + std::to_string(group_->rank()) + " stopped while a captured forward "
+                              "waited for an argument slot's upload: no progress for " +
+                              std::to_string(limit_ms / 1000) + " s (a peer rank died or hangs)");
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
     }
     const cudaError_t done = cudaEventSynchronize(slot.uploaded);
     if (done != cudaSuccess) {
       throw_if_trapped();
       MOK_CUDA_CHECK(done);
     }
-    slot.upload_seen_done = true;
-  }
-
-  // Outside a capture: notes the slots whose last upload has completed since it was queued,
-  // so that a capture later may hand one over without asking the device (a query per slot
-  // only until its upload is seen done).
-  void note_finished_uploads() const {
-    for (const ArgSlot& s : slots_)
-      if (!s.upload_seen_done && cudaEventQuery(s.uploaded) == cudaSuccess) s.upload_seen_done = true;
   }
 
   // Where computed rank d's tensors are in the `ranks` argument.
