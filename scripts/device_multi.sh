@@ -8,6 +8,7 @@
 #      against the reference (each rank computes its own);
 #   3. a killed rank: rank 1 of a long-running group is killed with SIGKILL; the launcher
 #      must exit non-zero naming rank 1 within 60 s (N >= 2 only);
+#   4. with 2 GPUs or more, a layer on GPU 1 called with GPU 0 current (GpuDevices);
 # then, with --bench, bench/run.py --launch G on Qwen3.5 at 2048 tokens per rank against the
 # PyTorch + NCCL all-to-all peer (records under $OUT/results).
 #
@@ -90,6 +91,23 @@ for n in ${SIZES//,/ }; do
     row "EP=$n killed rank 1: launcher rc=$rc, named=$named, stopped ${took} s after the kill: $([ $ok = 1 ] && echo ok || echo FAILED)"
   fi
 done
+
+# 4. a layer on GPU 1 called from a thread whose current device is 0 (GpuDevices; it skips on
+#    one GPU): it runs there, bit for bit as on GPU 0, and leaves the caller's device alone.
+if [ "$gpus" -ge 2 ]; then
+  log="$OUT/devices.log"
+  if [ -x "$BIN/mok_gpu_tests" ]; then
+    timeout 120 "$BIN/mok_gpu_tests" --gtest_filter='GpuDevices.*' > "$log" 2>&1
+    rc=$?
+  else
+    echo "$BIN/mok_gpu_tests is missing" > "$log"
+    rc=127
+  fi
+  passed=$(grep -c '^\[       OK \] GpuDevices' "$log")
+  v=$(verdict $rc "$passed" 1)
+  [ "$v" = ok ] || FAILED=1
+  row "a layer on GPU 1 with GPU 0 current: rc=$rc, $passed of 1 test passed: $v"
+fi
 
 if [ $BENCH = 1 ]; then
   PYTHONUNBUFFERED=1 timeout ${BENCH_TIMEOUT:-500} python3 bench/run.py --mok-bin "$BIN/mok" --launch "$gpus" \

@@ -90,8 +90,11 @@ struct LayerOptions {
   EpMode ep_mode = EpMode::all_ranks;
   int active_rank = 0;        // rank_slice: the rank that does its work
   int cpu_threads = 0;        // cpu backend: 0 = hardware concurrency
-  int cuda_device = 0;        // cuda backend
-  void* cuda_stream = nullptr;  // cuda backend: a cudaStream_t, nullptr = default stream
+  // cuda backend: the layer's GPU (distributed: the launcher's local rank instead). Every call
+  // runs there whichever device the calling thread has current, and leaves that one current.
+  int cuda_device = 0;
+  // cuda backend: a cudaStream_t of that GPU, nullptr = its legacy default stream.
+  void* cuda_stream = nullptr;
 };
 
 // Per-rank statistics of the last schedule (for reports and tests).

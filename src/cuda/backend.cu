@@ -291,6 +291,39 @@ struct RelaxedCaptureMode {
   RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
 };
 
+// The calling thread's current device, kept: while entered, CUDA calls go to the layer's
+// device, and leaving restores the caller's. So a layer on GPU 1 runs from a thread whose
+// current device is 0 (CUDA refuses a launch into another device's stream, and the legacy
+// stream is the current device's), and creating or calling one never changes the device
+// the caller (PyTorch, say) sees.
+class OnDevice {
+ public:
+  OnDevice() = default;
+  explicit OnDevice(int device) { enter(device); }
+  ~OnDevice() { leave(); }
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+  // Notes the caller's current device, once (leave() restores it).
+  void remember() {
+    if (previous_ < 0) MOK_CUDA_CHECK(cudaGetDevice(&previous_));
+  }
+  void enter(int device) {
+    remember();
+    int current = 0;
+    MOK_CUDA_CHECK(cudaGetDevice(&current));
+    if (current != device) MOK_CUDA_CHECK(cudaSetDevice(device));
+  }
+  void leave() noexcept {
+    if (previous_ < 0) return;
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess || current != previous_) cudaSetDevice(previous_);
+    previous_ = -1;
+  }
+
+ private:
+  int previous_ = -1;  // the caller's device, once noted
+};
+
 // One call's pointers and tensor maps, uploaded once per distinct set of tensors into one
 // of a few slots allocated up front (so nothing is allocated while a stream captures),
 // and kept unchanged while cached, so a captured CUDA graph that copied them stays valid.
@@ -343,6 +376,7 @@ class CudaBackend final : public BackendImpl {
     std::fprintf(stderr, "mok: MEASUREMENT BUILD (MOK_MEASURE_LEAVE_OUT=%s): the CUDA forward's outputs are wrong\n",
                  MOK_MEASURE_LEAVE_OUT);
 #endif
+    on_device_.remember();  // (the group below sets its rank's device)
     validate_rules();
     if (o.ep_mode == EpMode::distributed) {
       const auto env = comm::GroupEnvironment::from_environment();
@@ -354,7 +388,7 @@ class CudaBackend final : public BackendImpl {
       // Mismatched shapes or configs across ranks are caught here, before any kernel runs.
       group_->check_same_everywhere("problem and config", p.describe() + " | " + c.describe());
     }
-    MOK_CUDA_CHECK(cudaSetDevice(options_.cuda_device));
+    on_device_.enter(options_.cuda_device);
     cudaDeviceProp prop;
     MOK_CUDA_CHECK(cudaGetDeviceProperties(&prop, options_.cuda_device));
     require(prop.major == 9 && prop.minor == 0,
@@ -485,6 +519,7 @@ class CudaBackend final : public BackendImpl {
       MOK_CUDA_CHECK(cudaFuncSetAttribute(scatter_plan_kernel(chunk), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           kScheduleWarps * kScheduleMaxExperts * sizeof(int)));
     }
+    on_device_.leave();  // (the caller's current device, as it was)
   }
 
   // cudaFree waits for the device, so buffers in use by queued work are released safely;
@@ -509,6 +544,7 @@ class CudaBackend final : public BackendImpl {
   }
 
   void forward(std::span<const RankForward> ranks) override {
+    const OnDevice on(options_.cuda_device);
     throw_if_group_aborted("forward");
     try {
       throw_if_trapped();
@@ -541,6 +577,7 @@ class CudaBackend final : public BackendImpl {
   bool group_aborted() const override { return !group_abort_reason_.empty(); }
 
   void abandon_group(const std::string& why) override {
+    const OnDevice on(options_.cuda_device);
     abort_group_after(why.empty() ? std::string("the caller abandoned the group") : "the caller abandoned the group: " + why);
   }
 
@@ -699,6 +736,7 @@ class CudaBackend final : public BackendImpl {
   }
 
   std::vector<ScheduleStats> last_schedule_stats() const override {
+    const OnDevice on(options_.cuda_device);
     wait_for_stream("waiting for the schedule statistics");
     std::vector<ScheduleStats> out;
     const int E_loc = problem_.local_experts();
@@ -730,6 +768,7 @@ class CudaBackend final : public BackendImpl {
 
   void record_phases(int forwards) override {
     require(forwards >= 0, "record_phases(" + std::to_string(forwards) + "): the forward count must be >= 0");
+    const OnDevice on(options_.cuda_device);
     phase_names_.clear();
     for (auto e : phase_events_) cudaEventDestroy(e);
     phase_events_.clear();
@@ -750,6 +789,7 @@ class CudaBackend final : public BackendImpl {
   std::vector<std::vector<PhaseTime>> phase_times() const override {
     std::vector<std::vector<PhaseTime>> out;
     if (phase_names_.empty()) return out;
+    const OnDevice on(options_.cuda_device);
     synchronize();  // (in a group: with the group's deadline)
     for (std::size_t f = 0; f < phase_names_.size(); ++f) {
       const cudaEvent_t* marks = phase_events_.data() + f * kMaxPhaseMarks;
@@ -786,6 +826,7 @@ class CudaBackend final : public BackendImpl {
   }
 
   void synchronize() const override {
+    const OnDevice on(options_.cuda_device);
     wait_for_stream("waiting for the forward");
     DeviceError e;
     MOK_CUDA_CHECK(cudaMemcpy(&e, error_.as<DeviceError>(), sizeof(e), cudaMemcpyDeviceToHost));
@@ -818,6 +859,7 @@ class CudaBackend final : public BackendImpl {
   Config resolved_config() const override { return config_; }
 
   std::vector<std::vector<ScheduleRow>> last_schedules() const override {
+    const OnDevice on(options_.cuda_device);
     wait_for_stream("waiting for the schedules");
     std::vector<std::vector<ScheduleRow>> out;
     for (int d = 0; d < num_ranks_; ++d) {
@@ -1136,6 +1178,10 @@ class CudaBackend final : public BackendImpl {
 
   static constexpr std::size_t kCacheEntries = 8;
 
+  // Declared first, so destroyed last: the constructor and the destructor enter the layer's
+  // device here, so that members constructed or freed on the way (a constructor that throws
+  // included) are on that device, and the caller's device comes back after the last of them.
+  OnDevice on_device_;
   Problem problem_;
   Config config_;
   LayerOptions options_;
@@ -1195,6 +1241,11 @@ class CudaBackend final : public BackendImpl {
 
  public:
   ~CudaBackend() override {
+    try {
+      on_device_.enter(options_.cuda_device);  // (left after the last member is freed)
+    } catch (const std::exception&) {
+      // (A context that cannot even set its device frees what it can from here.)
+    }
     // A rank that fails while its peers carry on may have NCCL kernels on its stream waiting
     // for them; the frees below would wait for those: abort the communicator first.
     if (group_ && std::uncaught_exceptions() > 0) group_->abort_communicator();

@@ -1151,6 +1151,55 @@ TEST(GpuArgSlots, ANewTensorSetWaitsOnlyForItsSlotsLastUpload) {
   stream = nullptr;
 }
 
+// A Layer on GPU 1 called from a thread whose current device is 0: every call runs on the
+// layer's device (a launch into another device's stream is refused, and the legacy stream is
+// the current device's), and neither creating, calling nor destroying it changes the caller's
+// current device (which PyTorch and others read).
+TEST(GpuDevices, ALayerOnAnotherGpuRunsThereAndLeavesTheCallersDevice) {
+  MOK_REQUIRE_GPU();
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  if (devices < 2) {
+    GTEST_SKIP() << "one GPU here: a layer on another GPU than the current one needs two";
+  }
+  const Problem p = make_problem(16, 256, 128, 4, {128}, 2, 64);
+  const LayerData host = make_data(p, "gaussian");
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  const std::vector<std::uint16_t> eager = global_y(run_gpu_all_ranks(host).data);
+  auto current = [] {
+    int d = -1;
+    EXPECT_EQ(cudaGetDevice(&d), cudaSuccess);
+    return d;
+  };
+  for (const bool own_stream : {false, true}) {
+    SCOPED_TRACE(own_stream ? "a stream of GPU 1" : "the legacy stream");
+    DeviceMirror mirror(host, 1);  // (sets GPU 1 current)
+    mirror.poison_outputs();
+    cudaStream_t stream = nullptr;
+    if (own_stream) {
+      ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    }
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    LayerOptions o;
+    o.backend = Backend::cuda;
+    o.cuda_device = 1;
+    o.cuda_stream = stream;
+    auto layer = std::make_unique<Layer>(p, Config{}, o);
+    EXPECT_EQ(current(), 0) << "creating the layer changed the current device";
+    layer->forward(mirror.forward_args());
+    EXPECT_EQ(current(), 0) << "a forward changed the current device";
+    layer->synchronize();
+    EXPECT_EQ(current(), 0) << "synchronize changed the current device";
+    LayerData got = host;
+    mirror.copy_outputs_to(got);
+    expect_same_bits(global_y(got), eager, "the layer on GPU 1 vs the same forward on GPU 0");
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    layer.reset();
+    EXPECT_EQ(current(), 0) << "destroying the layer changed the current device";
+    if (stream) cudaStreamDestroy(stream);
+  }
+}
+
 // ---- errors ------------------------------------------------------------------------------
 
 TEST(GpuErrors, ExpertIdOutOfRangeIsReportedAndPoisonsOutput) {
