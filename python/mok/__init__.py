@@ -14,19 +14,22 @@ The rules (shapes, dtypes, which ranks a mode takes) are mok::Layer's (include/m
 a broken one raises MokError naming the argument, as the C++ API does. On the cuda backend a
 call is asynchronous on the layer's stream (`cuda_stream`, a cudaStream_t handle such as
 torch.cuda.current_stream().cuda_stream): keep the tensors alive until synchronize() or the
-stream's own ordering says the work is done.
+stream's own ordering says the work is done. Without `cuda_stream` the layer runs on the
+legacy default stream, which PyTorch's side streams (non-blocking) are not ordered with:
+tensors written on one are read too early unless that stream is the layer's.
 
 The library is found at $MOK_LIBRARY, else in the repository's build directories
 (build/lib, build-cuda/lib).
 """
 import atexit
 import ctypes
+import operator
 import os
 import sys
 import weakref
 from dataclasses import dataclass, field
 
-__all__ = ["MokError", "PeerWaitError", "Problem", "Layer", "cuda_available", "library_path", "shapes"]
+__all__ = ["MokError", "MokTypeError", "PeerWaitError", "Problem", "Layer", "cuda_available", "library_path", "shapes"]
 
 ABI_VERSION = 3
 _MAX_DIMS = 4
@@ -41,6 +44,11 @@ _PRECISIONS = {"bf16": 0, "mxfp8": 1}
 
 class MokError(RuntimeError):
     """mok::Error: an argument broke a rule, or the layer failed (the message says which)."""
+
+
+class MokTypeError(MokError, TypeError):
+    """An argument of the wrong kind for the C interface (a dtype, a container, a layout): a
+    MokError like every broken rule, and a TypeError."""
 
 
 class PeerWaitError(MokError):
@@ -152,8 +160,15 @@ _INT32_MAX = 2**31 - 1
 
 
 def _int32(value, name):
-    """`value` as a C int32, or MokError naming `name` (ctypes would wrap it silently)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not -2**31 <= value <= _INT32_MAX:
+    """`value` (an int, or an integer scalar such as numpy's) as a C int32, or MokError naming
+    `name` (ctypes would wrap it silently)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise MokError(f"{name} = {value!r}: must be an int32") from None
+    if not -2**31 <= value <= _INT32_MAX:
         raise MokError(f"{name} = {value!r}: must be an int32")
     return value
 
@@ -190,7 +205,8 @@ class Problem:
         """A named shape (shapes()) at `ep_size` ranks of `tokens_per_rank` tokens (0: the
         shape's own, e.g. EP-64 and 2048 tokens for MoK's shapes)."""
         p = _Problem()
-        _check(_lib().mok_problem_from_shape(str(name).encode(), ep_size, tokens_per_rank, ctypes.byref(p)))
+        _check(_lib().mok_problem_from_shape(str(name).encode(), _int32(ep_size, "ep_size"),
+                                             _int32(tokens_per_rank, "tokens_per_rank"), ctypes.byref(p)))
         precision = {v: k for k, v in _PRECISIONS.items()}[p.precision]
         return cls(p.num_experts, p.hidden, p.intermediate, p.top_k,
                    [p.shared_intermediate[s] for s in range(p.num_shared)], p.ep_size, p.tokens_per_rank, precision,
@@ -212,47 +228,57 @@ class Problem:
         return p
 
 
-def _tensor(a, name):
-    """A _Tensor viewing `a` (numpy array or torch tensor; None: none), without a copy."""
+def _numpy_array(a):
+    """Whether `a` is a numpy array (a subclass's included), without importing numpy."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(a, np.ndarray)
+
+
+def _tensor(a, name, output=False):
+    """A _Tensor viewing `a` (numpy array or torch tensor; None: none), without a copy.
+    `output`: the layer writes it, so a read-only array is refused."""
     t = _Tensor()
     if a is None:
         return t
     module = type(a).__module__.split(".")[0]
-    if module == "numpy":
+    if _numpy_array(a):
         import numpy as np
         kinds = {np.dtype(np.uint16): _BF16, np.dtype(np.float32): _F32, np.dtype(np.int32): _I32,
                  np.dtype(np.int64): _I64}
         if a.dtype not in kinds:
-            raise TypeError(f"{name}: numpy dtype {a.dtype} is not one mok takes (uint16 bf16 bit patterns, "
-                            "float32, int32, int64)")
+            raise MokTypeError(f"{name}: numpy dtype {a.dtype} is not one mok takes (uint16 bf16 bit patterns, "
+                               "float32, int32, int64)")
         if any(s % a.itemsize for s in a.strides):
-            raise TypeError(f"{name}: strides {a.strides} are not whole elements")
+            raise MokTypeError(f"{name}: strides {a.strides} are not whole elements")
+        if output and not a.flags.writeable:
+            raise MokError(f"{name}: the layer writes this output, and the array is read-only")
         t.data, t.dtype, t.device = a.ctypes.data, kinds[a.dtype], _CPU
         shape, strides = a.shape, [s // a.itemsize for s in a.strides]
     elif module == "torch":
         import torch
         kinds = {torch.bfloat16: _BF16, torch.float32: _F32, torch.int32: _I32, torch.int64: _I64}
         if a.dtype not in kinds:
-            raise TypeError(f"{name}: torch dtype {a.dtype} is not one mok takes (bfloat16, float32, int32, int64)")
+            raise MokTypeError(f"{name}: torch dtype {a.dtype} is not one mok takes (bfloat16, float32, int32, "
+                               "int64)")
         t.data, t.dtype = a.data_ptr(), kinds[a.dtype]
         if a.device.type == "cuda":
             t.device, t.device_index = _CUDA, a.device.index or 0
         elif a.device.type == "cpu":
             t.device = _CPU
         else:
-            raise TypeError(f"{name}: tensors on {a.device} are not supported (cpu or cuda)")
+            raise MokTypeError(f"{name}: tensors on {a.device} are not supported (cpu or cuda)")
         shape, strides = tuple(a.shape), a.stride()
     else:
-        raise TypeError(f"{name}: a {type(a).__name__} is not a numpy array or torch tensor")
+        raise MokTypeError(f"{name}: a {type(a).__name__} is not a numpy array or torch tensor")
     if len(shape) > _MAX_DIMS:
-        raise TypeError(f"{name}: {len(shape)} dimensions, at most {_MAX_DIMS}")
+        raise MokTypeError(f"{name}: {len(shape)} dimensions, at most {_MAX_DIMS}")
     t.ndim = len(shape)
     for d, (n, s) in enumerate(zip(shape, strides)):
         t.shape[d], t.strides[d] = n, s
     return t
 
 
-def _shared(entries, name):
+def _shared(entries, name, output=False):
     """Shared-expert (w_gate, w_up, w_down) triples or dicts -> (count, ctypes array)."""
     entries = list(entries or [])
     if len(entries) > _MAX_SHARED:
@@ -261,13 +287,30 @@ def _shared(entries, name):
     for s, e in enumerate(entries):
         g, u, d = (e["w_gate"], e["w_up"], e["w_down"]) if isinstance(e, dict) else e
         n = f"{name}[{s}]"
-        out[s] = _SharedWeights(_tensor(g, n + ".w_gate"), _tensor(u, n + ".w_up"), _tensor(d, n + ".w_down"))
+        out[s] = _SharedWeights(_tensor(g, n + ".w_gate", output), _tensor(u, n + ".w_up", output),
+                                _tensor(d, n + ".w_down", output))
     return len(entries), out
 
 
 _FORWARD_KEYS = {"x", "top_experts", "router_weights", "w_gate", "w_up", "w_down", "shared", "y"}
 _BACKWARD_KEYS = (_FORWARD_KEYS - {"y"}) | {"dy", "dx", "d_router_weights", "d_w_gate", "d_w_up", "d_w_down",
                                              "d_shared"}
+
+
+_GRADIENT_KEYS = ("dx", "d_router_weights", "d_w_gate", "d_w_up", "d_w_down")
+
+
+def _written(tensors):
+    """Tells PyTorch's autograd that the layer wrote these tensors in place, as an in-place op
+    would: a tensor an earlier op saved for its backward then fails that backward ("modified by
+    an inplace operation") instead of giving wrong gradients. numpy arrays, None and inference
+    tensors (no version counter) are passed over."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and not t.is_inference():
+            torch.autograd.graph.increment_version(t)
 
 
 def _fill_common(c, rank, n):
@@ -279,7 +322,9 @@ def _fill_common(c, rank, n):
 def _ranks(ranks, struct, keys, fill):
     """The ctypes array for `ranks`, and the list of rank dicts, which the caller keeps until
     the C call returns: the array holds raw pointers only (tensors made on the fly, in a
-    generator say, live as long as that list)."""
+    generator say, live as long as that list). That is long enough on the cpu backend only: a
+    cuda call returns with its work queued, and the caller keeps its tensors alive until it
+    has run (Layer's notes)."""
     ranks = list(ranks)
     array = (struct * max(1, len(ranks)))()
     for r, rank in enumerate(ranks):
@@ -388,8 +433,16 @@ class Layer:
         c = _Config()
         lib.mok_default_config(ctypes.byref(c))
         for key, value in (config or {}).items():
-            if key not in dict(_Config._fields_):
+            kind = dict(_Config._fields_).get(key)
+            if kind is None:
                 raise MokError(f"config.{key}: not a mok::Config field ({[f for f, _ in _Config._fields_]})")
+            if kind is ctypes.c_int32:
+                value = _int32(value, f"config.{key}")
+            else:
+                try:
+                    value = float(value)
+                except (TypeError, ValueError):
+                    raise MokError(f"config.{key} = {value!r}: must be a number") from None
             setattr(c, key, value)
         options = _Options(_BACKENDS[backend], _EP_MODES[ep_mode], _int32(active_rank, "active_rank"),
                            _int32(cpu_threads, "cpu_threads"), _int32(cuda_device, "cuda_device"), cuda_stream)
@@ -411,22 +464,25 @@ class Layer:
         """mok::Layer::forward: one dict per rank held here (keys: x, top_experts,
         router_weights, w_gate, w_up, w_down, shared = [(w_gate, w_up, w_down), ...], y)."""
         array, n, kept = _ranks(ranks, _RankForward, _FORWARD_KEYS,
-                          lambda c, rank, name: setattr(c, "y", _tensor(rank.get("y"), name + ".y")))
+                                lambda c, rank, name: setattr(c, "y", _tensor(rank.get("y"), name + ".y", True)))
         _check(_lib().mok_layer_forward(self._live(), array, n))
-        del kept  # (the tensors, kept alive through the call)
+        _written(rank.get("y") for rank in kept)
 
     def backward(self, ranks):
         """mok::Layer::backward: the forward's keys but y, and dy in; dx, d_router_weights,
         d_w_gate, d_w_up, d_w_down, d_shared = [(d_w_gate, d_w_up, d_w_down), ...] out."""
         def fill(c, rank, name):
-            for key in ("dy", "dx", "d_router_weights", "d_w_gate", "d_w_up", "d_w_down"):
-                setattr(c, key, _tensor(rank.get(key), f"{name}.{key}"))
-            count, c.d_shared = _shared(rank.get("d_shared"), name + ".d_shared")
+            c.dy = _tensor(rank.get("dy"), name + ".dy")
+            for key in _GRADIENT_KEYS:
+                setattr(c, key, _tensor(rank.get(key), f"{name}.{key}", True))
+            count, c.d_shared = _shared(rank.get("d_shared"), name + ".d_shared", True)
             if count != c.num_shared:
                 raise MokError(f"{name}.d_shared: {count} entries for {c.num_shared} shared experts")
         array, n, kept = _ranks(ranks, _RankBackward, _BACKWARD_KEYS, fill)
         _check(_lib().mok_layer_backward(self._live(), array, n))
-        del kept
+        _written(t for rank in kept for t in [rank.get(key) for key in _GRADIENT_KEYS] +
+                 [w for entry in (rank.get("d_shared") or []) for w in
+                  ((entry["w_gate"], entry["w_up"], entry["w_down"]) if isinstance(entry, dict) else entry)])
 
     def synchronize(self):
         """Waits for the layer's device work and raises what failed there (no-op on the CPU)."""
@@ -452,7 +508,7 @@ class Layer:
         outlives close() and the Layer object: the layer is destroyed once the last view is
         gone. On the cpu backend a numpy uint16 copy of the last forward's slots."""
         t = _Tensor()
-        _check(_lib().mok_layer_combine_slots(self._live(), rank, ctypes.byref(t)))
+        _check(_lib().mok_layer_combine_slots(self._live(), _int32(rank, "rank"), ctypes.byref(t)))
         shape = tuple(t.shape[d] for d in range(t.ndim))
         n = 1
         for d in shape:

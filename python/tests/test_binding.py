@@ -241,8 +241,17 @@ class Errors(unittest.TestCase):
         ranks = make_inputs(SMALL, 7)
         ranks[0]["router_weights"] = ranks[0]["router_weights"].astype(np.float64)
         with mok.Layer(SMALL) as layer:
-            with self.assertRaisesRegex(TypeError, r"ranks\[0\]\.router_weights: numpy dtype float64"):
+            with self.assertRaisesRegex(mok.MokTypeError, r"ranks\[0\]\.router_weights: numpy dtype float64"):
                 layer.forward(ranks)
+            ranks = make_inputs(SMALL, 7)
+            # An output the layer would write into read-only memory (it crashed the process).
+            y = np.zeros_like(ranks[1]["y"])
+            y.flags.writeable = False
+            ranks[1]["y"] = y
+            with self.assertRaisesRegex(mok.MokError, r"ranks\[1\]\.y: the layer writes this output, and the "
+                                                      "array is read-only"):
+                layer.forward(ranks)
+            self.assertFalse(y.any(), "a refused call wrote the read-only y")
             with self.assertRaisesRegex(mok.MokError, r"ranks\[0\]: unknown key\(s\) \['why'\]"):
                 layer.forward([{"why": 1}])
         with self.assertRaisesRegex(mok.MokError, "backend = 'tpu'"):
@@ -259,6 +268,20 @@ class Errors(unittest.TestCase):
             mok.Layer(mok.Problem(num_experts=8, hidden=2**32 + 256, intermediate=64, top_k=2, tokens_per_rank=16))
         with self.assertRaisesRegex(mok.MokError, "active_rank"):
             mok.Layer(SMALL, active_rank=2**40)
+        with self.assertRaisesRegex(mok.MokError, r"ep_size = 4294967298: must be an int32"):
+            mok.Problem.from_shape("qwen3-30b-a3b", ep_size=2**32 + 2)
+        with self.assertRaisesRegex(mok.MokError, r"config.minibatch_rows = 4294967552: must be an int32"):
+            mok.Layer(SMALL, config={"minibatch_rows": 2**32 + 256})
+        with self.assertRaisesRegex(mok.MokError, r"config.schedule_capacity_factor = 'x': must be a number"):
+            mok.Layer(SMALL, config={"schedule_capacity_factor": "x"})
+        with mok.Layer(SMALL) as layer:
+            with self.assertRaisesRegex(mok.MokError, r"rank = 4294967297: must be an int32"):
+                layer.combine_slots(2**32 + 1)
+        # Integer scalars from numpy are ints; bools are not.
+        self.assertEqual(mok.Layer(mok.Problem(num_experts=np.int64(8), hidden=np.int32(128), intermediate=64,
+                                               top_k=2, tokens_per_rank=16)).problem.hidden, 128)
+        with self.assertRaisesRegex(mok.MokError, r"Problem.top_k = True: must be an int32"):
+            mok.Layer(mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=True, tokens_per_rank=16))
         ranks = make_inputs(SMALL, 10)
         b = {key: ranks[0][key] for key in ("x", "top_experts", "router_weights", "w_gate", "w_up", "w_down",
                                             "shared")}

@@ -146,6 +146,26 @@ class TorchCuda(unittest.TestCase):
                     self.assertTrue(np.array_equal(y_bits(r), first[i]), f"rank {i}: the graph's y differs")
             layer.synchronize()
 
+    def test_autograd_sees_the_layers_writes(self):
+        """y is written in place: a tensor an earlier op saved for its backward must fail that
+        backward (as after an in-place op) rather than give wrong gradients; inference tensors,
+        which have no version counter, are written without complaint."""
+        gpu = [to_torch(r, "cuda") for r in make_inputs(PROBLEM, 19)]
+        w = torch.ones(PROBLEM.hidden, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        z = (gpu[0]["y"] * w).sum()  # (mul saves y for w's gradient)
+        stream = torch.cuda.current_stream()
+        with mok.Layer(PROBLEM, backend="cuda", cuda_stream=stream.cuda_stream) as layer:
+            layer.forward(gpu)
+            layer.synchronize()
+            with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
+                z.backward()
+            with torch.inference_mode():
+                served = [dict(r, y=torch.empty_like(r["y"])) for r in gpu]
+                layer.forward(served)
+            layer.synchronize()
+            for a, b in zip(gpu, served):
+                self.assertTrue(torch.equal(a["y"], b["y"]))
+
     def test_a_rank_slice_with_its_slots_filled_gives_the_bits_of_virtual_ranks(self):
         ranks = make_inputs(PROBLEM, 15)
         virtual = [to_torch(r, "cuda") for r in ranks]
