@@ -275,7 +275,7 @@ class Launch {
 
 // Distributed mode: every peer's staged x and combine slots, by load/store (LSA) pointer.
 __global__ void peer_pointers_kernel(ncclWindow_t x_window, ncclWindow_t combine_window, int ranks, void** out) {
-  const int r = threadIdx.x;
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= ranks) return;
   out[r] = ncclGetPeerPointer(x_window, 0, r);
   out[ranks + r] = ncclGetPeerPointer(combine_window, 0, r);
@@ -400,7 +400,10 @@ class CudaBackend final : public BackendImpl {
     const int R = p.ep_size;
     num_ranks_ = o.ep_mode == EpMode::all_ranks ? R : 1;
     first_rank_ = o.ep_mode == EpMode::all_ranks ? 0 : group_ ? group_->rank() : o.active_rank;
-    capacity_ = static_cast<int>(schedule_capacity_rows(p, c));
+    const std::int64_t capacity_rows = schedule_capacity_rows(p, c);
+    require(capacity_rows < (1ll << 31), "problem: a schedule capacity of " + std::to_string(capacity_rows) +
+                                             " rows; the cuda backend's row indices are 32-bit (fewer than 2^31)");
+    capacity_ = static_cast<int>(capacity_rows);
     cap_tiles_ = capacity_ / kTileM;
     ring_tiles_ = std::max(1, std::min(c.macrobatch_rows, capacity_) / kTileM);
     const long long stream_ids = static_cast<long long>(R) * p.tokens_per_rank * p.top_k;
@@ -441,6 +444,21 @@ class CudaBackend final : public BackendImpl {
     schedule_scatter_smem_ = static_cast<int>(kScheduleWarps * dest_experts * sizeof(int));
     gateup_tiles_ = ceil_div(p.intermediate, kGateUpCols);
     down_tiles_ = ceil_div(p.hidden, kDownCols);
+    // A task names its column tile in 12 bits (forward_types.h: Task), and the TMA coordinate
+    // of an expert's weight rows (e * I + column) is a signed 32-bit integer.
+    const auto width_rule = [&](const std::string& name, int width) {
+      require(ceil_div(width, kGateUpCols) <= kMaxColumnTiles,
+              name + " = " + std::to_string(width) + ": the cuda backend takes at most " +
+                  std::to_string(kMaxColumnTiles * kGateUpCols) + " (its tasks count " +
+                  std::to_string(kMaxColumnTiles) + " column tiles of " + std::to_string(kGateUpCols) + ")");
+    };
+    width_rule("Problem.intermediate", p.intermediate);
+    for (int s = 0; s < p.num_shared(); ++s)
+      width_rule("Problem.shared_intermediate[" + std::to_string(s) + "]", p.shared_intermediate[s]);
+    require(static_cast<long long>(p.local_experts()) * p.intermediate < (1ll << 31),
+            "problem: " + std::to_string(p.local_experts()) + " local experts x intermediate " +
+                std::to_string(p.intermediate) + " weight rows; the cuda backend's tensor-map coordinates take fewer "
+                "than 2^31");
     shared_row_tiles_ = ceil_div(p.tokens_per_rank, kTileM);
 
     // Default split: a pulled row (2H bytes) feeds 6*H*I flops, so the pull rate the compute
@@ -510,6 +528,10 @@ class CudaBackend final : public BackendImpl {
                   : head_pulls_env_ == 0     ? 0
                                              : default_head_pulls(plan_shape_, grid_ctas_, ring_tiles_);
 
+    // (The plan kernel counts and places tasks in 32-bit integers.)
+    require(max_tasks_per_forward() < (1ll << 31),
+            "problem: up to " + std::to_string(max_tasks_per_forward()) +
+                " compute tasks per forward; the cuda backend's task list takes fewer than 2^31");
     allocate();
     // The limit belongs to the kernel, not to this Layer: set it to what any Layer may need, so
     // a later, smaller Layer cannot lower it under an earlier one.
@@ -892,6 +914,17 @@ class CudaBackend final : public BackendImpl {
     require(p.ep_size <= 4095, "Problem.ep_size: at most 4095 ranks");
   }
 
+  // The most compute tasks a forward can list: every shared tile, and every row tile the
+  // capacity allows times its gate/up and down column tiles.
+  long long max_tasks_per_forward() const {
+    long long shared_tasks = 0;
+    for (int w : problem_.shared_intermediate)
+      shared_tasks += static_cast<long long>(shared_row_tiles_) * (ceil_div(w, kGateUpCols) + down_tiles_);
+    long long tasks = num_ranks_ * (shared_tasks + static_cast<long long>(cap_tiles_) * (gateup_tiles_ + down_tiles_));
+    if (pairs_) tasks *= 2;  // at most one phantom per real task (odd runs)
+    return tasks;
+  }
+
   void allocate() {
     const Problem& p = problem_;
     const int R = p.ep_size, T = p.tokens_per_rank, H = p.hidden, I = p.intermediate;
@@ -923,10 +956,7 @@ class CudaBackend final : public BackendImpl {
     }
     phase_trap_claim_ = DeviceBuffer(sizeof(int));
     MOK_CUDA_CHECK(cudaMemset(phase_trap_claim_.as<void>(), 0, sizeof(int)));
-    long long shared_tasks = 0;
-    for (int w : p.shared_intermediate) shared_tasks += static_cast<long long>(shared_row_tiles_) * (ceil_div(w, kGateUpCols) + down_tiles_);
-    long long max_tasks = num_ranks_ * (shared_tasks + static_cast<long long>(cap_tiles_) * (gateup_tiles_ + down_tiles_));
-    if (pairs_) max_tasks *= 2;  // at most one phantom per real task (odd runs)
+    const long long max_tasks = max_tasks_per_forward();
     tasks_ = track(DeviceBuffer(std::max<long long>(1, max_tasks) * sizeof(Task)));
     pulls_ = track(DeviceBuffer(std::max<long long>(1, static_cast<long long>(num_ranks_) * cap_tiles_) * sizeof(int2)));
     task_counts_ = track(DeviceBuffer(2 * sizeof(int)));
@@ -940,7 +970,7 @@ class CudaBackend final : public BackendImpl {
       x_sym_ = group_->alloc_symmetric(static_cast<std::size_t>(T) * H * 2);
       workspace_bytes_ += combine_sym_.bytes + x_sym_.bytes;
       DeviceBuffer peers(2 * R * sizeof(void*));
-      Launch(dim3(1), dim3(R), 0, stream_)("peer_pointers_kernel", peer_pointers_kernel,
+      Launch(dim3(ceil_div(R, 256)), dim3(256), 0, stream_)("peer_pointers_kernel", peer_pointers_kernel,
                                            static_cast<ncclWindow_t>(x_sym_.window),
                                            static_cast<ncclWindow_t>(combine_sym_.window), R, peers.as<void*>());
       // The copy below runs on the legacy stream, which does not wait for a non-blocking

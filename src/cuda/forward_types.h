@@ -33,6 +33,8 @@ constexpr int kSmemBytes = 1024 /*align slack*/ + kStages * kStageBytes + kStagi
 
 
 // A compute task, packed: kind 4 bits | rank 12 | shared index 8 | column tile 12 | row tile 28.
+// (The backend refuses shapes with more column tiles than the field holds.)
+constexpr int kMaxColumnTiles = 1 << 12;
 struct Task {
   std::uint64_t bits;
   __host__ __device__ static Task make(std::uint32_t kind, std::uint32_t rank, std::uint32_t shared,

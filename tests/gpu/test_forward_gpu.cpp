@@ -1608,5 +1608,36 @@ TEST(GpuErrors, AlignmentRuleIsNamed) {
   }
 }
 
+// Shapes the problem's own rules accept but the kernels' packed and 32-bit fields cannot
+// hold are refused when the layer is built, naming the limit; they used to run into a wait
+// timeout (a column tile wrapped into the next row tile's), a negative task count or a
+// negative TMA coordinate (an expert's rows read as zeros).
+TEST(GpuErrors, ShapesBeyondTheKernels32BitFieldsAreNamed) {
+  MOK_REQUIRE_GPU();
+  LayerOptions o;
+  o.backend = Backend::cuda;
+  struct Case {
+    Problem problem;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {make_problem(1, 64, 4097 * 128, 1, {}, 1, 128), "Problem.intermediate = 524416: the cuda backend takes at most "
+                                                       "524288"},
+      {make_problem(2, 64, 128, 1, {4097 * 128}, 1, 128), "Problem.shared_intermediate[0] = 524416"},
+      {make_problem(4096, 64, 524288, 1, {}, 1, 128), "tensor-map coordinates take fewer than 2^31"},
+      {make_problem(8, 64, 262144, 8, {}, 1, 1 << 24), "task list takes fewer than 2^31"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.problem.describe());
+    ASSERT_NO_THROW(c.problem.validate()) << "the case must pass the problem's own rules";
+    try {
+      Layer layer(c.problem, Config{}, o);
+      ADD_FAILURE() << "expected an error saying: " << c.says;
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr(c.says));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mok::test
