@@ -517,10 +517,14 @@ struct PlanParams {
 // slice: the scatter+plan kernel's long pole.)
 constexpr int kPlanGroupsPerBlock = 256 / 32;
 
-__device__ __forceinline__ void plan_block(const PlanParams& p, int block) {
+// `error`: what the schedule's earlier kernels recorded. After any error (a rank over its
+// capacity, a bad id, segments that disagree with their counts) the plan lists no routed
+// work: the rows may have gaps nothing wrote, and y is poisoned anyway.
+__device__ __forceinline__ void plan_block(const PlanParams& p, int block, const DeviceError* error) {
   const int g = block * kPlanGroupsPerBlock + static_cast<int>(threadIdx.x / 32);
   const int lane = threadIdx.x % 32;
-  auto row_tiles = [&](int d) { return *p.plans[d].num_row_tiles; };
+  const bool failed = static_cast<const volatile DeviceError*>(error)->code != kOk;
+  auto row_tiles = [&](int d) { return failed ? 0 : *p.plans[d].num_row_tiles; };
   const int groups = plan_groups(p.shape, row_tiles);
   if (g == 0 && lane == 0) {
     const PlanCount all = plan_prefix(p.shape, groups, row_tiles);
@@ -570,7 +574,7 @@ __global__ void __launch_bounds__(kScheduleThreads, schedule_blocks_per_sm(kChun
   extern __shared__ int scatter_smem[];
   const int block = static_cast<int>(blockIdx.x);
   if (block < p.plan_blocks)
-    plan_block(p.plan, block);
+    plan_block(p.plan, block, p.schedule.error);
   else
     scatter_block<kChunk>(p.schedule, block - p.plan_blocks, scatter_smem);
 }
