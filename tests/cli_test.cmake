@@ -170,6 +170,39 @@ elseif(MODE STREQUAL "bad_input")
   expect_refused("-n N (the number of ranks) is required" launch -- true)
   # A clamp the layer's float cannot hold is refused as written.
   expect_refused("option --swiglu-limit: 1e-50 is outside float's range" run --shape tiny --swiglu-limit 1e-50)
+  # The library's rules name their fields; the tool adds the options that set them.
+  expect_refused("must be divisible by ep_size (3) [options: --experts or --shape, --ep]"
+                 run --experts 8 --hidden 256 --intermediate 256 --topk 2 --ep 3 --tokens 64 --shared none)
+  expect_refused("Config.tile_rows = 100" run ${small} --backend cpu --tile-rows 100 --save "${WORK}/cfg")
+  expect_refused("[options: --tile-rows]" run ${small} --backend cpu --tile-rows 100)
+  expect_refused("[options: --threads]" run ${small} --backend cpu --threads -1)
+  if(EXISTS "${WORK}/cfg")
+    message(FATAL_ERROR "a bad --tile-rows was refused after --save claimed its directory")
+  endif()
+  # --save names a file: not a directory, said as such.
+  file(WRITE "${WORK}/afile" "x")
+  expect_refused("option --save ${WORK}/afile: is not a directory" run ${small} --backend cpu --save "${WORK}/afile")
+  # --expect's files are read whole before any work: a truncated one is refused up front.
+  run_mok(rc so se run ${small} --backend cpu --pass forward --save "${WORK}/fwd")
+  if(NOT rc STREQUAL "0")
+    message(FATAL_ERROR "--pass forward --save: exit '${rc}'\n${se}")
+  endif()
+  file(COPY "${WORK}/fwd/rank0" "${WORK}/fwd/rank1" DESTINATION "${WORK}/exp")
+  file(REMOVE "${WORK}/exp/rank1/y.npy")
+  execute_process(COMMAND head -c 200 "${WORK}/fwd/rank1/y.npy" OUTPUT_FILE "${WORK}/exp/rank1/y.npy")
+  expect_refused("option --expect ${WORK}/exp: " run ${small} --backend cpu --expect "${WORK}/exp"
+                 --save "${WORK}/unclaimed2")
+  if(EXISTS "${WORK}/unclaimed2")
+    message(FATAL_ERROR "--expect with a truncated file: --save's directory was claimed before the refusal")
+  endif()
+  # A save that fails part way (here the file-size limit) leaves no partial tensors behind.
+  execute_process(COMMAND bash -c "trap '' XFSZ; ulimit -f 16; exec \"$0\" \"$@\"" "${MOK}" run ${small}
+                          --backend cpu --pass forward --save "${WORK}/partial"
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE so ERROR_VARIABLE se TIMEOUT 120)
+  file(GLOB_RECURSE left "${WORK}/partial/*")
+  if(rc STREQUAL "0" OR NOT se MATCHES "are removed" OR left)
+    message(FATAL_ERROR "a save that failed part way: exit '${rc}', left '${left}'\n${se}")
+  endif()
   file(REMOVE_RECURSE "${WORK}")
 elseif(MODE STREQUAL "bad_active_rank")
   # Out of range and not a number: each must fail normally, naming the option and its rule.

@@ -263,8 +263,13 @@ LayerData load_layer_data(const std::string& dir, const bool with_backward) {
       if (!fs::exists(f)) throw Error("--load " + dir + ": missing " + f.string());
       *e.tensor = npy::load(f.string(), e.tensor->dtype(), e.tensor->shape());
     }
-    check_routing_rank(p, r, data.ranks[r].top_experts.data<std::int32_t>(),
-                       data.ranks[r].router_weights.data<float>());
+    try {
+      check_routing_rank(p, r, data.ranks[r].top_experts.data<std::int32_t>(),
+                         data.ranks[r].router_weights.data<float>());
+    } catch (const Error& e) {
+      throw Error("--load " + dir + " (" + (rank_dir(dir, r) / "top_experts.npy").string() + ", router_weights.npy): " +
+                  e.what());
+    }
   }
   data.poison_outputs();
   return data;

@@ -76,7 +76,13 @@ Routing routing_from_files(const Problem& p, const RoutingSpec& spec) {
     else
       r.router_weights.emplace_back(per, 1.0f / float(p.top_k));
   }
-  validate_routing(p, r);
+  try {
+    validate_routing(p, r);
+  } catch (const Error& e) {
+    // (Rank r's token t is row r * tokens_per_rank + t of the files.)
+    throw Error("routing file:" + spec.path + " (top_experts.npy" + (has_weights ? ", router_weights.npy" : "") +
+                ", rows = rank * " + std::to_string(p.tokens_per_rank) + " + token): " + e.what());
+  }
   return r;
 }
 

@@ -197,7 +197,13 @@ int bench_command(const std::vector<std::string>& argv) {
   const bool one_rank = slice || distributed;  // weights of rank `me` only
   namespace fs = std::filesystem;
   const fs::path dir = distributed ? fs::path(work_dir) / ("rank" + std::to_string(me)) : fs::path(work_dir);
-  fs::create_directories(dir);
+  {
+    std::error_code ec;
+    if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+      throw Error("option --work-dir " + dir.string() + ": is not a directory");
+    fs::create_directories(dir, ec);
+    if (ec) throw Error("option --work-dir " + dir.string() + ": cannot create the directory: " + ec.message());
+  }
   // Nothing an earlier run left here may be read as this run's (tools/mok/work_dir.h). This
   // comes before the group forms: a rank reads another's directory only after it.
   // (In a group, rank 0 also clears WORK_DIR itself: peer_dist.py's peer.json goes there.)
@@ -469,7 +475,16 @@ int bench_command(const std::vector<std::string>& argv) {
     // A truncated record must never become mok.json (the Python side would read it as whole).
     if (!js) throw Error("mok bench: writing " + path(mok_json_tmp) + " failed (disk full?)");
   }
-  fs::rename(path(mok_json_tmp), path(mok_json));
+  {
+    std::error_code ec;
+    fs::rename(path(mok_json_tmp), path(mok_json), ec);
+    if (ec) {
+      const std::string why = ec.message();
+      fs::remove(path(mok_json_tmp), ec);
+      throw Error("mok bench: cannot put the record in place as " + path(mok_json) + " (" + why +
+                  "); the record is not written");
+    }
+  }
   std::printf("mok bench: %s %s rank %d rows=%lld remote=%lld forward median %.4f ms (min %.4f max %.4f) %.1f TFLOP/s; "
               "check %s rows[%s] y[%s]\n",
               pa.shape_name.c_str(), p.describe().c_str(), me, static_cast<long long>(N),

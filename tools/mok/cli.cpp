@@ -1,8 +1,10 @@
 #include "mok/cli_args.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <sstream>
 
@@ -108,6 +110,41 @@ int resolve_active_rank(const std::optional<std::string>& given, bool slice, con
   }
 }
 
+std::string with_option_names(const std::string& message) {
+  // Field names as the library's messages spell them, and the options that set them.
+  static const std::pair<const char*, const char*> kOptions[] = {
+      {"num_experts", "--experts or --shape"},
+      {"hidden", "--hidden or --shape"},
+      {"intermediate", "--intermediate or --shape"},
+      {"top_k", "--topk or --shape"},
+      {"ep_size", "--ep"},
+      {"tokens_per_rank", "--tokens"},
+      {"shared_intermediate", "--shared"},
+      {"swiglu_limit", "--swiglu-limit"},
+      {"minibatch_rows", "--minibatch"},
+      {"macrobatch_rows", "--macrobatch"},
+      {"schedule_capacity_factor", "--capacity"},
+      {"forward_comm_sms", "--comm-sms"},
+      {"tile_rows", "--tile-rows"},
+      {"task_band_tiles", "--band"},
+      {"task_pairs", "--pairs"},
+      {"cpu_threads", "--threads"},
+      {"active_rank", "--active-rank"},
+  };
+  std::string named;
+  for (const auto& [field, option] : kOptions) {
+    // A whole word: "hidden" must not match inside "hidden_rows", nor "ep_size" in "keep_size".
+    for (std::size_t at = message.find(field); at != std::string::npos; at = message.find(field, at + 1)) {
+      const std::size_t end = at + std::strlen(field);
+      auto word = [&](std::size_t i) { return std::isalnum(static_cast<unsigned char>(message[i])) || message[i] == '_'; };
+      if ((at > 0 && word(at - 1)) || (end < message.size() && word(end))) continue;
+      named += (named.empty() ? "" : ", ") + std::string(option);
+      break;
+    }
+  }
+  return named.empty() ? message : message + " [options: " + named + "]";
+}
+
 ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool /*gpu*/) {
   ProblemArgs out;
   const bool explicit_sizes = args.has("experts") || args.has("hidden") || args.has("intermediate") ||
@@ -153,7 +190,11 @@ ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool /*g
       throw Error("option --swiglu-limit: " + format_number(*limit) + " is outside float's range");
     p.swiglu_limit = f;
   }
-  p.validate();
+  try {
+    p.validate();
+  } catch (const Error& e) {
+    throw Error(with_option_names(e.what()));
+  }
   return out;
 }
 

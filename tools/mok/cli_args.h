@@ -37,7 +37,13 @@ struct Repetitions {
 };
 Repetitions take_repetitions(Args& args, int default_warmup, int default_iters);
 
-// The problem described by --shape/--experts/... (see `mok run --help`).
+// `message` (a mok::Error's, naming a Problem, Config or LayerOptions field) with the
+// command-line options that set the fields it names appended, e.g. "Problem.num_experts = 8:
+// must be divisible by ep_size (3) [options: --experts or --shape, --ep]".
+std::string with_option_names(const std::string& message);
+
+// The problem described by --shape/--experts/... (see `mok run --help`). Its validation
+// errors name the options (with_option_names).
 struct ProblemArgs {
   Problem problem;
   std::string shape_name;  // "" for explicit sizes

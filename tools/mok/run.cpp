@@ -122,6 +122,11 @@ int run_command(const std::vector<std::string>& argv) {
   if (auto v = args.take_int("tile-rows")) config.tile_rows = static_cast<int>(*v);
   if (auto v = args.take_int("band")) config.task_band_tiles = static_cast<int>(*v);
   if (args.take_flag("pairs")) config.task_pairs = true;
+  try {  // (before any work or file: the Layer checks it again)
+    config.validate();
+  } catch (const Error& e) {
+    throw Error(with_option_names(e.what()));
+  }
 
   // The save directory is claimed before any work: a run never mixes its tensors with an
   // earlier run's files, and an unwritable path is found before the results exist.
@@ -130,6 +135,8 @@ int run_command(const std::vector<std::string>& argv) {
     namespace fs = std::filesystem;
     const fs::path target = my_rank >= 0 ? fs::path(*save_dir) / ("rank" + std::to_string(my_rank)) : fs::path(*save_dir);
     std::error_code ec;
+    if (fs::exists(target, ec) && !fs::is_directory(target, ec))
+      throw Error("option --save " + target.string() + ": is not a directory; give a new or empty directory");
     if (fs::exists(target, ec) && !fs::is_empty(target, ec))
       throw Error("option --save " + target.string() +
                   ": already holds files (an earlier run's?); mok does not mix two runs' tensors: give a new or "
@@ -141,7 +148,10 @@ int run_command(const std::vector<std::string>& argv) {
   // The options that depend on the EP mode, checked once it is settled and before any work
   // or any file is written. A slice computes one rank's y from combine slots the other ranks
   // would fill (not filled by mok run), so its y is not the layer's: nothing to compare.
-  auto check_mode_options = [&](int ep_size) {
+  // The --expect files, read (and checked: shape, dtype, size) before any work.
+  std::vector<HostTensor> expected_y;
+  auto check_mode_options = [&](const Problem& problem) {
+    const int ep_size = problem.ep_size;
     const char* mode = options.ep_mode == EpMode::rank_slice ? "slice" : "distributed";
     if (check && on_cuda && options.ep_mode != EpMode::all_ranks)
       throw Error(std::string("option --check with --ep-mode ") + mode +
@@ -150,12 +160,19 @@ int run_command(const std::vector<std::string>& argv) {
     if (expect_dir && options.ep_mode == EpMode::rank_slice)
       throw Error("option --expect with --ep-mode slice: a slice's y depends on combine slots mok run does not "
                   "fill, so it is not the layer's y (use --ep-mode all or distributed)");
-    if (expect_dir)
+    if (expect_dir) {
+      expected_y.assign(ep_size, HostTensor{});
       for (int r = 0; r < ep_size; ++r) {
         if (my_rank >= 0 && r != my_rank) continue;
         const std::string f = *expect_dir + "/rank" + std::to_string(r) + "/y.npy";
         if (!std::filesystem::is_regular_file(f)) throw Error("option --expect " + *expect_dir + ": no file " + f);
+        try {
+          expected_y[r] = npy::load(f, DType::bf16, {problem.tokens_per_rank, problem.hidden});
+        } catch (const Error& e) {
+          throw Error("option --expect " + *expect_dir + ": " + e.what());
+        }
       }
+    }
   };
 
   LayerData data;
@@ -164,7 +181,7 @@ int run_command(const std::vector<std::string>& argv) {
     args.finish();
     data = io::load_layer_data(*load_dir, do_bwd);
     if (ep_mode == "auto" && on_cuda && data.problem.ep_size > 8) options.ep_mode = EpMode::rank_slice;
-    check_mode_options(data.problem.ep_size);
+    check_mode_options(data.problem);
     claim_save_dir();
     // The loaded ids pick the slice's rank (load_layer_data has validated them).
     Routing loaded;
@@ -183,7 +200,7 @@ int run_command(const std::vector<std::string>& argv) {
                   std::to_string(pa.problem.ep_size) + " (one process per rank: mok launch -n " +
                   std::to_string(pa.problem.ep_size) + ")");
     if (ep_mode == "auto" && on_cuda && pa.problem.ep_size > 8) options.ep_mode = EpMode::rank_slice;
-    check_mode_options(pa.problem.ep_size);
+    check_mode_options(pa.problem);
     claim_save_dir();
     shape_name = pa.shape_name.empty() ? "custom" : pa.shape_name;
     // Checked before the routing is drawn: it alone is R*T*k ids and weights.
@@ -201,7 +218,15 @@ int run_command(const std::vector<std::string>& argv) {
   }
   const Problem& p = data.problem;
 
-  Layer layer(p, config, options);
+  Layer layer = [&] {
+    try {
+      return Layer(p, config, options);
+    } catch (const PeerWaitError&) {
+      throw;  // (its own exit status)
+    } catch (const Error& e) {
+      throw Error(with_option_names(e.what()));
+    }
+  }();
   // TFLOP/s counts the work of every rank this run computes (MoK's per-rank formula).
   const double ranks_computed = options.ep_mode == EpMode::all_ranks ? p.ep_size : 1;
   // The ranks' arguments this process passes: all of them, or its own (distributed).
@@ -294,21 +319,30 @@ int run_command(const std::vector<std::string>& argv) {
   const bool y_saved = do_fwd && options.ep_mode != EpMode::rank_slice;
   if (!y_saved)
     for (auto& r : data.ranks) r.y = HostTensor{};
-  if (save_dir && my_rank >= 0) {
-    const std::string rank_dir = *save_dir + "/rank" + std::to_string(my_rank);
-    std::filesystem::create_directories(rank_dir);
-    if (y_saved) npy::save(rank_dir + "/y.npy", data.ranks[my_rank].y);
-  } else if (save_dir) {
-    io::save_layer_data(*save_dir, data);
+  if (save_dir) {
+    // The directory was claimed empty: a save that fails part way removes what it wrote, so
+    // no directory of partial tensors is left looking like a saved run.
+    namespace fs = std::filesystem;
+    const fs::path target = my_rank >= 0 ? fs::path(*save_dir) / ("rank" + std::to_string(my_rank)) : fs::path(*save_dir);
+    try {
+      if (my_rank >= 0) {
+        if (y_saved) npy::save((target / "y.npy").string(), data.ranks[my_rank].y);
+      } else {
+        io::save_layer_data(*save_dir, data);
+      }
+    } catch (const Error& e) {
+      std::error_code ec;
+      for (const auto& entry : fs::directory_iterator(target, ec)) fs::remove_all(entry.path(), ec);
+      throw Error(std::string(e.what()) + "; the files this run had written under " + target.string() +
+                  " are removed");
+    }
   }
   bool expected = true;
   if (expect_dir) {
     for (int r = 0; r < p.ep_size; ++r) {
       if (my_rank >= 0 && r != my_rank) continue;  // another process's rank
       if (data.ranks[r].y.empty()) continue;       // not computed here
-      const HostTensor want = npy::load(*expect_dir + "/rank" + std::to_string(r) + "/y.npy", DType::bf16,
-                                        data.ranks[r].y.shape());
-      const bool same = want.bitwise_equal(data.ranks[r].y);
+      const bool same = expected_y[r].bitwise_equal(data.ranks[r].y);
       std::printf("  expect: rank %d y %s %s/rank%d/y.npy\n", r, same ? "is bitwise equal to" : "DIFFERS from",
                   expect_dir->c_str(), r);
       expected = expected && same;
