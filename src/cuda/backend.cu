@@ -18,6 +18,7 @@
 #include <cstring>
 #include <iterator>
 #include <list>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -291,11 +292,35 @@ struct RelaxedCaptureMode {
   RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
 };
 
+// Whether `device`'s primary context is active, i.e. someone used that GPU in this process.
+// (cudaSetDevice makes it active: setting a device the caller never used would give that
+// GPU a context and its memory.) The driver's call comes through the runtime, as
+// tensor_map.h's does: mok does not link the driver library. Unknown counts as active.
+inline bool primary_context_active(int device) {
+  static const auto get_state = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &fn, 7000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuDevicePrimaryCtxGetState_v7000>(fn);
+  }();
+  unsigned flags = 0;
+  int active = 1;
+  // (The runtime's and the driver's device ordinals are the same: both follow CUDA_VISIBLE_DEVICES.)
+  if (get_state == nullptr || get_state(static_cast<CUdevice>(device), &flags, &active) != CUDA_SUCCESS) return true;
+  return active != 0;
+}
+
 // The calling thread's current device, kept: while entered, CUDA calls go to the layer's
 // device, and leaving restores the caller's. So a layer on GPU 1 runs from a thread whose
 // current device is 0 (CUDA refuses a launch into another device's stream, and the legacy
-// stream is the current device's), and creating or calling one never changes the device
-// the caller (PyTorch, say) sees.
+// stream is the current device's), and creating or calling one does not change the device
+// the caller (PyTorch, say) sees -- unless the caller's device was one it never used (no
+// active context): that one is not set back, since setting it would create its context (a
+// rank of a group whose process never touched GPU 0 must not open one there); the layer's
+// device stays current, as it would after the caller's own cudaSetDevice.
 class OnDevice {
  public:
   OnDevice() = default;
@@ -316,7 +341,8 @@ class OnDevice {
   void leave() noexcept {
     if (previous_ < 0) return;
     int current = -1;
-    if (cudaGetDevice(&current) != cudaSuccess || current != previous_) cudaSetDevice(previous_);
+    if ((cudaGetDevice(&current) != cudaSuccess || current != previous_) && primary_context_active(previous_))
+      cudaSetDevice(previous_);
     previous_ = -1;
   }
 
@@ -566,9 +592,9 @@ class CudaBackend final : public BackendImpl {
   }
 
   void forward(std::span<const RankForward> ranks) override {
-    const OnDevice on(options_.cuda_device);
     throw_if_group_aborted("forward");
     try {
+      const OnDevice on(options_.cuda_device);
       throw_if_trapped();
       diagnosed([&] { enqueue_forward(ranks); });
     } catch (const std::exception& e) {
@@ -599,7 +625,12 @@ class CudaBackend final : public BackendImpl {
   bool group_aborted() const override { return !group_abort_reason_.empty(); }
 
   void abandon_group(const std::string& why) override {
-    const OnDevice on(options_.cuda_device);
+    // (On the layer's device if that can be set; the abort goes ahead either way.)
+    std::optional<OnDevice> on;
+    try {
+      on.emplace(options_.cuda_device);
+    } catch (const std::exception&) {
+    }
     abort_group_after(why.empty() ? std::string("the caller abandoned the group") : "the caller abandoned the group: " + why);
   }
 
