@@ -121,10 +121,13 @@ elseif(MODE STREQUAL "bad_input")
   # An option missing its value does not swallow the next option; flags count once.
   expect_refused("option --save: needs a value, got the option '--check'" run ${small} --save --check)
   expect_refused("option --check: given twice" run ${small} --check --check)
-  # Empty fields are errors, not defaults.
-  foreach(bad "" "256," ",256")
+  # Empty fields are errors, not defaults; so is an empty value, and a value given to a flag.
+  foreach(bad "256," ",256")
     expect_refused("option --shared (a comma list or 'none')" run --shape tiny "--shared=${bad}")
   endforeach()
+  expect_refused("option --shared: the value is empty" run --shape tiny "--shared=")
+  expect_refused("option --expect: the value is empty" run --shape tiny "--expect=")
+  expect_refused("option --check: is a flag and takes no value (got '--check=yes')" run --shape tiny --check=yes)
   expect_refused("zipf exponent '' is not a number" run --shape tiny --routing zipf:)
   expect_refused("too many ':' fields" run --shape tiny --routing gaussian:)
   # y is not computed without the forward: nothing to compare, nothing saved.

@@ -436,6 +436,8 @@ class Layer:
             kind = dict(_Config._fields_).get(key)
             if kind is None:
                 raise MokError(f"config.{key}: not a mok::Config field ({[f for f, _ in _Config._fields_]})")
+            if key == "task_pairs" and isinstance(value, bool):
+                value = int(value)  # (a switch: True/False as well as 1/0)
             if kind is ctypes.c_int32:
                 value = _int32(value, f"config.{key}")
             else:
@@ -478,6 +480,9 @@ class Layer:
             count, c.d_shared = _shared(rank.get("d_shared"), name + ".d_shared", True)
             if count != c.num_shared:
                 raise MokError(f"{name}.d_shared: {count} entries for {c.num_shared} shared experts")
+        # (d_shared once as a list: it is read to fill the call and again to tell autograd.)
+        ranks = [dict(rank, d_shared=list(rank["d_shared"])) if rank.get("d_shared") is not None else rank
+                 for rank in ranks]
         array, n, kept = _ranks(ranks, _RankBackward, _BACKWARD_KEYS, fill)
         _check(_lib().mok_layer_backward(self._live(), array, n))
         _written(t for rank in kept for t in [rank.get(key) for key in _GRADIENT_KEYS] +

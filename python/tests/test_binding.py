@@ -280,6 +280,7 @@ class Errors(unittest.TestCase):
         # Integer scalars from numpy are ints; bools are not.
         self.assertEqual(mok.Layer(mok.Problem(num_experts=np.int64(8), hidden=np.int32(128), intermediate=64,
                                                top_k=2, tokens_per_rank=16)).problem.hidden, 128)
+        self.assertEqual(mok.Layer(SMALL, config={"task_pairs": True}).config["task_pairs"], 1)
         with self.assertRaisesRegex(mok.MokError, r"Problem.top_k = True: must be an int32"):
             mok.Layer(mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=True, tokens_per_rank=16))
         ranks = make_inputs(SMALL, 10)

@@ -18,10 +18,13 @@ Args::Args(const std::vector<std::string>& argv, const std::vector<std::string>&
     if (a.rfind("--", 0) != 0) throw Error("argument '" + a + "': expected an option starting with --");
     std::string name = a.substr(2), value;
     const auto eq = name.find('=');
-    const bool is_flag = std::find(flags.begin(), flags.end(), name) != flags.end();
+    const bool is_flag = std::find(flags.begin(), flags.end(), name.substr(0, eq)) != flags.end();
     if (eq != std::string::npos) {
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
+      if (is_flag) throw Error("option --" + name + ": is a flag and takes no value (got '" + a + "')");
+      // (An empty value would read as a path or a list no one meant: "--expect=" is the root.)
+      if (value.empty()) throw Error("option --" + name + ": the value is empty");
     } else if (is_flag) {
       if (flags_set_.count(name)) throw Error("option --" + name + ": given twice");
       flags_set_[name] = true;
@@ -125,6 +128,7 @@ std::string with_option_names(const std::string& message) {
       {"macrobatch_rows", "--macrobatch"},
       {"schedule_capacity_factor", "--capacity"},
       {"forward_comm_sms", "--comm-sms"},
+      {"backward_comm_sms", "--comm-sms"},
       {"tile_rows", "--tile-rows"},
       {"task_band_tiles", "--band"},
       {"task_pairs", "--pairs"},

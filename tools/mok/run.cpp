@@ -330,9 +330,12 @@ int run_command(const std::vector<std::string>& argv) {
       } else {
         io::save_layer_data(*save_dir, data);
       }
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
+      // (Listed first, then removed, each step without throwing: the save's error is the news.)
       std::error_code ec;
-      for (const auto& entry : fs::directory_iterator(target, ec)) fs::remove_all(entry.path(), ec);
+      std::vector<fs::path> written;
+      for (fs::directory_iterator it(target, ec), end; !ec && it != end; it.increment(ec)) written.push_back(it->path());
+      for (const fs::path& f : written) fs::remove_all(f, ec);
       throw Error(std::string(e.what()) + "; the files this run had written under " + target.string() +
                   " are removed");
     }
