@@ -22,12 +22,16 @@ long long parse_integer(const std::string& text, long long lo, long long hi, con
   return n;
 }
 
+bool not_hex(const std::string& text) { return text.find_first_of("xX") == std::string::npos; }
+
 double parse_finite(const std::string& text, const std::string& what) {
   double d = 0;
   try {
     std::size_t used = 0;
     d = std::stod(text, &used);
-    if (used != text.size()) throw std::invalid_argument("trailing");
+    if (used != text.size() || !not_hex(text)) throw std::invalid_argument("trailing");
+  } catch (const std::out_of_range&) {
+    throw Error(what + ": '" + text + "' is out of range");
   } catch (const std::exception&) {
     throw Error(what + ": '" + text + "' is not a number");
   }

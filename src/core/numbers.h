@@ -11,9 +11,13 @@ namespace mok {
 // "<what>: <text> is out of range [lo, hi]".
 long long parse_integer(const std::string& text, long long lo, long long hi, const std::string& what);
 
-// A finite number. Errors: "<what>: '<text>' is not a number",
-// "<what>: must be a finite number, got '<text>'".
+// A finite number, written in decimal. Errors: "<what>: '<text>' is not a number",
+// "<what>: must be a finite number, got '<text>'", "<what>: '<text>' is out of range".
 double parse_finite(const std::string& text, const std::string& what);
+
+// Whether `text` is a number as std::stod reads it but not in hex ("0x10", "0x1p3"), which
+// stod also takes: mok's numbers are decimal everywhere, as parse_integer's are.
+bool not_hex(const std::string& text);
 
 // A number as a person wrote it in an error message (1e-50, 0.5, 7), not std::to_string's
 // six fixed decimals (which print 1e-50 as 0.000000).

@@ -20,8 +20,10 @@ double parse_number(const std::string& text, const std::string& what) {
   try {
     std::size_t used = 0;
     const double v = std::stod(text, &used);
-    if (used != text.size()) throw std::invalid_argument("trailing");
+    if (used != text.size() || !not_hex(text)) throw std::invalid_argument("trailing");
     return v;
+  } catch (const std::out_of_range&) {
+    throw Error("routing: " + what + " '" + text + "' is out of range");
   } catch (const std::exception&) {
     throw Error("routing: " + what + " '" + text + "' is not a number");
   }

@@ -67,7 +67,15 @@ int launch_command(const std::vector<std::string>& argv) {
   for (auto& o : opts)
     if (o == "-n") o = "--n";
   Args args(opts, {});
-  const auto given_n = args.take_int("n");
+  const auto given_n = [&] {
+    try {
+      return args.take_int("n");
+    } catch (const Error& e) {  // (the option is spelled -n)
+      std::string m = e.what();
+      if (m.rfind("option --n", 0) == 0) m.erase(7, 1);
+      throw Error(m);
+    }
+  }();
   if (!given_n) throw Error(std::string("mok launch: -n N (the number of ranks) is required; ") + usage);
   const long long n = *given_n;
   const double timeout_s = args.take_double("timeout").value_or(0);
