@@ -314,11 +314,23 @@ void EpGroup::all_gather(const void* send, void* recv, std::size_t bytes_per_ran
 
 void EpGroup::wait(void* stream, const std::string& what, std::uint64_t deadline_ms,
                    const std::function<void()>& check) {
+  wait_until_done([stream] { return static_cast<int>(cudaStreamQuery(static_cast<cudaStream_t>(stream))); }, what,
+                  deadline_ms, check);
+}
+
+void EpGroup::wait_for_event(void* event, const std::string& what, std::uint64_t deadline_ms,
+                             const std::function<void()>& check) {
+  wait_until_done([event] { return static_cast<int>(cudaEventQuery(static_cast<cudaEvent_t>(event))); }, what,
+                  deadline_ms, check);
+}
+
+void EpGroup::wait_until_done(const std::function<int()>& query, const std::string& what, std::uint64_t deadline_ms,
+                              const std::function<void()>& check) {
   const NcclApi& nccl = NcclApi::get();
   const std::uint64_t limit_ms = deadline_ms > 0 ? deadline_ms : impl_->limits.wait_ms;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(limit_ms);
   for (;;) {
-    const cudaError_t q = cudaStreamQuery(static_cast<cudaStream_t>(stream));
+    const auto q = static_cast<cudaError_t>(query());
     if (q == cudaSuccess) return;
     if (check) check();
     if (q != cudaErrorNotReady) throw Error("CUDA error while " + what + ": " + cudaGetErrorString(q));

@@ -76,6 +76,10 @@ class EpGroup {
   // Throws mok::PeerWaitError (mok/error.h) when it gives up on the peers.
   void wait(void* stream, const std::string& what, std::uint64_t deadline_ms = 0,
             const std::function<void()>& check = {});
+  // The same for `event` (a cudaEvent_t): for a wait that may not query its stream (one that
+  // is capturing a CUDA graph).
+  void wait_for_event(void* event, const std::string& what, std::uint64_t deadline_ms = 0,
+                      const std::function<void()>& check = {});
 
   // Aborts the communicator now (idempotent): NCCL work waiting on peers returns, so the
   // process can free its memory and exit. The group is unusable after it.
@@ -83,6 +87,11 @@ class EpGroup {
   bool communicator_aborted() const;
 
  private:
+  // wait()'s loop over `query`: cudaStreamQuery's or cudaEventQuery's result (a cudaError_t,
+  // as an int: no CUDA types in this header).
+  void wait_until_done(const std::function<int()>& query, const std::string& what, std::uint64_t deadline_ms,
+                       const std::function<void()>& check);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

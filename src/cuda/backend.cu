@@ -10,7 +10,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <exception>
 #include <cstddef>
 #include <cstdio>
@@ -20,7 +19,6 @@
 #include <list>
 #include <optional>
 #include <sstream>
-#include <thread>
 
 #include <nccl.h>
 #include <nccl_device/core.h>
@@ -555,9 +553,9 @@ class CudaBackend final : public BackendImpl {
                                              : default_head_pulls(plan_shape_, grid_ctas_, ring_tiles_);
 
     // (The plan kernel counts and places tasks in 32-bit integers.)
-    require(max_tasks_per_forward() < (1ll << 31),
-            "problem: up to " + std::to_string(max_tasks_per_forward()) +
-                " compute tasks per forward; the cuda backend's task list takes fewer than 2^31");
+    const long long max_tasks = max_tasks_per_forward();
+    require(max_tasks < (1ll << 31), "problem: up to " + std::to_string(max_tasks) +
+                                         " compute tasks per forward; the cuda backend's task list takes fewer than 2^31");
     allocate();
     // The limit belongs to the kernel, not to this Layer: set it to what any Layer may need, so
     // a later, smaller Layer cannot lower it under an earlier one.
@@ -856,17 +854,17 @@ class CudaBackend final : public BackendImpl {
     return out;
   }
 
+  // A group's wait for its peers: past the phase-wait limit, so a trapped kernel is named
+  // rather than a peer blamed.
+  std::uint64_t group_wait_limit_ms() const { return (std::uint64_t(phase_wait_units_) << 20) / 1000000 + 2000; }
+
   // Waits for everything on the stream. In a group the wait has a deadline (a dead peer is an
   // error naming `what`, never a hang); a trapped kernel is named before any other error.
   void wait_for_stream(const std::string& what) const {
     throw_if_group_aborted(what);
     try {
       throw_if_trapped();
-      if (group_) {
-        // Past the phase-wait limit, so a trapped kernel is named rather than a peer blamed.
-        const std::uint64_t ms = (std::uint64_t(phase_wait_units_) << 20) / 1000000 + 2000;
-        group_->wait(stream_, what, ms, [this] { throw_if_trapped(); });
-      }
+      if (group_) group_->wait(stream_, what, group_wait_limit_ms(), [this] { throw_if_trapped(); });
       const cudaError_t sync = cudaStreamSynchronize(stream_);
       if (sync != cudaSuccess) {
         throw_if_trapped();
@@ -1194,8 +1192,8 @@ class CudaBackend final : public BackendImpl {
   // Waits until the copy that last uploaded `slot` (always outside a capture) has read its
   // host memory. On one GPU it waits for that copy's event. In a real group the stream also
   // holds NCCL work that waits for the peers: outside a capture the whole stream is waited for,
-  // with the group's limits; during one (a capturing stream may not be waited for) the event is
-  // polled within the same limits. The event calls run in relaxed capture mode: in this
+  // with the group's limits; during one (a capturing stream may not be waited for) its event,
+  // with the same limits (EpGroup::wait_for_event). The event calls run in relaxed capture mode: in this
   // thread's own capture they are otherwise refused, and in another thread's global-mode
   // capture (PyTorch's default) they would invalidate it. (The event was recorded before any
   // capture began, so waiting for it adds nothing to a graph.)
@@ -1207,21 +1205,9 @@ class CudaBackend final : public BackendImpl {
       return;
     }
     if (group_) {
-      const std::uint64_t limit_ms = (std::uint64_t(phase_wait_units_) << 20) / 1000000 + 2000;
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(limit_ms);
-      for (;;) {
-        const cudaError_t q = cudaEventQuery(slot.uploaded);
-        if (q == cudaSuccess) return;
-        if (q != cudaErrorNotReady) {
-          throw_if_trapped();
-          MOK_CUDA_CHECK(q);
-        }
-        if (std::chrono::steady_clock::now() > deadline)
-          throw PeerWaitError("EP group: rank " + std::to_string(group_->rank()) + " stopped while a captured forward "
-                              "waited for an argument slot's upload: no progress for " +
-                              std::to_string(limit_ms / 1000) + " s (a peer rank died or hangs)");
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
+      group_->wait_for_event(slot.uploaded, "waiting, during a capture, for an argument slot's upload",
+                             group_wait_limit_ms(), [this] { throw_if_trapped(); });
+      return;
     }
     const cudaError_t done = cudaEventSynchronize(slot.uploaded);
     if (done != cudaSuccess) {
