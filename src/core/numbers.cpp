@@ -22,18 +22,25 @@ long long parse_integer(const std::string& text, long long lo, long long hi, con
   return n;
 }
 
-bool not_hex(const std::string& text) { return text.find_first_of("xX") == std::string::npos; }
+DecimalRead read_decimal(const std::string& text, double& value) {
+  try {
+    std::size_t used = 0;
+    value = std::stod(text, &used);
+    return used == text.size() && text.find_first_of("xX") == std::string::npos ? DecimalRead::ok
+                                                                                 : DecimalRead::not_a_number;
+  } catch (const std::out_of_range&) {
+    return DecimalRead::out_of_range;
+  } catch (const std::exception&) {
+    return DecimalRead::not_a_number;
+  }
+}
 
 double parse_finite(const std::string& text, const std::string& what) {
   double d = 0;
-  try {
-    std::size_t used = 0;
-    d = std::stod(text, &used);
-    if (used != text.size() || !not_hex(text)) throw std::invalid_argument("trailing");
-  } catch (const std::out_of_range&) {
-    throw Error(what + ": '" + text + "' is out of range");
-  } catch (const std::exception&) {
-    throw Error(what + ": '" + text + "' is not a number");
+  switch (read_decimal(text, d)) {
+    case DecimalRead::ok: break;
+    case DecimalRead::out_of_range: throw Error(what + ": '" + text + "' is out of range");
+    case DecimalRead::not_a_number: throw Error(what + ": '" + text + "' is not a number");
   }
   if (!std::isfinite(d)) throw Error(what + ": must be a finite number, got '" + text + "'");
   return d;

@@ -15,9 +15,11 @@ long long parse_integer(const std::string& text, long long lo, long long hi, con
 // "<what>: must be a finite number, got '<text>'", "<what>: '<text>' is out of range".
 double parse_finite(const std::string& text, const std::string& what);
 
-// Whether `text` is a number as std::stod reads it but not in hex ("0x10", "0x1p3"), which
-// stod also takes: mok's numbers are decimal everywhere, as parse_integer's are.
-bool not_hex(const std::string& text);
+// `text` read whole as a decimal number (leading blanks aside; stod's hex forms such as
+// "0x10" are not decimal), the one rule parse_finite and the routing spec's fields share;
+// nan and inf are read (parse_finite refuses them, the routing's own checks judge them).
+enum class DecimalRead { ok, not_a_number, out_of_range };
+DecimalRead read_decimal(const std::string& text, double& value);
 
 // A number as a person wrote it in an error message (1e-50, 0.5, 7), not std::to_string's
 // six fixed decimals (which print 1e-50 as 0.000000).

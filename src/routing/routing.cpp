@@ -17,16 +17,13 @@ namespace mok {
 namespace {
 
 double parse_number(const std::string& text, const std::string& what) {
-  try {
-    std::size_t used = 0;
-    const double v = std::stod(text, &used);
-    if (used != text.size() || !not_hex(text)) throw std::invalid_argument("trailing");
-    return v;
-  } catch (const std::out_of_range&) {
-    throw Error("routing: " + what + " '" + text + "' is out of range");
-  } catch (const std::exception&) {
-    throw Error("routing: " + what + " '" + text + "' is not a number");
+  double v = 0;
+  switch (read_decimal(text, v)) {
+    case DecimalRead::ok: break;
+    case DecimalRead::out_of_range: throw Error("routing: " + what + " '" + text + "' is out of range");
+    case DecimalRead::not_a_number: throw Error("routing: " + what + " '" + text + "' is not a number");
   }
+  return v;
 }
 
 // An integer field: a number with no fractional part that fits an int.
