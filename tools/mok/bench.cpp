@@ -197,13 +197,7 @@ int bench_command(const std::vector<std::string>& argv) {
   const bool one_rank = slice || distributed;  // weights of rank `me` only
   namespace fs = std::filesystem;
   const fs::path dir = distributed ? fs::path(work_dir) / ("rank" + std::to_string(me)) : fs::path(work_dir);
-  {
-    std::error_code ec;
-    if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
-      throw Error("option --work-dir " + dir.string() + ": is not a directory");
-    fs::create_directories(dir, ec);
-    if (ec) throw Error("option --work-dir " + dir.string() + ": cannot create the directory: " + ec.message());
-  }
+  make_option_directory(dir, "--work-dir");
   // Nothing an earlier run left here may be read as this run's (tools/mok/work_dir.h). This
   // comes before the group forms: a rank reads another's directory only after it.
   // (In a group, rank 0 also clears WORK_DIR itself: peer_dist.py's peer.json goes there.)

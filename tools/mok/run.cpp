@@ -13,6 +13,7 @@
 #include "io/layer_io.h"
 #include "io/npy.h"
 #include "mok/cli_args.h"
+#include "mok/work_dir.h"
 
 namespace mok::cli {
 namespace {
@@ -130,19 +131,19 @@ int run_command(const std::vector<std::string>& argv) {
 
   // The save directory is claimed before any work: a run never mixes its tensors with an
   // earlier run's files, and an unwritable path is found before the results exist.
+  // (A group's rank saves its own y in rank<r>/.)
+  const std::filesystem::path save_target =
+      !save_dir ? std::filesystem::path()
+      : my_rank >= 0 ? std::filesystem::path(*save_dir) / ("rank" + std::to_string(my_rank))
+                     : std::filesystem::path(*save_dir);
   auto claim_save_dir = [&] {
     if (!save_dir) return;
-    namespace fs = std::filesystem;
-    const fs::path target = my_rank >= 0 ? fs::path(*save_dir) / ("rank" + std::to_string(my_rank)) : fs::path(*save_dir);
     std::error_code ec;
-    if (fs::exists(target, ec) && !fs::is_directory(target, ec))
-      throw Error("option --save " + target.string() + ": is not a directory; give a new or empty directory");
-    if (fs::exists(target, ec) && !fs::is_empty(target, ec))
-      throw Error("option --save " + target.string() +
+    if (std::filesystem::is_directory(save_target, ec) && !std::filesystem::is_empty(save_target, ec))
+      throw Error("option --save " + save_target.string() +
                   ": already holds files (an earlier run's?); mok does not mix two runs' tensors: give a new or "
                   "empty directory");
-    fs::create_directories(target, ec);
-    if (ec) throw Error("option --save " + target.string() + ": cannot create the directory: " + ec.message());
+    make_option_directory(save_target, "--save");
   };
 
   // The options that depend on the EP mode, checked once it is settled and before any work
@@ -323,7 +324,7 @@ int run_command(const std::vector<std::string>& argv) {
     // The directory was claimed empty: a save that fails part way removes what it wrote, so
     // no directory of partial tensors is left looking like a saved run.
     namespace fs = std::filesystem;
-    const fs::path target = my_rank >= 0 ? fs::path(*save_dir) / ("rank" + std::to_string(my_rank)) : fs::path(*save_dir);
+    const fs::path& target = save_target;
     try {
       if (my_rank >= 0) {
         if (y_saved) npy::save((target / "y.npy").string(), data.ranks[my_rank].y);

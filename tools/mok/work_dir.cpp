@@ -45,6 +45,15 @@ bool is_bench_output(const std::string& file_name) {
   return numbered(name, kRowsFor, kNpy) || numbered(name, kSlotsFor, kNpy);
 }
 
+void make_option_directory(const std::filesystem::path& dir, const std::string& option) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    throw Error("option " + option + " " + dir.string() + ": is not a directory");
+  fs::create_directories(dir, ec);
+  if (ec) throw Error("option " + option + " " + dir.string() + ": cannot create the directory: " + ec.message());
+}
+
 std::vector<std::string> clear_bench_outputs(const std::filesystem::path& dir) {
   namespace fs = std::filesystem;
   std::vector<std::string> removed;

@@ -68,4 +68,8 @@ bool is_bench_output(const std::string& file_name);
 // forms and reads the others' only after, so every file it reads was written by this run.
 std::vector<std::string> clear_bench_outputs(const std::filesystem::path& dir);
 
+// The directory an option names (mok run's --save, mok bench's --work-dir), made if missing.
+// A file of that name, or a directory that cannot be made, is a mok::Error naming the option.
+void make_option_directory(const std::filesystem::path& dir, const std::string& option);
+
 }  // namespace mok::cli
