@@ -278,6 +278,11 @@ def _tensor(a, name, output=False):
     return t
 
 
+def _shared_triple(entry):
+    """A shared expert's (w_gate, w_up, w_down), given as a triple or a dict of those keys."""
+    return (entry["w_gate"], entry["w_up"], entry["w_down"]) if isinstance(entry, dict) else tuple(entry)
+
+
 def _shared(entries, name, output=False):
     """Shared-expert (w_gate, w_up, w_down) triples or dicts -> (count, ctypes array)."""
     entries = list(entries or [])
@@ -285,7 +290,7 @@ def _shared(entries, name, output=False):
         raise MokError(f"{name}: at most {_MAX_SHARED} shared experts through the C interface")
     out = (_SharedWeights * _MAX_SHARED)()
     for s, e in enumerate(entries):
-        g, u, d = (e["w_gate"], e["w_up"], e["w_down"]) if isinstance(e, dict) else e
+        g, u, d = _shared_triple(e)
         n = f"{name}[{s}]"
         out[s] = _SharedWeights(_tensor(g, n + ".w_gate", output), _tensor(u, n + ".w_up", output),
                                 _tensor(d, n + ".w_down", output))
@@ -486,8 +491,7 @@ class Layer:
         array, n, kept = _ranks(ranks, _RankBackward, _BACKWARD_KEYS, fill)
         _check(_lib().mok_layer_backward(self._live(), array, n))
         _written(t for rank in kept for t in [rank.get(key) for key in _GRADIENT_KEYS] +
-                 [w for entry in (rank.get("d_shared") or []) for w in
-                  ((entry["w_gate"], entry["w_up"], entry["w_down"]) if isinstance(entry, dict) else entry)])
+                 [w for entry in (rank.get("d_shared") or []) for w in _shared_triple(entry)])
 
     def synchronize(self):
         """Waits for the layer's device work and raises what failed there (no-op on the CPU)."""
