@@ -43,6 +43,19 @@ def y_bits(rank):
     return rank["y"].view(torch.int16).cpu().numpy().view(np.uint16)
 
 
+def expect_replays_give(test, graph, stream, ranks, want, times, fill):
+    """Replays `graph` `times` times on `stream`, each time after filling every rank's y with
+    `fill`, and checks that each replay leaves y with the bits `want` (a list per rank)."""
+    for n in range(times):
+        with torch.cuda.stream(stream):
+            for r in ranks:
+                r["y"].fill_(fill)
+            graph.replay()
+        stream.synchronize()
+        for i, r in enumerate(ranks):
+            test.assertTrue(np.array_equal(y_bits(r), want[i]), f"replay {n}, rank {i}: the graph's y differs")
+
+
 @contextlib.contextmanager
 def group_of_one_env():
     """What torchrun or `mok launch` would set for a group of one (mok reads MOK_* first)."""
@@ -100,14 +113,7 @@ class TorchCuda(unittest.TestCase):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=stream):
                 layer.forward(gpu)
-            for _ in range(3):
-                with torch.cuda.stream(stream):
-                    for r in gpu:
-                        r["y"].zero_()
-                    graph.replay()
-                stream.synchronize()
-                for i, r in enumerate(gpu):
-                    self.assertTrue(np.array_equal(y_bits(r), first[i]), f"rank {i}: graph replay changed bits")
+            expect_replays_give(self, graph, stream, gpu, first, times=3, fill=0.0)
             layer.synchronize()
 
     def test_a_fresh_y_per_call_and_then_a_graph_with_its_own_y(self):
@@ -136,14 +142,7 @@ class TorchCuda(unittest.TestCase):
             for n, fresh in enumerate(kept):
                 for i, r in enumerate(fresh):
                     self.assertTrue(np.array_equal(y_bits(r), first[i]), f"eager call {n}, rank {i}: bits changed")
-            for _ in range(2):
-                with torch.cuda.stream(stream):
-                    for r in in_graph:
-                        r["y"].fill_(float("nan"))
-                    graph.replay()
-                stream.synchronize()
-                for i, r in enumerate(in_graph):
-                    self.assertTrue(np.array_equal(y_bits(r), first[i]), f"rank {i}: the graph's y differs")
+            expect_replays_give(self, graph, stream, in_graph, first, times=2, fill=float("nan"))
             layer.synchronize()
 
     def test_autograd_sees_the_layers_writes(self):

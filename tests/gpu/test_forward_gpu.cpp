@@ -820,18 +820,93 @@ cudaGraph_t capture_forward(Layer& layer, cudaStream_t stream, const std::vector
   return graph;
 }
 
+// A non-blocking stream, destroyed with its owner. Declare it before anything that queues
+// work on it (a Layer, a StreamGate), so that those go first.
+struct OwnedStream {
+  cudaStream_t stream = nullptr;
+  OwnedStream() { EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess); }
+  ~OwnedStream() {
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+  operator cudaStream_t() const { return stream; }
+};
+
+// Instantiates `graph`, launches it `times` times on `stream`, waits for it and then for the
+// layer's errors (Layer::synchronize throws them).
+void replay_graph(cudaGraph_t graph, cudaStream_t stream, Layer& layer, int times) {
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  cudaError_t launched = cudaSuccess;
+  for (int i = 0; i < times && launched == cudaSuccess; ++i) launched = cudaGraphLaunch(exec, stream);
+  const cudaError_t drained = cudaStreamSynchronize(stream);
+  cudaGraphExecDestroy(exec);
+  ASSERT_EQ(launched, cudaSuccess);
+  ASSERT_EQ(drained, cudaSuccess);
+  layer.synchronize();
+}
+
+// Holds a stream behind a host function until the gate opens, so that a test can queue work
+// behind it and see whether a call waits for that work. The host function gives up after 30 s
+// (timed_out()), so a wait that never ends fails the test rather than hanging it. The host
+// function reads this object: destroying it opens the gate, joins the opener and drains the
+// stream, so destroy it before the stream (declare it after).
+class StreamGate {
+ public:
+  explicit StreamGate(cudaStream_t stream) : stream_(stream) {
+    queued_ = cudaLaunchHostFunc(stream_, &StreamGate::hold, this) == cudaSuccess;
+  }
+  StreamGate(const StreamGate&) = delete;
+  StreamGate& operator=(const StreamGate&) = delete;
+  ~StreamGate() {
+    open_ = true;
+    join_opener();
+    cudaStreamSynchronize(stream_);
+  }
+  bool queued() const { return queued_; }
+  bool is_open() const { return open_.load(); }
+  bool timed_out() const { return timed_out_.load(); }
+  // Opens the gate from another thread `delay` from now.
+  void open_after(std::chrono::milliseconds delay) {
+    opener_ = std::thread([this, delay] {
+      std::this_thread::sleep_for(delay);
+      open_ = true;
+    });
+  }
+  void join_opener() {
+    if (opener_.joinable()) opener_.join();
+  }
+
+ private:
+  static void hold(void* self) {
+    auto* gate = static_cast<StreamGate*>(self);
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!gate->open_.load()) {
+      if (std::chrono::steady_clock::now() > limit) {
+        gate->timed_out_ = true;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  cudaStream_t stream_;
+  bool queued_ = false;
+  std::atomic<bool> open_{false}, timed_out_{false};
+  std::thread opener_;
+};
+
 // One forward of problem `p` (Gaussian routing) captured into a graph by a Layer on its own
 // non-blocking stream, with the eager y of the same data to compare replays with.
 struct CapturedSetup {
   LayerData host;
   std::vector<std::uint16_t> eager;
-  cudaStream_t stream = nullptr;
+  OwnedStream stream;
   std::unique_ptr<Layer> layer;
   std::unique_ptr<DeviceMirror> mirror;
   cudaGraph_t graph = nullptr;
   explicit CapturedSetup(const Problem& p) : host(make_data(p, "gaussian")) {
     eager = global_y(run_gpu_all_ranks(host).data);
-    EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
     LayerOptions o;
     o.backend = Backend::cuda;
     o.cuda_stream = stream;
@@ -839,16 +914,7 @@ struct CapturedSetup {
     mirror = std::make_unique<DeviceMirror>(host, 0);
     graph = capture_forward(*layer, stream, mirror->forward_args());
   }
-  cudaGraphExec_t exec = nullptr;
-  // Launches the captured graph `times` times and waits for it (and the Layer's errors).
-  void replay(int times) {
-    if (exec == nullptr) {
-      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    }
-    for (int i = 0; i < times; ++i) ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    layer->synchronize();
-  }
+  void replay(int times) { replay_graph(graph, stream, *layer, times); }
   // The global y of the captured tensor set.
   std::vector<std::uint16_t> captured_y() const {
     LayerData out = host;
@@ -856,11 +922,9 @@ struct CapturedSetup {
     return global_y(out);
   }
   ~CapturedSetup() {
-    if (exec != nullptr) cudaGraphExecDestroy(exec);
     if (graph != nullptr) cudaGraphDestroy(graph);
     mirror.reset();
-    layer.reset();
-    cudaStreamDestroy(stream);
+    layer.reset();  // (before the stream, a member declared earlier)
   }
 };
 
@@ -960,13 +1024,9 @@ TEST(GpuGraph, ASecondCaptureOfASetFirstSeenInACaptureReplaysFirst) {
   cudaGraph_t second = capture_forward(*cs.layer, cs.stream, cs.mirror->forward_args());
   ASSERT_NE(second, nullptr);
   cs.mirror->poison_outputs();
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, second, 0), cudaSuccess);
-  ASSERT_EQ(cudaGraphLaunch(exec, cs.stream), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(cs.stream), cudaSuccess);
-  cs.layer->synchronize();
-  cudaGraphExecDestroy(exec);
+  replay_graph(second, cs.stream, *cs.layer, 1);
   cudaGraphDestroy(second);
+  ASSERT_FALSE(HasFatalFailure());
   expect_same_bits(cs.captured_y(), cs.eager, "the second graph, replayed before the first");
 }
 
@@ -980,8 +1040,7 @@ TEST(GpuGraph, ACaptureAfterEightTensorSetsTakesTheLeastRecentlyUsedSlot) {
   const Problem p = make_problem(16, 256, 128, 4, {128}, 2, 64);
   const LayerData host = make_data(p, "gaussian");
   const std::vector<std::uint16_t> eager = global_y(run_gpu_all_ranks(host).data);
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  OwnedStream stream;
   LayerOptions o;
   o.backend = Backend::cuda;
   o.cuda_stream = stream;
@@ -996,73 +1055,48 @@ TEST(GpuGraph, ACaptureAfterEightTensorSetsTakesTheLeastRecentlyUsedSlot) {
     sets[i]->copy_outputs_to(got);
     expect_same_bits(global_y(got), eager, what);
   };
-  auto replay = [&](cudaGraph_t graph, int times) {
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    for (int t = 0; t < times; ++t) ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    layer->synchronize();
-    cudaGraphExecDestroy(exec);
-  };
+  struct Graphs {  // (destroyed on every way out)
+    cudaGraph_t first = nullptr, second = nullptr;
+    ~Graphs() {
+      if (first != nullptr) cudaGraphDestroy(first);
+      if (second != nullptr) cudaGraphDestroy(second);
+    }
+  } graphs;
 
   // Ten sets eagerly, then a capture with an eleventh.
   for (int i = 0; i < 10; ++i) layer->forward(sets[i]->forward_args());
   layer->synchronize();
-  cudaGraph_t graph = capture_forward(*layer, stream, sets[10]->forward_args());
-  ASSERT_NE(graph, nullptr);
-  ASSERT_NO_FATAL_FAILURE(replay(graph, 3));
+  graphs.first = capture_forward(*layer, stream, sets[10]->forward_args());
+  ASSERT_NE(graphs.first, nullptr);
+  ASSERT_NO_FATAL_FAILURE(replay_graph(graphs.first, stream, *layer, 3));
   expect_y(10, "the graph captured after 10 eager tensor sets");
   for (int i = 0; i < 10; ++i) expect_y(i, "eager tensor set " + std::to_string(i));
 
-  // The stream waits behind a host function until the gate opens, and 7 new sets (every
-  // uncaptured slot) queue their uploads behind it. A capture with a new set must wait for
-  // the gate, which opens 1 s from now; a capture that did not wait returns long before.
-  // (The host function gives up after 30 s, so a wait that never ends fails, not hangs.)
-  std::atomic<bool> open{false};
-  auto hold = [](void* flag) {
-    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!static_cast<std::atomic<bool>*>(flag)->load() && std::chrono::steady_clock::now() < limit)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  };
-  std::thread opener;
-  // On every way out: the gate opens, the opener ends and the stream drains (hold reads `open`
-  // on this stack).
-  struct Release {
-    std::atomic<bool>& open;
-    std::thread& opener;
-    cudaStream_t& stream;
-    ~Release() {
-      open = true;
-      if (opener.joinable()) opener.join();
-      if (stream) cudaStreamSynchronize(stream);
-    }
-  } release{open, opener, stream};
-  ASSERT_EQ(cudaLaunchHostFunc(stream, hold, &open), cudaSuccess);
-  for (int i = 11; i < 18; ++i) layer->forward(sets[i]->forward_args());
-  ASSERT_FALSE(open.load()) << "an eager forward waited for the gate";
-  opener = std::thread([&] {
-    std::this_thread::sleep_for(std::chrono::seconds(1));
-    open = true;
-  });
-  cudaGraph_t second = capture_forward(*layer, stream, sets[18]->forward_args());
-  const bool gate_passed = open.load();
-  opener.join();
-  ASSERT_NE(second, nullptr);
-  EXPECT_TRUE(gate_passed) << "a capture rewrote a slot whose upload was still queued";
+  // The stream waits behind the gate, and 7 new sets (every uncaptured slot) queue their
+  // uploads behind it. A capture with a new set must wait for the gate, which opens 1 s from
+  // now; a capture that did not wait returns long before.
+  {
+    StreamGate gate(stream);
+    ASSERT_TRUE(gate.queued());
+    for (int i = 11; i < 18; ++i) layer->forward(sets[i]->forward_args());
+    ASSERT_FALSE(gate.is_open()) << "an eager forward waited for the gate";
+    gate.open_after(std::chrono::seconds(1));
+    graphs.second = capture_forward(*layer, stream, sets[18]->forward_args());
+    const bool gate_passed = gate.is_open();
+    gate.join_opener();
+    ASSERT_NE(graphs.second, nullptr);
+    EXPECT_TRUE(gate_passed) << "a capture rewrote a slot whose upload was still queued";
+    EXPECT_FALSE(gate.timed_out());
+  }
   layer->synchronize();
   for (int i = 11; i < 18; ++i) expect_y(i, "eager tensor set " + std::to_string(i) + " queued behind the gate");
 
   // Both graphs replay, each writing its own y.
   sets[10]->poison_outputs();
-  ASSERT_NO_FATAL_FAILURE(replay(second, 2));
-  ASSERT_NO_FATAL_FAILURE(replay(graph, 1));
+  ASSERT_NO_FATAL_FAILURE(replay_graph(graphs.second, stream, *layer, 2));
+  ASSERT_NO_FATAL_FAILURE(replay_graph(graphs.first, stream, *layer, 1));
   expect_y(18, "the graph captured while an upload was queued");
   expect_y(10, "the first graph, replayed after the second capture");
-  cudaGraphDestroy(second);
-  cudaGraphDestroy(graph);
-  layer.reset();
-  cudaStreamDestroy(stream);
-  stream = nullptr;
 }
 
 // Eight argument slots hold the tensor sets seen last; a new set (a fresh y per call, as a
@@ -1074,8 +1108,7 @@ TEST(GpuArgSlots, ANewTensorSetWaitsOnlyForItsSlotsLastUpload) {
   MOK_REQUIRE_GPU();
   const Problem p = make_problem(16, 256, 128, 4, {128}, 2, 64);
   const LayerData host = make_data(p, "gaussian");
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  OwnedStream stream;
   LayerOptions o;
   o.backend = Backend::cuda;
   o.cuda_stream = stream;
@@ -1089,54 +1122,25 @@ TEST(GpuArgSlots, ANewTensorSetWaitsOnlyForItsSlotsLastUpload) {
   for (int i = 0; i < kWarm; ++i) layer->forward(sets[i]->forward_args());
   layer->synchronize();
 
-  // The stream waits behind a host function until the gate opens. A forward that waited for
-  // the stream where it should not would wait for the gate, which only this thread opens
-  // afterwards: the host function then gives up (timed_out) and the test fails, whatever
-  // the host's speed.
-  struct Gate {
-    std::atomic<bool> open{false}, timed_out{false};
-  } gate;
-  auto hold = [](void* g) {
-    auto* gate = static_cast<Gate*>(g);
-    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!gate->open.load())
-      if (std::chrono::steady_clock::now() > limit) {
-        gate->timed_out = true;
-        return;
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-  };
-  std::thread opener;
-  // On every way out: the gate opens, the opener ends and the stream drains (hold reads
-  // `gate` on this stack).
-  struct Release {
-    Gate& gate;
-    std::thread& opener;
-    cudaStream_t& stream;
-    ~Release() {
-      gate.open = true;
-      if (opener.joinable()) opener.join();
-      if (stream) cudaStreamSynchronize(stream);
-    }
-  } release{gate, opener, stream};
-  ASSERT_EQ(cudaLaunchHostFunc(stream, hold, &gate), cudaSuccess);
-  // The first 8 new sets take slots whose uploads were done before the gate: no waiting.
-  for (int i = kWarm; i < kWarm + 8; ++i) layer->forward(sets[i]->forward_args());
-  const bool waited = gate.timed_out.load();
-  ASSERT_FALSE(waited) << "a forward evicting a slot uploaded long ago waited for the stream";
-  // The next ones take slots uploaded behind the gate: they must wait for it, which opens
-  // 1 s from now (a forward that did not wait returns long before).
-  opener = std::thread([&] {
-    std::this_thread::sleep_for(std::chrono::seconds(1));
-    gate.open = true;
-  });
-  for (int i = kWarm + 8; i < kWarm + kBlocked; ++i) layer->forward(sets[i]->forward_args());
-  const bool gate_passed = gate.open.load();
-  opener.join();
-  layer->synchronize();
-  EXPECT_TRUE(gate_passed) << "a forward rewrote a slot whose upload was still queued";
-  EXPECT_FALSE(gate.timed_out.load());
+  // The stream waits behind the gate. A forward that waited for the stream where it should
+  // not would wait for the gate, which only this thread opens afterwards: the gate then gives
+  // up (timed_out) and the test fails, whatever the host's speed.
+  {
+    StreamGate gate(stream);
+    ASSERT_TRUE(gate.queued());
+    // The first 8 new sets take slots whose uploads were done before the gate: no waiting.
+    for (int i = kWarm; i < kWarm + 8; ++i) layer->forward(sets[i]->forward_args());
+    ASSERT_FALSE(gate.timed_out()) << "a forward evicting a slot uploaded long ago waited for the stream";
+    // The next ones take slots uploaded behind the gate: they must wait for it, which opens
+    // 1 s from now (a forward that did not wait returns long before).
+    gate.open_after(std::chrono::seconds(1));
+    for (int i = kWarm + 8; i < kWarm + kBlocked; ++i) layer->forward(sets[i]->forward_args());
+    const bool gate_passed = gate.is_open();
+    gate.join_opener();
+    layer->synchronize();
+    EXPECT_TRUE(gate_passed) << "a forward rewrote a slot whose upload was still queued";
+    EXPECT_FALSE(gate.timed_out());
+  }
 
   LayerData first = host;
   sets[0]->copy_outputs_to(first);
@@ -1146,9 +1150,6 @@ TEST(GpuArgSlots, ANewTensorSetWaitsOnlyForItsSlotsLastUpload) {
     sets[i]->copy_outputs_to(got);
     expect_same_bits(global_y(got), global_y(first), "tensor set " + std::to_string(i) + " vs the first");
   }
-  layer.reset();
-  cudaStreamDestroy(stream);
-  stream = nullptr;
 }
 
 // A Layer on GPU 1 called from a thread whose current device is 0: every call runs on the
