@@ -1,5 +1,6 @@
 #include "core/numbers.h"
 
+#include <cctype>
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
@@ -8,10 +9,19 @@
 
 namespace mok {
 
+namespace {
+// stoll and stod skip leading blanks but stop at trailing ones; a number is its whole text,
+// so a blank on either side makes it not a number (" 5" and "5 " alike).
+bool starts_with_blank(const std::string& text) {
+  return !text.empty() && std::isspace(static_cast<unsigned char>(text.front()));
+}
+}  // namespace
+
 long long parse_integer(const std::string& text, long long lo, long long hi, const std::string& what) {
   long long n = 0;
   try {
     std::size_t used = 0;
+    if (starts_with_blank(text)) throw std::invalid_argument("leading blank");
     n = std::stoll(text, &used);
     if (used != text.size()) throw std::invalid_argument("trailing");
   } catch (const std::exception&) {
@@ -23,6 +33,7 @@ long long parse_integer(const std::string& text, long long lo, long long hi, con
 }
 
 DecimalRead read_decimal(const std::string& text, double& value) {
+  if (starts_with_blank(text)) return DecimalRead::not_a_number;
   try {
     std::size_t used = 0;
     value = std::stod(text, &used);

@@ -1,5 +1,5 @@
 // mok: whole-string numbers from command lines and files. The whole text must be the number
-// (leading blanks aside), and a value out of range or not finite is an error naming `what`:
+// (no blanks on either side), and a value out of range or not finite is an error naming `what`:
 // a number is never truncated and never partly read.
 #pragma once
 #include <string>
@@ -15,7 +15,7 @@ long long parse_integer(const std::string& text, long long lo, long long hi, con
 // "<what>: must be a finite number, got '<text>'", "<what>: '<text>' is out of range".
 double parse_finite(const std::string& text, const std::string& what);
 
-// `text` read whole as a decimal number (leading blanks aside; stod's hex forms such as
+// `text` read whole as a decimal number (no blanks on either side; stod's hex forms such as
 // "0x10" are not decimal), the one rule parse_finite and the routing spec's fields share;
 // nan and inf are read (parse_finite refuses them, the routing's own checks judge them).
 enum class DecimalRead { ok, not_a_number, out_of_range };
