@@ -153,6 +153,11 @@ elseif(MODE STREQUAL "bad_input")
   if(EXISTS "${WORK}/unclaimed")
     message(FATAL_ERROR "--expect with a missing file: --save's directory was created before the refusal")
   endif()
+  # Every computed rank's expected y is held in memory: a set larger than the machine is refused
+  # before it is read.
+  expect_refused("option --expect ${WORK}/none (every computed rank's y) needs"
+                 run --backend cpu --experts 64 --hidden 65536 --intermediate 256 --topk 2 --ep 64
+                 --tokens 1048576 --shared none --expect "${WORK}/none")
   # A save never mixes two runs' files.
   expect_refused("already holds files" run ${small} --save "${WORK}/bwd")
   # A problem.json that does not describe its files is reported before allocating its sizes.

@@ -162,6 +162,11 @@ int run_command(const std::vector<std::string>& argv) {
       throw Error("option --expect with --ep-mode slice: a slice's y depends on combine slots mok run does not "
                   "fill, so it is not the layer's y (use --ep-mode all or distributed)");
     if (expect_dir) {
+      // (Loaded before the run's own memory check, which then sees them as used.)
+      const std::uint64_t expect_bytes = static_cast<std::uint64_t>(my_rank >= 0 ? 1 : ep_size) *
+                                         static_cast<std::uint64_t>(problem.tokens_per_rank) *
+                                         static_cast<std::uint64_t>(problem.hidden) * 2;
+      require_host_memory(expect_bytes, "option --expect " + *expect_dir + " (every computed rank's y)");
       expected_y.assign(ep_size, HostTensor{});
       for (int r = 0; r < ep_size; ++r) {
         if (my_rank >= 0 && r != my_rank) continue;
