@@ -218,7 +218,7 @@ elseif(MODE STREQUAL "bad_input")
                           --backend cpu --pass forward --save "${WORK}/partial"
                   RESULT_VARIABLE rc OUTPUT_VARIABLE so ERROR_VARIABLE se TIMEOUT 120)
   file(GLOB_RECURSE left "${WORK}/partial/*")
-  if(rc STREQUAL "0" OR NOT se MATCHES "are removed" OR left)
+  if(rc STREQUAL "0" OR NOT se MATCHES "is removed" OR left)
     message(FATAL_ERROR "a save that failed part way: exit '${rc}', left '${left}'\n${se}")
   endif()
   file(REMOVE_RECURSE "${WORK}")

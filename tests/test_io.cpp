@@ -355,6 +355,25 @@ TEST(LayerIo, SaveLoadRoundTripReproducesTheRun) {
   EXPECT_TRUE(y1.bitwise_equal(data.ranks[1].y));
 }
 
+// A save that fails part way (here rank1 cannot be a directory: a file has its name) removes
+// what it had written and nothing else.
+TEST(LayerIo, AFailedSaveRemovesWhatItWroteAndNothingElse) {
+  TempDir dir("layer");
+  const Problem p = test::make_problem(4, 32, 32, 2, {32}, 2, 4);
+  const LayerData data = test::make_data(p, 2, false);
+  namespace fs = std::filesystem;
+  const fs::path target = dir.path() / "new" / "save";
+  fs::create_directories(target);
+  for (const char* name : {"keep.txt", "rank1"}) std::ofstream(target / name) << "not mok's";
+  const std::string msg = error_message([&] { io::save_layer_data(target.string(), data); });
+  EXPECT_THAT(msg, HasSubstr("rank directory"));
+  EXPECT_THAT(msg, HasSubstr("is removed"));
+  EXPECT_FALSE(fs::exists(target / "problem.json"));
+  EXPECT_FALSE(fs::exists(target / "rank0")) << "rank0 was written before the failure";
+  EXPECT_TRUE(fs::is_regular_file(target / "keep.txt"));
+  EXPECT_TRUE(fs::is_regular_file(target / "rank1"));
+}
+
 TEST(LayerIo, ForwardOnlyLoadNeedsNoDy) {
   TempDir dir("layer");
   const Problem p = test::make_problem(4, 32, 32, 2, {}, 1, 4);

@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <vector>
 
 #include "core/numbers.h"
 #include "core/validate.h"
@@ -192,20 +193,45 @@ std::vector<Entry> entries(RankData& r) {
 }  // namespace
 
 void save_layer_data(const std::string& dir, const LayerData& data) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw Error("--save " + dir + ": cannot create the directory: " + ec.message());
-  {
-    std::ofstream out(fs::path(dir) / "problem.json");
-    out << problem_to_json(data.problem);
-    out.close();
-    if (!out) throw Error("--save " + dir + ": cannot write problem.json");
-  }
-  for (int r = 0; r < static_cast<int>(data.ranks.size()); ++r) {
-    fs::create_directories(rank_dir(dir, r), ec);
-    if (ec) throw Error("--save " + dir + ": cannot create rank directory: " + ec.message());
-    for (const auto& e : entries(const_cast<RankData&>(data.ranks[r])))
-      if (!e.tensor->empty()) npy::save((rank_dir(dir, r) / (e.name + ".npy")).string(), *e.tensor);
+  // What this save writes, in order, each entry listed before it is made. A save that fails
+  // part way removes them again, newest first (a directory only when empty), so it leaves no
+  // partial save that looks like a whole one. Files it did not write are never touched (one
+  // it overwrote is removed: its old content was gone already).
+  std::vector<fs::path> created;
+  auto make_directory = [&](const fs::path& d, const char* what) {
+    std::vector<fs::path> missing;  // (d and its missing parents, innermost first)
+    std::error_code ec;
+    for (fs::path q = d; !q.empty() && !fs::exists(q, ec) && !ec; q = q.parent_path()) {
+      missing.push_back(q);
+      if (q == q.parent_path()) break;
+    }
+    created.insert(created.end(), missing.rbegin(), missing.rend());
+    fs::create_directories(d, ec);
+    if (ec) throw Error("--save " + dir + ": cannot create " + what + ": " + ec.message());
+  };
+  try {
+    make_directory(dir, "the directory");
+    {
+      const fs::path pj = fs::path(dir) / "problem.json";
+      created.push_back(pj);
+      std::ofstream out(pj);
+      out << problem_to_json(data.problem);
+      out.close();
+      if (!out) throw Error("--save " + dir + ": cannot write problem.json");
+    }
+    for (int r = 0; r < static_cast<int>(data.ranks.size()); ++r) {
+      make_directory(rank_dir(dir, r), "rank directory");
+      for (const auto& e : entries(const_cast<RankData&>(data.ranks[r])))
+        if (!e.tensor->empty()) {
+          const fs::path f = rank_dir(dir, r) / (e.name + ".npy");
+          created.push_back(f);
+          npy::save(f.string(), *e.tensor);
+        }
+    }
+  } catch (const std::exception& e) {
+    std::error_code ec;  // (each step without throwing: the save's error is the news)
+    for (auto it = created.rbegin(); it != created.rend(); ++it) fs::remove(*it, ec);
+    throw Error(std::string(e.what()) + "; what this save had written under " + dir + " is removed");
   }
 }
 

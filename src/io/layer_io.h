@@ -17,6 +17,9 @@ std::string problem_to_json(const Problem& problem);
 // Throws mok::Error naming the file and the key when malformed.
 Problem problem_from_json(const std::string& text, const std::string& source);
 
+// Writes problem.json and every rank's non-empty tensors under `dir` (created if missing). A
+// save that fails part way removes the files it had written and the directories it had made
+// (nothing else) before its error propagates.
 void save_layer_data(const std::string& dir, const LayerData& data);
 
 // Loads DIR/problem.json and every input tensor (x, top_experts, router_weights, weights,

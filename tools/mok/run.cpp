@@ -326,24 +326,21 @@ int run_command(const std::vector<std::string>& argv) {
   if (!y_saved)
     for (auto& r : data.ranks) r.y = HostTensor{};
   if (save_dir) {
-    // The directory was claimed empty: a save that fails part way removes what it wrote, so
-    // no directory of partial tensors is left looking like a saved run.
+    // A save that fails part way removes what it wrote (save_layer_data for a whole layer, the
+    // catch below for a group rank's y), so no directory of partial tensors is left looking
+    // like a saved run; a file this run did not write is never touched.
     namespace fs = std::filesystem;
-    const fs::path& target = save_target;
-    try {
-      if (my_rank >= 0) {
-        if (y_saved) npy::save((target / "y.npy").string(), data.ranks[my_rank].y);
-      } else {
-        io::save_layer_data(*save_dir, data);
+    if (my_rank >= 0) {
+      const fs::path y_file = save_target / "y.npy";
+      try {
+        if (y_saved) npy::save(y_file.string(), data.ranks[my_rank].y);
+      } catch (const std::exception& e) {
+        std::error_code ec;  // (without throwing: the save's error is the news)
+        fs::remove(y_file, ec);
+        throw Error(std::string(e.what()) + "; the partial " + y_file.string() + " is removed");
       }
-    } catch (const std::exception& e) {
-      // (Listed first, then removed, each step without throwing: the save's error is the news.)
-      std::error_code ec;
-      std::vector<fs::path> written;
-      for (fs::directory_iterator it(target, ec), end; !ec && it != end; it.increment(ec)) written.push_back(it->path());
-      for (const fs::path& f : written) fs::remove_all(f, ec);
-      throw Error(std::string(e.what()) + "; the files this run had written under " + target.string() +
-                  " are removed");
+    } else {
+      io::save_layer_data(*save_dir, data);
     }
   }
   bool expected = true;
