@@ -21,6 +21,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <limits>
 #include <vector>
 
 #include "core/compare.h"
@@ -167,3 +168,20 @@ TEST(ReferenceVsDenseSanity, RoundingPointsAreVisible) {
 
 }  // namespace
 }  // namespace mok
+
+// MoK's check never passes a NaN or Inf on either side: a reference that overflowed or was
+// poisoned checks nothing (an all-NaN reference used to pass with max_abs 0).
+TEST(Compare, ANonFiniteValueOnEitherSideNeverPasses) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> fine = {1.0f, -2.0f, 3.0f};
+  EXPECT_TRUE(mok::compare(fine.data(), fine.data(), 3).passes(0.5, 0.01));
+  const std::vector<float> all_nan = {nan, nan, nan};
+  const mok::Comparison c = mok::compare(fine.data(), all_nan.data(), 3);
+  EXPECT_EQ(c.non_finite, 3);
+  EXPECT_FALSE(c.passes(1e9, 1e9));
+  EXPECT_FALSE(mok::compare(all_nan.data(), fine.data(), 3).passes(1e9, 1e9));
+  const std::vector<float> with_inf = {1.0f, inf, 3.0f}, other_inf = {1.0f, -inf, 3.0f};
+  EXPECT_TRUE(mok::compare(with_inf.data(), with_inf.data(), 3).passes(0.5, 0.01)) << "the same infinity agrees";
+  EXPECT_FALSE(mok::compare(other_inf.data(), with_inf.data(), 3).passes(1e9, 1e9));
+  EXPECT_FALSE(mok::compare(fine.data(), with_inf.data(), 3).passes(1e9, 1e9));
+}

@@ -1,6 +1,6 @@
 // mok: comparing results against the reference, with MoK's metrics.
 //   max_abs = max |out - ref|; rel = sum |out - ref| / sum |ref|; cosine of the two vectors.
-// NaN or Inf in `out` where `ref` is finite is counted and never passes.
+// A NaN or Inf in `out` or `ref` is counted and never passes (the same infinity in both agrees).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -11,7 +11,7 @@ namespace mok {
 
 struct Comparison {
   double max_abs = 0, rel = 0, cosine = 1;
-  std::int64_t non_finite = 0;  // elements of out that are NaN/Inf where ref is finite
+  std::int64_t non_finite = 0;  // elements NaN/Inf in out or ref (not the same infinity in both)
   std::int64_t count = 0;
   bool passes(double max_abs_bound, double rel_bound) const {
     return non_finite == 0 && max_abs <= max_abs_bound && rel <= rel_bound;
