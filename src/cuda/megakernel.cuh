@@ -271,6 +271,10 @@ __device__ __forceinline__ void store_loop(const ForwardParams& p, const Compute
     bits = __shfl_sync(0xffffffffu, bits, 0);
     if (bits == kNoStoreJob) break;
     const Task task{bits};
+    if (task.phantom()) {  // (pair mode) nothing to send: hand the staging tile straight back
+      if (lane == 0) sm90::mbar_arrive(sm.staging_empty);
+      continue;
+    }
     const TileStore st = tile_store(p, task);
 #ifndef MOK_MEASURE_LEAVE_OUT_STORES  // (a measurement build, cmake/cuda.cmake)
     store_rows_async(sm.staging, st.cols, lane, 32, [&](int r) { return tile_row_destination(p, task, r); });
@@ -299,7 +303,10 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
   for (;;) {
     int idx;
     if (!pr.on || pr.me == 0) {
-      sm90::mbar_wait(&sm.task_empty[tslot.slot], tslot.phase ^ 1, kPhaseTaskSlotFree, phase_limit(p));
+      if (pr.on)  // (the peer's readers arrive too, from the other CTA)
+        sm90::mbar_wait_cluster(&sm.task_empty[tslot.slot], tslot.phase ^ 1, kPhaseTaskSlotFree, phase_limit(p));
+      else
+        sm90::mbar_wait(&sm.task_empty[tslot.slot], tslot.phase ^ 1, kPhaseTaskSlotFree, phase_limit(p));
       idx = atomicAdd(p.task_counter, 1);
       if (idx >= num_items) idx = -1;
       sm.task_ring[tslot.slot] = idx;
@@ -311,7 +318,7 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
     } else {
       sm90::mbar_wait_cluster(&sm.task_full[tslot.slot], tslot.phase, kPhaseTaskClaimed, phase_limit(p));
       idx = sm.task_ring[tslot.slot];
-      sm90::mbar_arrive_remote(&sm.task_empty[tslot.slot], 0);  // the leader reuses the slot after this
+      sm90::mbar_arrive_cluster(&sm.task_empty[tslot.slot], 0);  // the leader reuses the slot after this
     }
     tslot.advance();
     if (idx < 0) break;
@@ -375,9 +382,11 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
   for (;;) {
     wait_task_full(p, pair_role(p), &sm.task_full[tslot.slot], tslot.phase);
     const int idx = sm.task_ring[tslot.slot];
-    // The slot is reused by the claiming producer: the leader's, in pair mode.
+    // The slot is reused by the claiming producer: the leader's, in pair mode, which rewrites
+    // this CTA's copy through distributed shared memory once every reader arrived (a release
+    // and an acquire at cluster scope order this read before that write; once per task).
     if (p.pairs && sm90::cluster_ctarank() != 0)
-      sm90::mbar_arrive_remote(&sm.task_empty[tslot.slot], 0);
+      sm90::mbar_arrive_cluster(&sm.task_empty[tslot.slot], 0);
     else
       sm90::mbar_arrive(&sm.task_empty[tslot.slot]);
     tslot.advance();
@@ -429,14 +438,24 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
 
     // ---- epilogue: registers -> staging (bf16) -> bulk row stores ----
     // Store warp mode: stage the tile, hand it to the store warp and start the next mainloop
-    // at once; a phantom (pair mode, odd run) only kept its peer in lockstep and is dropped.
+    // at once. A phantom (pair mode, odd run) only kept its peer in lockstep: it is staged
+    // nowhere but still handed over, as a job the store warp returns at once, so that the
+    // store warp's wait for a hand-over never spans more than one task's input waits (skipping
+    // it let a run of waits add up past the phase limit and trap, review).
     // Otherwise consumer threads 0..127 send a row each (MOK_STORE_WARP=0).
     const bool gate_up = task.kind() == kRoutedGateUp || task.kind() == kSharedGateUp;
     if (p.store_warp) {
-      if (task.phantom()) continue;
       if (staging_handed_over) {  // the store warp has read the previous tile
         sm90::mbar_wait(sm.staging_empty, staging_empty_phase, kPhaseStagingRead, phase_limit(p));
         staging_empty_phase ^= 1;
+      }
+      if (task.phantom()) {
+        if (ct == 0) {
+          *sm.store_job = task.bits;
+          sm90::mbar_arrive(sm.staging_full);
+        }
+        staging_handed_over = true;
+        continue;
       }
     } else {
       staging_reusable();  // the previous task's row stores have read the staging tile
@@ -500,6 +519,10 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
 __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const __grid_constant__ ForwardParams p) {
   extern __shared__ std::uint8_t smem_raw[];
   if (static_cast<int>(blockIdx.x) < p.num_comm_ctas) {
+    // A pair's joining communication CTAs write into each other's shared memory below, which
+    // is allowed only once both have started: each arrives now and waits just before that
+    // write (by then long done: the peer arrived before its pulls).
+    if (p.pairs && p.comm_join) sm90::cluster_arrive_relaxed();
     if (p.comm_join && threadIdx.x == 0) atomicAdd(p.comm_started, 1);
     wait_previous_kernel();
     dispatch_role(p, smem_raw, true);
@@ -518,6 +541,7 @@ __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const _
       // the other its answer (the two may have read the count at different times). Both are
       // communication CTAs: the count is even in pair mode and clusters are whole.
       __shared__ int s_peer_joins;
+      sm90::cluster_wait();  // both CTAs have started (the arrival at entry)
       if (threadIdx.x == 0) sm90::st_cluster_u32(&s_peer_joins, sm90::cluster_ctarank() ^ 1u, all_comm_started);
       sm90::cluster_sync();  // the peer's answer is here (and no CTA leaves before its peer wrote)
       all_comm_started = __syncthreads_or(threadIdx.x == 0 && all_comm_started && s_peer_joins != 0);
