@@ -147,11 +147,6 @@ def time_rank(fn, warmup, iters):
     return event_times(fn, warmup, iters, before_timing=dist.barrier)
 
 
-def slowest_per_iteration(per_rank):
-    """[rank][iteration] ms -> per iteration the slowest rank's time."""
-    return [max(col) for col in zip(*per_rank)]
-
-
 def gather_floats(values, world):
     import torch
     import torch.distributed as dist
@@ -170,7 +165,7 @@ def nccl_all_to_all(nbytes, warmup, iters, world):
     inp = torch.ones(n, dtype=torch.bfloat16, device="cuda")
     out = torch.empty_like(inp)
     times = time_rank(lambda: dist.all_to_all_single(out, inp), warmup, iters)
-    worst = slowest_per_iteration(gather_floats(times, world))
+    worst = checks.slowest_per_iteration(gather_floats(times, world))
     t = checks.summarize_ms(worst)
     algbw = n * 2 / (t["median_ms"] * 1e-3) / 1e9
     return {**t, "bytes_per_rank": n * 2, "algbw_gbps": algbw, "busbw_gbps": algbw * (world - 1) / world}
@@ -235,7 +230,7 @@ def main(argv=None):
             mine = time_rank(work.forward, args.warmup, args.iters)
             end = time.time()
             per_rank = gather_floats(mine, world)
-            result["forward"] = checks.summarize_ms(slowest_per_iteration(per_rank))
+            result["forward"] = checks.summarize_ms(checks.slowest_per_iteration(per_rank))
             result["forward"]["window_unix_s"] = checks.timed_window(mine, end)
             result["ranks"] = [checks.summarize_ms(t) for t in per_rank]
         else:

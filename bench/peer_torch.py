@@ -15,7 +15,8 @@ GPU:
      gradients);
   5. measures the ceilings: dense bf16 GEMM, fp8 e4m3 GEMM, device-to-device copy;
 and writes DIR/peer.json. Exit status: 0 all good, 1 a check failed or a part raised
-(peer.json still written), 2 no CUDA GPU.
+(peer.json still written) or the work directory was refused (a message naming what is wrong,
+no peer.json), 2 no CUDA GPU.
 """
 import argparse
 import os
@@ -324,9 +325,9 @@ def measure_peer(work, args, result, attempt):
     return True
 
 
-def run(args):
+def run(args, doc, arrays):
+    """Measures the peer on the loaded work (workdir.load_work's doc and arrays)."""
     import torch
-    doc, arrays = workdir.load_work(args.work_dir, need_backward=not args.no_backward)
     result = {"tool": "peer_torch", "schema": SCHEMA, "work_dir": os.path.abspath(args.work_dir),
               "env": gpu_env(), "shape": doc["shape"], "problem": doc["problem"],
               "peer": "pytorch eager pipeline: index_select dispatch, argsort permute, torch._grouped_mm x2, "
@@ -380,7 +381,14 @@ def main(argv=None):
     if not ready:
         print(f"peer_torch.py: no CUDA GPU ({why}); the PyTorch peer runs on the device only", file=sys.stderr)
         return 2
-    result, ok = run(args)
+    try:
+        doc, arrays = workdir.load_work(args.work_dir, need_backward=not args.no_backward)
+    except (workdir.ContractError, OSError, ValueError) as exc:
+        # A work directory that breaks the contract is an input error, named, not a traceback;
+        # no peer.json is written (run.py records the peer as failed).
+        print(f"peer_torch.py: {args.work_dir}: not a usable work directory: {exc}", file=sys.stderr)
+        return 1
+    result, ok = run(args, doc, arrays)
     path = workdir.write_peer_json(args.work_dir, result)
     fwd = result["forward"]["median_ms"] if result["forward"] else None
     print(f"peer_torch.py: check {'PASS' if result['check'] and result['check']['passes'] else 'FAIL'}, "

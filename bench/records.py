@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 
+import checks
 import gpu_clocks
 
 SCHEMA = 1
@@ -33,13 +34,6 @@ def mok_flops(problem, backward=False):
     T, H, I, k, _, _, _ = _dims(problem)
     f = 6.0 * (T + T * k) * H * I
     return 2.0 * f if backward else f
-
-
-def mok_tflops(problem, ms, backward=False):
-    """TFLOP/s by MoK's formula for a time in milliseconds (None when ms is None or <= 0)."""
-    if ms is None or ms <= 0:
-        return None
-    return mok_flops(problem, backward) / (ms * 1e-3) / 1e12
 
 
 def performed_flops(problem, n_rows, backward=False):
@@ -102,24 +96,57 @@ def _git(args, cwd):
     return r.stdout.strip() if r.returncode == 0 else None
 
 
+COMMIT_ENV, DIRTY_ENV = "MOK_BENCH_COMMIT", "MOK_BENCH_DIRTY"
+
+
+def same_commit(a, b):
+    """Whether two commit names are one commit: equal, or one an abbreviation (a prefix) of the
+    other (mok's binary stamps 12 hex digits, a caller may give 7 or 40)."""
+    a, b = str(a).strip().lower(), str(b).strip().lower()
+    return bool(a) and bool(b) and (a.startswith(b) or b.startswith(a))
+
+
+def _env_commit():
+    """(sha, dirty) from MOK_BENCH_COMMIT / MOK_BENCH_DIRTY, or None when the first is unset.
+    dirty is None (unknown, never shown as clean) when MOK_BENCH_DIRTY is unset."""
+    sha = os.environ.get(COMMIT_ENV, "").strip()
+    if not sha:
+        return None
+    if not re.fullmatch(r"[0-9a-fA-F]{7,40}", sha):
+        raise ValueError(f"{COMMIT_ENV}={sha!r}: must be a commit's hex sha, 7 to 40 digits")
+    flag = os.environ.get(DIRTY_ENV, "").strip()
+    if flag not in ("", "0", "1"):
+        raise ValueError(f"{DIRTY_ENV}={flag!r}: must be 0 (clean tree) or 1 (modified tree), or unset")
+    return sha, {"1": True, "0": False}.get(flag)
+
+
 def collect_env(repo_root=REPO_ROOT, mok_json=None):
     """The commit measured and the UTC date.
 
-    In order: the MOK_BENCH_COMMIT environment variable (MOK_BENCH_DIRTY=1/0); else mok.json's
-    "build" object ({"commit": ..., "dirty": ...}), the commit the timed `mok` binary was
-    built from; else git rev-parse HEAD of this tree (and whether it is dirty); else
-    "unknown". `source` says which. The binary comes before git because a copy of the tree on
-    another machine can carry an older .git than the code it holds (seen on the device).
+    In order: mok.json's "build" object ({"commit": ..., "dirty": ...}), the commit the timed
+    `mok` binary was built from; else the MOK_BENCH_COMMIT environment variable
+    (MOK_BENCH_DIRTY=1/0; unset: dirty unknown); else git rev-parse HEAD of this tree (and
+    whether it is dirty); else "unknown". `source` says which. The binary's stamp wins because
+    it is what was timed: a variable exported once in a shell outlives rebuilds, and a copy of
+    the tree on another machine can carry an older .git than the code it holds (seen on the
+    device). A MOK_BENCH_COMMIT that names another commit than the binary's stamp is a
+    ValueError naming both (run.py makes it that run's error): one of them is wrong, and a
+    record must not guess which.
     """
     env = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     build = mok_json.get("build") if isinstance(mok_json, dict) else None
-    if os.environ.get("MOK_BENCH_COMMIT"):
-        env["commit"] = {"sha": os.environ["MOK_BENCH_COMMIT"],
-                         "dirty": {"1": True, "0": False}.get(os.environ.get("MOK_BENCH_DIRTY", "")),
-                         "source": "MOK_BENCH_COMMIT"}
-        return env
+    given = _env_commit()
     if isinstance(build, dict) and build.get("commit") and build["commit"] != "unknown":
-        env["commit"] = {"sha": str(build["commit"]), "dirty": build.get("dirty"), "source": "mok.json build"}
+        stamp = str(build["commit"])
+        if given is not None and not same_commit(given[0], stamp):
+            raise ValueError(f"{COMMIT_ENV}={given[0]} names another commit than the timed binary's stamp "
+                             f"(mok.json build.commit {stamp}); unset it or rebuild mok")
+        dirty = build.get("dirty")
+        env["commit"] = {"sha": stamp, "dirty": dirty if isinstance(dirty, bool) else None,
+                         "source": "mok.json build"}
+        return env
+    if given is not None:
+        env["commit"] = {"sha": given[0], "dirty": given[1], "source": COMMIT_ENV}
         return env
     top = _git(["rev-parse", "--show-toplevel"], repo_root)
     # Only this repository's own .git counts (not one of a folder above a copy of the tree).
@@ -172,12 +199,12 @@ def merge_group(moks):
     iters = [m.get("forward_iters_ms") for m in moks]
     if not all(iters) or len({len(i) for i in iters}) != 1:
         raise ValueError("merge_group: every rank's mok.json needs forward_iters_ms of one length")
-    worst = sorted(max(col) for col in zip(*iters))
+    worst = checks.slowest_per_iteration(iters)
     out = copy.deepcopy(moks[0])
     out["ep_mode"] = "distributed"
     out["active_rank"] = None
-    out["forward"] = {"median_ms": worst[len(worst) // 2], "min_ms": worst[0], "max_ms": worst[-1]}
-    out["forward_iters_ms"] = [max(col) for col in zip(*iters)]
+    out["forward"] = checks.summarize_ms(worst)
+    out["forward_iters_ms"] = worst
     # Rows (and so the performed FLOPs and HBM bytes) of the rank with the most rows, the one
     # that sets the pace; link bytes of the rank that moved the most rows over NVLink.
     busiest = max(moks, key=lambda m: int(m["rows"].get("real", 0)))
@@ -237,9 +264,12 @@ def clock_section(mok, peer, clocks, capability, sms, mok_performed_tflops, dens
     return out
 
 
-def make_record(mok, peer, env, clocks=None):
+def make_record(mok, peer, env, clocks=None, errors=None):
     """One benchmark record from mok.json, peer.json (may be None), collect_env() and the
-    clock samples of the run (run.py: {"samples", "gpus", "period_ms", "error"}; may be None)."""
+    clock samples of the run (run.py: {"samples", "gpus", "period_ms", "error"}; may be None).
+    `errors`: what went wrong in the run although both JSON files were written (run.py: "mok
+    bench exited 3"); the record keeps them and fails, since a process that exited non-zero
+    may have written figures it did not finish."""
     problem = mok["problem"]
     rows = mok["rows"]
     n_rows = int(rows["real"])
@@ -282,6 +312,7 @@ def make_record(mok, peer, env, clocks=None):
     # incomplete: the record fails rather than showing PASS beside missing figures.
     peer_incomplete = bool(peer) and (peer_check is None or bool(peer.get("errors")))
     peer_pass = None if not peer else False if peer_incomplete else bool(peer_check.get("passes"))
+    errors = [str(e) for e in errors or []]
     commit = env["commit"]
     mgpu = mok.get("gpu") or {}
     capability = penv.get("capability") or mgpu.get("capability")
@@ -340,21 +371,93 @@ def make_record(mok, peer, env, clocks=None):
                   "mok_link_of_nccl_all_to_all": ratio(gbps(link, ms(mok_fwd)), None if a2a is None else 2 * a2a)},
         "clocks": clock_section(mok, peer, clocks, capability, mgpu.get("sms"),
                                 (mok_fwd or {}).get("tflops_performed"), dense),
-        "check": {"mok": mok_pass, "pytorch": peer_pass,
-                  "passes": bool(mok_pass) and (peer_pass is not False)},
+        "errors": errors,
+        # Passing needs mok's check, a peer that ran and passed, and no process error. With
+        # --no-peer ("peer_ran" false) nothing was measured beside mok: shown as "no peer",
+        # never PASS.
+        "check": {"mok": mok_pass, "pytorch": peer_pass, "peer_ran": bool(peer),
+                  "passes": bool(mok_pass) and peer_pass is True and not errors},
     }
+
+
+# ---- reading a record -------------------------------------------------------------------
+
+def peer_ran(rec):
+    """Whether a peer ran for the record (records before "check.peer_ran": it had peers)."""
+    c = rec.get("check") or {}
+    return bool(c["peer_ran"]) if "peer_ran" in c else bool(rec.get("peers"))
+
+
+def record_passes(rec):
+    """The record's verdict: its check passed and the run reported no process error."""
+    return bool((rec.get("check") or {}).get("passes")) and not rec.get("errors")
+
+
+def contract_breaks(rec):
+    """Why a record is off MoK's timing contract (500 warm-up and 100 timed iterations for mok
+    and the peer, the peer measured in the same run), read from its "timing"; [] when it is
+    on it. A record made otherwise (--no-peer, --warmup 0 --iters 1) must not stand for a
+    shape beside the ones made to the contract, however new it is."""
+    why = []
+    timing = rec.get("timing") or {}
+    sides = [("mok", timing.get("mok"))]
+    if peer_ran(rec):
+        sides.append(("peer", timing.get("peer")))
+    else:
+        why.append("no peer")
+    for who, t in sides:
+        if not isinstance(t, dict):
+            why.append(f"{who} timing not recorded")
+            continue
+        if t.get("warmup") != checks.WARMUP:
+            why.append(f"{who} warm-up {t.get('warmup')} (contract {checks.WARMUP})")
+        if t.get("iters") != checks.ITERS:
+            why.append(f"{who} timed iterations {t.get('iters')} (contract {checks.ITERS})")
+    return why
+
+
+def check_text(rec):
+    """The record's verdict in words, for run.py's summary and the report: PASS, "no peer" when
+    mok passed but no peer ran (not a pass), else FAIL with what failed."""
+    c = rec.get("check") or {}
+    errors = list(rec.get("errors") or [])
+    if c.get("passes") and not errors:
+        return "PASS"
+    parts = []
+    if c.get("mok") is not True:
+        parts.append(f"mok {'FAIL' if c.get('mok') is False else 'unchecked'}")
+    if not peer_ran(rec):
+        parts.append("no peer")
+    elif c.get("pytorch") is False:
+        parts.append("pytorch FAIL")
+    parts += errors
+    if parts == ["no peer"]:
+        return "no peer (mok PASS)"
+    return "FAIL (" + ", ".join(parts) + ")" if parts else "FAIL"
+
+
+def fmt(v, spec, suffix=""):
+    """A number for a table ("–" when unknown)."""
+    return "–" if v is None else format(v, spec) + suffix
+
+
+def pct(fraction):
+    """A fraction as a percentage with one decimal ("–" when unknown)."""
+    return fmt(None if fraction is None else 100 * fraction, ".1f", "%")
 
 
 # ---- files ------------------------------------------------------------------------------
 
-def _safe(name):
+def safe_name(name):
+    """`name` as a file-name part: runs of other characters than letters, digits, '.', '_' and
+    '-' become one '-' ("unnamed" when nothing is left)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", str(name)).strip("-") or "unnamed"
 
 
 def record_basename(record):
     """<UTC date>_<shape>_<epmode>_<short commit> (no suffix, no extension)."""
     day = record["date"][:10]
-    return "_".join(_safe(p) for p in (day, record["shape"], record["ep_mode"], record["commit"]["short"]))
+    return "_".join(safe_name(p) for p in (day, record["shape"], record["ep_mode"], record["commit"]["short"]))
 
 
 def write_record(record, results_dir=RESULTS_DIR):
@@ -373,9 +476,25 @@ def write_record(record, results_dir=RESULTS_DIR):
             n += 1
 
 
+# What the report reads without asking: a file lacking one is not a record (peer.json has the
+# same schema number and a "shape", and once passed for one).
+REQUIRED = {"shape": str, "ep_mode": str, "tokens_per_rank": int, "precision": str, "problem": dict,
+            "date": str, "commit": dict, "check": dict}
+
+
 def load_record(path):
+    """A record file's content; ValueError naming the file and what is missing or wrong when it
+    is not a mok benchmark record of this schema."""
     with open(path) as f:
         rec = json.load(f)
-    if not isinstance(rec, dict) or rec.get("schema") != SCHEMA or "shape" not in rec:
+    if not isinstance(rec, dict) or rec.get("schema") != SCHEMA:
         raise ValueError(f"{path}: not a mok benchmark record (schema {SCHEMA})")
+    words = {str: "a string", int: "a whole number", dict: "an object"}
+    for key, kind in REQUIRED.items():
+        if not isinstance(rec.get(key), kind) or isinstance(rec.get(key), bool):
+            got = "missing" if key not in rec else json.dumps(rec[key])[:40]
+            raise ValueError(f"{path}: not a mok benchmark record: '{key}' must be {words[kind]} ({got})")
+    for key in ("sha", "short"):
+        if not isinstance(rec["commit"].get(key), str):
+            raise ValueError(f"{path}: not a mok benchmark record: 'commit.{key}' must be a string")
     return rec

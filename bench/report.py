@@ -6,17 +6,20 @@
 
 Runs anywhere (no GPU, no torch): matplotlib with the Agg backend. When several records
 share (shape, EP mode, routing, tokens per rank, precision), the newest (by its "date",
-then by file name) wins.
+then by file name) wins, among the records made to MoK's timing contract only (500 warm-up
+and 100 timed iterations for mok and the peer, the peer measured in the same run); the others
+are listed in an "Off-contract records" table and nowhere else.
 """
 import argparse
 import glob
 import json
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import checks  # noqa: E402
 import records  # noqa: E402
+from records import fmt, pct  # noqa: E402
 import run  # noqa: E402  (DEFAULT_RUNS; imports no torch)
 
 BENCH_DIR = records.BENCH_DIR
@@ -68,6 +71,43 @@ def load_records(paths):
     return out
 
 
+def split_contract(loaded):
+    """(on, off): the (path, record) pairs made to MoK's timing contract, and the others
+    (records.contract_breaks). Only the first stand for a shape in the main table, the plots,
+    the sweeps and the repeat table: a newer --no-peer or --iters 1 record must not replace a
+    contract one there."""
+    on, off = [], []
+    for path, rec in loaded:
+        (off if records.contract_breaks(rec) else on).append((path, rec))
+    return on, off
+
+
+def off_contract_lines(off):
+    """The off-contract records, one row per key and reason (the newest, and how many)."""
+    if not off:
+        return []
+    groups = {}
+    for path, rec in off:
+        why = "; ".join(records.contract_breaks(rec))
+        groups.setdefault(record_key(rec) + (why,), []).append((path, rec))
+    lines = ["## Off-contract records", "",
+             f"Records not made to MoK's timing contract ({checks.WARMUP} warm-up and "
+             f"{checks.ITERS} timed iterations for mok and the PyTorch peer, the peer measured in the "
+             "same run): left out of every other table and plot, however new. One row per shape, EP mode, "
+             "routing, tokens and reason: the newest record and how many there are.", "",
+             "| shape | EP mode | routing | tokens | mok ms | PyTorch ms | check | commit | newest | records "
+             "| off-contract because |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key in sorted(groups, key=lambda k: sort_key(groups[k][0][1]) + (k[-1],)):
+        rec = newest_per_key(groups[key])[0]
+        v = values(rec)
+        cells = [rec["shape"], ep_text(rec), routing_spec(rec), rec["tokens_per_rank"], fmt(v["mok_ms"], ".3f"),
+                 fmt(v["pt_ms"], ".3f"), records.check_text(rec), commit_text(rec), rec.get("date", "?")[:10],
+                 len(groups[key]), key[-1]]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return lines + [""]
+
+
 def newest_per_key(loaded):
     """The newest record of each (shape, EP mode, routing, tokens, precision), sorted for display."""
     best = {}
@@ -81,10 +121,12 @@ def newest_per_key(loaded):
 
 def bar_records(recs):
     """One record per (shape, EP mode, routing, precision) for the per-shape plots: the one at
-    the shape's default tokens per rank if present, else the one with the most tokens."""
+    the shape's default tokens per rank if present, else the one with the most tokens. Failed
+    records are left out: a bar has no FAIL beside it (the tables have)."""
     groups = {}
     for rec in recs:
-        groups.setdefault(series_key(rec), []).append(rec)
+        if records.record_passes(rec):
+            groups.setdefault(series_key(rec), []).append(rec)
     chosen = []
     for (shape, *_), group in groups.items():
         at_default = [r for r in group if int(r["tokens_per_rank"]) == DEFAULT_TOKENS.get(shape)]
@@ -92,27 +134,37 @@ def bar_records(recs):
     return sorted(chosen, key=sort_key)
 
 
+def commit_label(rec, digits=None):
+    """The record's commit (its short name, or the sha's first `digits`) with '+dirty' for a
+    modified tree and '+dirty?' when nobody could say (dirty null: MOK_BENCH_COMMIT without
+    MOK_BENCH_DIRTY, git status failing): unknown is never shown as clean."""
+    c = rec.get("commit") or {}
+    sha = str(c.get("sha", "?"))
+    name = str(c.get("short") or sha[:7]) if digits is None else sha[:digits]
+    return name + {True: "+dirty", False: ""}.get(c.get("dirty"), "+dirty?")
+
+
 def commit_text(rec):
-    """The commit, '+dirty' for a modified tree, and the megakernel's environment knobs the run
-    set (config.env: a record made with MOK_X=1 did not time the commit's default)."""
-    c = rec["commit"]
-    text = c["short"] + ("+dirty" if c.get("dirty") else "")
+    """The commit (commit_label) and the megakernel's environment knobs the run set
+    (config.env: a record made with MOK_X=1 did not time the commit's default)."""
     knobs = ((rec.get("config") or {}).get("env")) or {}
-    return " ".join([text] + [f"{k}={v}" for k, v in sorted(knobs.items())])
+    return " ".join([commit_label(rec)] + [f"{k}={v}" for k, v in sorted(knobs.items())])
 
 
 def _commit_of(rec):
-    c = rec.get("commit") or {}
-    return str(c.get("sha", "?"))[:12] + ("+dirty" if c.get("dirty") else "")
+    """What tells two binaries apart in sweeps and repeats: 12 digits of the sha, and dirty."""
+    return commit_label(rec, 12)
 
 
 def sweep_groups(loaded):
     """{series_key: records sorted by tokens} where >= 2 token counts exist, every point from
     ONE commit (the one that measured the most token counts; ties: the newest), so a line never
-    joins two binaries; per token count that commit's newest record."""
+    joins two binaries; per token count that commit's newest record. Only passing records are
+    plotted (a failed one has no FAIL beside it on a line); give contract records only."""
     by_series = {}
     for path, rec in loaded:
-        by_series.setdefault(series_key(rec), []).append((path, rec))
+        if records.record_passes(rec):
+            by_series.setdefault(series_key(rec), []).append((path, rec))
     out = {}
     for key, items in by_series.items():
         by_commit = {}
@@ -142,12 +194,12 @@ def group_lines(recs):
         v = values(rec)
         b = rec.get("bytes") or {}
         frac = b.get("mok_link_of_nccl_all_to_all")
-        cells = [rec["shape"], rec["problem"].get("ep_size"), rec["tokens_per_rank"], _f(v["mok_ms"], ".3f"),
-                 _f(v["pt_ms"], ".3f"), _f(v["speedup"], ".2f", "x"),
-                 _f(None if b.get("link_forward") is None else b["link_forward"] / 1e6, ".1f"),
-                 _f(b.get("mok_link_gbps"), ".0f"),
-                 _f((rec.get("ceilings") or {}).get("nccl_all_to_all_busbw_gbps"), ".0f"),
-                 _pct(frac), check_text(rec)]
+        cells = [rec["shape"], rec["problem"].get("ep_size"), rec["tokens_per_rank"], fmt(v["mok_ms"], ".3f"),
+                 fmt(v["pt_ms"], ".3f"), fmt(v["speedup"], ".2f", "x"),
+                 fmt(None if b.get("link_forward") is None else b["link_forward"] / 1e6, ".1f"),
+                 fmt(b.get("mok_link_gbps"), ".0f"),
+                 fmt((rec.get("ceilings") or {}).get("nccl_all_to_all_busbw_gbps"), ".0f"),
+                 pct(frac), records.check_text(rec)]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return lines + [""]
 
@@ -185,10 +237,10 @@ def repeat_lines(loaded):
         dense = [values(r)["dense"] for r in recs]
         sm, sp, sd = spread(mok), spread(pt), spread(dense)
         shape, _, _, _, tokens, _, _, commit, _ = key
-        cells = [shape, ep_text(recs[0]), tokens, commit, len(recs), " / ".join(_f(v, ".3f") for v in mok),
-                 _pct(sm), " / ".join(_f(v, ".3f") for v in pt),
-                 _pct(sp), " / ".join(_f(v, ".0f") for v in dense),
-                 _pct(sd)]
+        cells = [shape, ep_text(recs[0]), tokens, commit, len(recs), " / ".join(fmt(v, ".3f") for v in mok),
+                 pct(sm), " / ".join(fmt(v, ".3f") for v in pt),
+                 pct(sp), " / ".join(fmt(v, ".0f") for v in dense),
+                 pct(sd)]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return lines + [""]
 
@@ -208,8 +260,8 @@ def noise_lines(recs):
             ratio = records.ratio(median, fastest)
             if ratio is not None and ratio > NOISE_BAR:
                 rows.append([rec["shape"], ep_text(rec), routing_spec(rec), rec["tokens_per_rank"], commit_text(rec),
-                             who, _f(median, ".3f"), _f(fastest, ".3f"), _f(_get(rec, *path, "max_ms"), ".3f"),
-                             _f(ratio, ".3f")])
+                             who, fmt(median, ".3f"), fmt(fastest, ".3f"), fmt(_get(rec, *path, "max_ms"), ".3f"),
+                             fmt(ratio, ".3f")])
     if not rows:
         return lines + [f"Every shown median is within {NOISE_BAR - 1:.0%} of its fastest timed iteration.", ""]
     lines += [f"Shown records whose forward median is more than {NOISE_BAR - 1:.0%} above the fastest timed "
@@ -276,28 +328,7 @@ def speedup_at_ceiling(rec):
     return records.ratio(_get(rec, "peers", "pytorch_pipeline", "forward", "median_ms"), at_ceiling_ms)
 
 
-def check_text(rec):
-    c = rec.get("check") or {}
-    if c.get("passes"):
-        return "PASS"
-    parts = []
-    if c.get("mok") is not True:
-        parts.append(f"mok {'FAIL' if c.get('mok') is False else 'unchecked'}")
-    if c.get("pytorch") is False:
-        parts.append("pytorch FAIL")
-    return "FAIL (" + ", ".join(parts) + ")" if parts else "FAIL"
-
-
 # ---- markdown ---------------------------------------------------------------------------
-
-def _f(v, spec, suffix=""):
-    return "–" if v is None else format(v, spec) + suffix
-
-
-def _pct(fraction):
-    """A fraction as a percentage with one decimal ("–" when unknown)."""
-    return _f(None if fraction is None else 100 * fraction, ".1f", "%")
-
 
 def ep_text(rec):
     ep = (rec.get("problem") or {}).get("ep_size")
@@ -317,9 +348,9 @@ def routing_lines(recs):
     for rec in recs:
         r = rec.get("routing") or {}
         rows = (rec.get("rows") or {}).get("real")
-        measured = "–" if rec.get("active_rank") is None else f"{rec['active_rank']} ({_f(rows, 'd')})"
+        measured = "–" if rec.get("active_rank") is None else f"{rec['active_rank']} ({fmt(rows, 'd')})"
         cells = [rec["shape"], ep_text(rec), rec["tokens_per_rank"], routing_spec(rec),
-                 _f(r.get("max_over_mean_expert"), ".2f"), _f(r.get("max_over_mean_rank"), ".2f"), measured]
+                 fmt(r.get("max_over_mean_expert"), ".2f"), fmt(r.get("max_over_mean_rank"), ".2f"), measured]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return lines + [""]
 
@@ -365,9 +396,9 @@ def phase_lines(recs):
         total = sum(med.values())
         mega = med.get("megakernel")
         cells = [rec["shape"], ep_text(rec), rec["tokens_per_rank"]] + \
-                [_f(med.get(n), ".3f") for n in names] + \
-                [_f(total, ".3f"), _f(values(rec)["mok_ms"], ".3f"),
-                 _f(None if mega is None or total <= 0 else 100 * mega / total, ".1f", "%"),
+                [fmt(med.get(n), ".3f") for n in names] + \
+                [fmt(total, ".3f"), fmt(values(rec)["mok_ms"], ".3f"),
+                 fmt(None if mega is None or total <= 0 else 100 * mega / total, ".1f", "%"),
                  phase_pass(rec)]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return lines + [""]
@@ -379,7 +410,7 @@ def _clock_cell(summary):
         return "–"
     if not summary.get("samples"):
         return "no samples"
-    return (f"{_f(summary.get('sm_mhz_median'), '.0f')} / {_f(summary.get('power_w_median'), '.0f')} "
+    return (f"{fmt(summary.get('sm_mhz_median'), '.0f')} / {fmt(summary.get('power_w_median'), '.0f')} "
             f"({summary['samples']})")
 
 
@@ -416,11 +447,11 @@ def clock_lines(recs):
                 (c.get("dense_bf16_ceiling") or {}).get("power_w_median"), _get(rec, "ceilings", "dense_bf16_tflops")))
             cells = [rec["shape"], ep_text(rec), rec["tokens_per_rank"], _clock_cell(c.get("mok_forward")),
                      _clock_cell(c.get("pytorch_forward")), _clock_cell(c.get("pytorch_grouped_gemms")),
-                     _clock_cell(c.get("dense_bf16_ceiling")), _pct(cap),
-                     _f(c.get("tensor_peak_bf16_tflops_at_mok_clock"), ".0f"),
-                     _pct(c.get("mok_forward_performed_of_tensor_peak")),
-                     _pct(c.get("dense_bf16_of_tensor_peak_at_its_clock")),
-                     _f(mok_pj, ".2f"), _f(dense_pj, ".2f")]
+                     _clock_cell(c.get("dense_bf16_ceiling")), pct(cap),
+                     fmt(c.get("tensor_peak_bf16_tflops_at_mok_clock"), ".0f"),
+                     pct(c.get("mok_forward_performed_of_tensor_peak")),
+                     pct(c.get("dense_bf16_of_tensor_peak_at_its_clock")),
+                     fmt(mok_pj, ".2f"), fmt(dense_pj, ".2f")]
         lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")
     return lines + [""]
 
@@ -452,7 +483,7 @@ def _cell(text):
     return str(text).replace("|", "\\|")
 
 
-def markdown(recs, plots, out_dir, repeats=None):
+def markdown(recs, plots, out_dir, repeats=None, off_contract=None):
     lines = ["# mok benchmark report", "",
              "Generated by `python3 bench/report.py` from the records in `bench/results/` "
              "(bench/README.md explains every number). Forward pass, median of the timed iterations; "
@@ -466,10 +497,14 @@ def markdown(recs, plots, out_dir, repeats=None):
              "only by out-running cuBLAS); % ceiling = mok TFLOP/s over the dense bf16 GEMM "
              "measured in the same run (MoK's formula; 'performed': the FLOPs really done, which is the "
              "honest fraction for shapes without a shared expert). When several records share shape, EP mode and size, routing, "
-             "tokens, precision and GPU, the newest is shown.", ""]
+             "tokens, precision and GPU, the newest is shown. Only records made to MoK's timing contract "
+             f"({checks.WARMUP} warm-up and {checks.ITERS} timed iterations for mok and the PyTorch peer, the peer "
+             "measured in the same run) are shown, plotted and compared; the others are listed under "
+             "\"Off-contract records\". Failed records are shown as FAIL and left out of the plots.", ""]
     if not recs:
-        lines += ["No records yet: run `python3 bench/run.py` on a GPU machine.", ""]
-        return "\n".join(lines)
+        lines += ["No records yet: run `python3 bench/run.py` on a GPU machine." if not off_contract else
+                  "No record made to the timing contract yet.", ""]
+        return "\n".join(lines + (off_contract or []))
     head = ["shape", "EP mode", "routing", "tokens", "precision", "mok ms", "mok TFLOP/s",
             "mok TFLOP/s performed", "PyTorch ms",
             "PyTorch TFLOP/s", "grouped GEMMs ms", "speedup", "speedup at ceiling", "% dense ceiling", "% dense ceiling performed", "check",
@@ -479,15 +514,16 @@ def markdown(recs, plots, out_dir, repeats=None):
         v = values(rec)
         commit = commit_text(rec)
         cells = [rec["shape"], ep_text(rec), routing_spec(rec), rec["tokens_per_rank"], rec["precision"],
-                 _f(v["mok_ms"], ".3f"), _f(v["mok_tflops"], ".1f"), _f(v["mok_tflops_performed"], ".1f"),
-                 _f(v["pt_ms"], ".3f"),
-                 _f(v["pt_tflops"], ".1f"), _f(v["gg_ms"], ".3f"), _f(v["speedup"], ".2f", "x"),
-                 _f(v["speedup_at_ceiling"], ".2f", "x"), _pct(v["mok_frac"]),
-                 _pct(v["mok_frac_performed"]),
-                 check_text(rec),
+                 fmt(v["mok_ms"], ".3f"), fmt(v["mok_tflops"], ".1f"), fmt(v["mok_tflops_performed"], ".1f"),
+                 fmt(v["pt_ms"], ".3f"),
+                 fmt(v["pt_tflops"], ".1f"), fmt(v["gg_ms"], ".3f"), fmt(v["speedup"], ".2f", "x"),
+                 fmt(v["speedup_at_ceiling"], ".2f", "x"), pct(v["mok_frac"]),
+                 pct(v["mok_frac_performed"]),
+                 records.check_text(rec),
                  commit, (rec.get("gpu") or {}).get("name") or "?"]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     lines.append("")
+    lines += off_contract or []
     bwd = [r for r in recs if values(r)["mok_bwd_ms"] is not None or values(r)["pt_bwd_ms"] is not None]
     if bwd:
         lines += ["## Backward", "", "TFLOP/s by MoK's formula (twice the forward's); performed: the FLOPs "
@@ -498,8 +534,8 @@ def markdown(recs, plots, out_dir, repeats=None):
             v = values(rec)
             sp = records.ratio(v["pt_bwd_ms"], v["mok_bwd_ms"])
             cells = [rec["shape"], ep_text(rec), routing_spec(rec), rec["tokens_per_rank"],
-                     _f(v["mok_bwd_ms"], ".3f"), _f(v["mok_bwd_tflops"], ".1f"), _f(v["pt_bwd_ms"], ".3f"),
-                     _f(v["pt_bwd_tflops"], ".1f"), _f(v["pt_bwd_tflops_performed"], ".1f"), _f(sp, ".2f", "x")]
+                     fmt(v["mok_bwd_ms"], ".3f"), fmt(v["mok_bwd_tflops"], ".1f"), fmt(v["pt_bwd_ms"], ".3f"),
+                     fmt(v["pt_bwd_tflops"], ".1f"), fmt(v["pt_bwd_tflops_performed"], ".1f"), fmt(sp, ".2f", "x")]
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         lines.append("")
     lines += noise_lines(recs)
@@ -518,11 +554,11 @@ def markdown(recs, plots, out_dir, repeats=None):
         peer_timing = _get(rec, "timing", "peer") or {}
         lines.append("| " + " | ".join(_cell(x) for x in (
             rec["shape"], rec["tokens_per_rank"],
-            _f(peer_timing.get("ceiling_warmup"), "d") + " / " + _f(peer_timing.get("ceiling_iters"), "d"),
-            _f(c.get("dense_bf16_tflops"), ".0f"),
-            _f(c.get("fp8_e4m3_tflops"), ".0f") + " / " + _f(c.get("fp8_e4m3_exact_accum_tflops"), ".0f"),
-            _f(c.get("copy_gbps"), ".0f"), _f(_get(rec, "bytes", "mok_hbm_gbps"), ".0f"),
-            _f(_get(rec, "bytes", "pytorch_hbm_gbps"), ".0f"))) + " |")
+            fmt(peer_timing.get("ceiling_warmup"), "d") + " / " + fmt(peer_timing.get("ceiling_iters"), "d"),
+            fmt(c.get("dense_bf16_tflops"), ".0f"),
+            fmt(c.get("fp8_e4m3_tflops"), ".0f") + " / " + fmt(c.get("fp8_e4m3_exact_accum_tflops"), ".0f"),
+            fmt(c.get("copy_gbps"), ".0f"), fmt(_get(rec, "bytes", "mok_hbm_gbps"), ".0f"),
+            fmt(_get(rec, "bytes", "pytorch_hbm_gbps"), ".0f"))) + " |")
     lines.append("")
     if plots:
         lines += ["## Plots", ""]
@@ -539,6 +575,33 @@ def _plt():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
+
+
+class MissingMatplotlib(RuntimeError):
+    """matplotlib cannot be imported: nothing is written (nor any old plot removed)."""
+
+
+def require_matplotlib():
+    """Imports matplotlib before anything is touched: without it the old PNGs were deleted and
+    REPORT.md was left pointing at them."""
+    try:
+        _plt()
+    except ImportError as exc:
+        raise MissingMatplotlib(f"report.py: matplotlib is needed for the plots ({exc}); install it "
+                                "(pip install -r bench/requirements.txt). Nothing was written.") from None
+
+
+def write_text(path, text):
+    """Writes `path` through a temporary file in its folder and os.replace: a failure half-way
+    leaves the old file whole, never a half-written one."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def _label(rec, multi_routing):
@@ -605,55 +668,53 @@ def _sweep_plot(path, key, recs):
     plt.close(fig)
 
 
-def _safe(text):
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")
-
-
 def make_plots(recs, plots_dir, loaded=None):
-    """Writes the PNGs; returns [(title, path)]. Removes sweep plots left by an earlier run."""
+    """Writes the PNGs; returns [(title, path)]. Removes sweep plots left by an earlier run.
+    Failed records are not drawn (bar_records, sweep_groups)."""
     os.makedirs(plots_dir, exist_ok=True)
     for old in glob.glob(os.path.join(plots_dir, "sweep_*.png")) + \
             [os.path.join(plots_dir, f) for f in PLOT_FILES]:
         if os.path.exists(old):
             os.remove(old)
     out = []
-    if not recs:
-        return out
-    bars = bar_records(recs)
-    p = os.path.join(plots_dir, PLOT_FILES[0])
-    _grouped_bars(p, bars, [("mok forward", "mok_tflops"), ("PyTorch pipeline", "pt_tflops"),
-                            ("PyTorch grouped GEMMs only", "gg_tflops"), ("mok backward", "mok_bwd_tflops"),
-                            ("PyTorch backward", "pt_bwd_tflops")],
-                  "TFLOP/s", "TFLOP/s per shape (MoK's formula; GEMMs only: performed FLOPs)")
-    out.append(("TFLOP/s per shape", p))
-    p = os.path.join(plots_dir, PLOT_FILES[1])
-    _grouped_bars(p, bars, [("mok forward", "mok_frac"), ("PyTorch pipeline", "pt_frac"),
-                            ("PyTorch grouped GEMMs only", "gg_frac")],
-                  "% of dense bf16 GEMM", "Fraction of the dense bf16 GEMM ceiling (same run)", percent=True)
-    out.append(("Fraction of the dense GEMM ceiling", p))
-    phased = [r for r in bars if _get(r, "mok", "forward_phases", "median_ms")]
-    if phased:
-        p = os.path.join(plots_dir, PLOT_FILES[2])
-        _phase_plot(p, phased)
-        out.append(("Where mok's forward time goes", p))
+    bars = bar_records(recs)  # passing records only
+    if bars:
+        p = os.path.join(plots_dir, PLOT_FILES[0])
+        _grouped_bars(p, bars, [("mok forward", "mok_tflops"), ("PyTorch pipeline", "pt_tflops"),
+                                ("PyTorch grouped GEMMs only", "gg_tflops"), ("mok backward", "mok_bwd_tflops"),
+                                ("PyTorch backward", "pt_bwd_tflops")],
+                      "TFLOP/s", "TFLOP/s per shape (MoK's formula; GEMMs only: performed FLOPs)")
+        out.append(("TFLOP/s per shape", p))
+        p = os.path.join(plots_dir, PLOT_FILES[1])
+        _grouped_bars(p, bars, [("mok forward", "mok_frac"), ("PyTorch pipeline", "pt_frac"),
+                                ("PyTorch grouped GEMMs only", "gg_frac")],
+                      "% of dense bf16 GEMM", "Fraction of the dense bf16 GEMM ceiling (same run)", percent=True)
+        out.append(("Fraction of the dense GEMM ceiling", p))
+        phased = [r for r in bars if _get(r, "mok", "forward_phases", "median_ms")]
+        if phased:
+            p = os.path.join(plots_dir, PLOT_FILES[2])
+            _phase_plot(p, phased)
+            out.append(("Where mok's forward time goes", p))
     loaded = loaded if loaded is not None else [("", r) for r in recs]
     for key, group in sorted(sweep_groups(loaded).items(), key=lambda kv: sort_key(kv[1][0])):
         shape, mode, ep, routing, precision, gpu = key
-        p = os.path.join(plots_dir, "sweep_" + _safe(f"{shape}_{mode}{ep}_{routing}_{precision}_{gpu}") + ".png")
+        p = os.path.join(plots_dir, "sweep_" + records.safe_name(f"{shape}_{mode}{ep}_{routing}_{precision}_{gpu}") + ".png")
         _sweep_plot(p, (shape, mode, routing, precision), group)
         out.append((f"Tokens-per-rank sweep: {shape} {mode} EP={ep} ({routing}, {precision}, {gpu}, "
-                    f"commit {group[0]['commit']['short']})", p))
+                    f"commit {commit_label(group[0])})", p))
     return out
 
 
 def generate(paths, out_path=DEFAULT_OUT, plots_dir=DEFAULT_PLOTS):
-    """Reads the records at `paths`, writes the markdown and the plots; returns the records shown."""
-    loaded = load_records(paths)
+    """Reads the records at `paths`, writes the markdown and the plots; returns the records shown
+    in the main table (contract records only: split_contract)."""
+    require_matplotlib()
+    loaded, off = split_contract(load_records(paths))
     recs = newest_per_key(loaded)
     plots = make_plots(recs, plots_dir, loaded)
-    text = markdown(recs, plots, os.path.dirname(os.path.abspath(out_path)), repeat_lines(loaded))
-    with open(out_path, "w") as f:
-        f.write(text + "\n")
+    text = markdown(recs, plots, os.path.dirname(os.path.abspath(out_path)), repeat_lines(loaded),
+                    off_contract_lines(off))
+    write_text(out_path, text + "\n")
     return recs
 
 
@@ -665,7 +726,11 @@ def main(argv=None):
     ap.add_argument("--plots-dir", default=DEFAULT_PLOTS)
     args = ap.parse_args(argv)
     paths = args.files or sorted(glob.glob(os.path.join(args.results_dir, "*.json")))
-    recs = generate(paths, args.out, args.plots_dir)
+    try:
+        recs = generate(paths, args.out, args.plots_dir)
+    except MissingMatplotlib as exc:
+        print(exc, file=sys.stderr)
+        return 1
     print(f"report.py: {len(recs)} record(s) -> {args.out}, plots in {args.plots_dir}")
     return 0
 

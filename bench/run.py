@@ -67,32 +67,72 @@ def plan_runs(args):
     return _plan_once(args) * max(1, getattr(args, "repeat", 1) or 1)
 
 
+def _given(value, default):
+    """An option's value when it was given (0 included: option_errors refuses it, it is never
+    silently the default), else the default."""
+    return default if value is None else value
+
+
+def sweep_tokens(text):
+    """--sweep-tokens "512,1024" -> [512, 1024]; SystemExit naming the option for anything else."""
+    out = []
+    for part in text.split(","):
+        try:
+            n = int(part.strip())
+        except ValueError:
+            n = None
+        if n is None or n < 1:
+            raise SystemExit(f"run.py: --sweep-tokens: {part.strip()!r} is not a whole number >= 1 "
+                             "(comma-separated tokens per rank, e.g. 512,2048)")
+        out.append(n)
+    return out
+
+
 def _plan_once(args):
-    if args.launch:
+    if args.launch is not None:
         # A real group runs each shape at --tokens (or its default) as EP = --launch: the
         # options that choose other runs do not apply, and are refused rather than ignored.
         for opt, val in (("--sweep", args.sweep), ("--sweep-tokens", args.sweep_tokens), ("--ep", args.ep),
                          ("--ep-mode", args.ep_mode)):
-            if val:
+            if val is not None and val is not False:
                 raise SystemExit(f"run.py: {opt} does not apply with --launch (a real group of --launch ranks)")
         shapes = [s for s in (args.shapes.split(",") if args.shapes else []) if s] or ["qwen3.5-397b-a17b"]
         tokens = {s: t for s, _, _, t in DEFAULT_RUNS}
-        return [(s, "distributed", args.launch, args.tokens or tokens.get(s)) for s in shapes]
+        return [(s, "distributed", args.launch, _given(args.tokens, tokens.get(s))) for s in shapes]
     defaults = {s: (m, r, t) for s, m, r, t in DEFAULT_RUNS}
     shapes = [s for s in (args.shapes.split(",") if args.shapes else []) if s]
     if args.sweep:
         if len(shapes) != 1:
             raise SystemExit("run.py: --sweep needs exactly one shape (--shapes NAME)")
-        tokens = [int(t) for t in args.sweep_tokens.split(",")] if args.sweep_tokens else SWEEP_TOKENS
+        if args.tokens is not None:
+            raise SystemExit("run.py: --tokens does not apply with --sweep (the sweep's tokens per rank: "
+                             "--sweep-tokens)")
+        tokens = sweep_tokens(args.sweep_tokens) if args.sweep_tokens is not None else SWEEP_TOKENS
         mode, ep, _ = defaults.get(shapes[0], ("slice", 64, None))
-        return [(shapes[0], args.ep_mode or mode, args.ep or ep, t) for t in tokens]
+        return [(shapes[0], args.ep_mode or mode, _given(args.ep, ep), t) for t in tokens]
+    if args.sweep_tokens is not None:
+        raise SystemExit("run.py: --sweep-tokens applies only with --sweep (one run per listed token count)")
     if not shapes:
         shapes = [s for s, _, _, _ in DEFAULT_RUNS]
     runs = []
     for s in shapes:
         mode, ep, tokens = defaults.get(s, (None, None, None))
-        runs.append((s, args.ep_mode or mode, args.ep or ep, args.tokens or tokens))
+        runs.append((s, args.ep_mode or mode, _given(args.ep, ep), _given(args.tokens, tokens)))
     return runs
+
+
+def option_errors(args):
+    """Messages for the numeric options that break their rule (each names the option), checked
+    before anything runs: a 0 must not fall back to a default, and a bad ceiling option must
+    not fail the peer after mok has run."""
+    errors = []
+    for opt, value, least in (("--iters", args.iters, 1), ("--warmup", args.warmup, 0),
+                              ("--ceiling-iters", args.ceiling_iters, 1), ("--ceiling-warmup", args.ceiling_warmup, 0),
+                              ("--tokens", args.tokens, 1), ("--ep", args.ep, 1), ("--launch", args.launch, 1),
+                              ("--repeat", args.repeat, 1), ("--clock-period-ms", args.clock_period_ms, 1)):
+        if value is not None and value < least:
+            errors.append(f"{opt} must be >= {least} (got {value})")
+    return errors
 
 
 def launch_prefix(args, ep_mode, ep):
@@ -184,17 +224,25 @@ def run_one(args, shape, ep_mode, ep, tokens):
 
 
 def _run_and_record(args, cmd, row, work, ep_mode, ep, sampler):
+    errors = []  # process failures after their JSON was written: the record keeps them and fails
     rc = subprocess.call(cmd)
     if rc != 0:
         row["error"] = f"mok bench exited {rc}"
         first = os.path.join(work, "rank0") if ep_mode == "distributed" else work
         if not os.path.exists(os.path.join(first, workdir.MOK_JSON)):
             return row
-        # mok.json is there (a failed check, say): record the run all the same.
+        # mok.json is there (a failed check, say): record the run all the same, failed.
+        errors.append(row["error"])
     try:
         mok = load_mok(work, ep_mode, ep)
     except (workdir.ContractError, ValueError) as exc:
         row["error"] = row["error"] or f"mok.json: {exc}"
+        return row
+    try:
+        # Before the peer: a commit that cannot be named makes no record, so spend no GPU time.
+        env = records.collect_env(REPO_ROOT, mok)
+    except ValueError as exc:
+        row["error"] = f"commit: {exc}"
         return row
 
     peer = None
@@ -209,15 +257,19 @@ def _run_and_record(args, cmd, row, work, ep_mode, ep, sampler):
             peer = workdir.read_json(peer_path)
         elif rc != 0:  # the peer failed before writing its verdict: a failed peer, not a missing one
             peer = {"check": {"passes": False}, "errors": {"peer": f"exited {rc} without writing peer.json"}}
-        if rc != 0 and not row["error"]:
-            row["error"] = f"{'peer_dist.py' if ep_mode == 'distributed' else 'peer_torch.py'} exited {rc}"
+        if rc != 0:
+            errors.append(f"{'peer_dist.py' if ep_mode == 'distributed' else 'peer_torch.py'} exited {rc}")
+            row["error"] = row["error"] or errors[-1]
 
     clocks = stop_clocks(sampler, args, ep_mode, ep)
-    record = records.make_record(mok, peer, records.collect_env(REPO_ROOT, mok), clocks)
+    record = records.make_record(mok, peer, env, clocks, errors)
     row["record"] = record
     row["path"] = records.write_record(record, args.results_dir)
     print(f"record: {row['path']}", flush=True)
-    if not record["check"]["passes"] and not row["error"]:
+    # --no-peer with mok's check passing is what was asked for, not a failed run; its record
+    # does not pass either (the summary says "no peer").
+    mok_alone = not peer and record["check"]["mok"] is True and not errors
+    if not record["check"]["passes"] and not row["error"] and not mok_alone:
         row["error"] = "check failed"
     row["ok"] = row["error"] is None
     if row["ok"] and not args.keep_work:
@@ -225,16 +277,9 @@ def _run_and_record(args, cmd, row, work, ep_mode, ep, sampler):
     return row
 
 
-def _fmt(v, spec):
-    return "-" if v is None else format(v, spec)
-
-
-def _pct(fraction):
-    return _fmt(None if fraction is None else 100 * fraction, ".1f")
-
-
 def summary_table(rows):
     head = ("run", "mok ms", "pytorch ms", "speedup", "mok TFLOP/s", "% GEMM ceil", "% performed", "check")
+    fmt, pct = records.fmt, records.pct
     lines = []
     for r in rows:
         rec = r.get("record")
@@ -243,20 +288,27 @@ def summary_table(rows):
             pf = (rec.get("peers", {}).get("pytorch_pipeline") or {}).get("forward") or {}
             frac = rec["ratios"]["mok_forward_of_dense_ceiling"]
             done = rec["ratios"].get("mok_forward_performed_of_dense_ceiling")
-            c = rec["check"]
-            check = "PASS" if c["passes"] else f"FAIL (mok {c['mok']}, pytorch {c['pytorch']})"
-            cells = (r["label"], _fmt(mf.get("median_ms"), ".3f"), _fmt(pf.get("median_ms"), ".3f"),
-                     _fmt(rec["ratios"]["speedup_forward_vs_pytorch"], ".2f") + "x",
-                     _fmt(mf.get("tflops"), ".1f"), _pct(frac), _pct(done), check)
-            if r["error"] and c["passes"]:
+            cells = (r["label"], fmt(mf.get("median_ms"), ".3f"), fmt(pf.get("median_ms"), ".3f"),
+                     fmt(rec["ratios"]["speedup_forward_vs_pytorch"], ".2f", "x"),
+                     fmt(mf.get("tflops"), ".1f"), pct(frac), pct(done), records.check_text(rec))
+            if r["error"] and records.record_passes(rec):
                 cells = cells[:-1] + (f"ERROR: {r['error']}",)
         else:
-            cells = (r["label"], "-", "-", "-", "-", "-", "-", f"ERROR: {r['error']}")
+            cells = (r["label"], "–", "–", "–", "–", "–", "–", f"ERROR: {r['error']}")
         lines.append(cells)
     widths = [max(len(h), *(len(c[i]) for c in lines)) if lines else len(h) for i, h in enumerate(head)]
     out = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
     out += ["  ".join(c.ljust(w) for c, w in zip(cells, widths)) for cells in lines]
     return "\n".join(out)
+
+
+def passed_line(rows):
+    """How many runs passed; runs that timed mok alone (--no-peer) are counted apart: they
+    did not fail, and they did not pass either."""
+    passed = sum(1 for r in rows if r["ok"] and r.get("record") and records.record_passes(r["record"]))
+    alone = sum(1 for r in rows if r["ok"] and r.get("record") and not records.peer_ran(r["record"]))
+    text = f"{passed} of {len(rows)} runs passed"
+    return text + (f"; {alone} timed mok alone (no peer: not a pass)" if alone else "")
 
 
 def main(argv=None):
@@ -289,12 +341,10 @@ def main(argv=None):
                     help="run the whole list this many times, pass after pass (a record each)")
     ap.add_argument("--assume-no-gpu", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.iters < 1 or args.warmup < 0:
-        ap.error("--iters must be >= 1 and --warmup >= 0")
-    if args.repeat < 1:
-        ap.error("--repeat must be >= 1")
-    if args.clock_period_ms < 1:
-        ap.error("--clock-period-ms must be >= 1")
+    errors = option_errors(args)
+    if errors:
+        ap.error("; ".join(errors))
+    runs = plan_runs(args)  # refuses options that do not apply, before anything runs
 
     ok, what = cuda_status(args.assume_no_gpu)
     if not ok:
@@ -309,7 +359,6 @@ def main(argv=None):
               file=sys.stderr)
         return 1
     print(f"run.py: GPU {what}")
-    runs = plan_runs(args)
     rows = []
     for shape, mode, ep, tokens in runs:
         try:
@@ -318,7 +367,7 @@ def main(argv=None):
             rows.append({"label": f"{shape} {mode} EP={ep} T={tokens}", "shape": shape, "ok": False,
                          "error": f"{type(exc).__name__}: {exc}", "record": None})
     failed = [r for r in rows if not r["ok"]]
-    print(f"\n{len(rows) - len(failed)} of {len(rows)} runs passed")
+    print("\n" + passed_line(rows))
     print(summary_table(rows))
     return 1 if failed else 0
 

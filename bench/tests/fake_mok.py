@@ -10,7 +10,9 @@ directory (synth_workdir.py) whatever the shape: the shape name is kept, the siz
 With --ep-mode distributed it writes WORK_DIR/rank<MOK_RANK>, with per-iteration times
 forward_ms * (1 + rank / 10), so the slowest rank is the last one.
 Set FAKE_MOK_FAIL_SHAPE=S to make it fail (exit 3, no mok.json) for shape S, and
-FAKE_MOK_CHECK_FAIL_SHAPE=S to make its check fail (mok.json written, passes false, exit 3).
+FAKE_MOK_CHECK_FAIL_SHAPE=S to make its check fail (mok.json written, passes false, exit 3),
+FAKE_MOK_EXIT_SHAPE=S to make it exit 4 after writing a passing mok.json (a crash after the
+JSON), and FAKE_MOK_BUILD_COMMIT=SHA to stamp mok.json's "build" as a real binary does.
 Its "timed loop" is a sleep of FAKE_MOK_TIMED_S seconds (default 0), whose Unix times it
 writes as timing.window_unix_s, as `mok bench` writes its timed loop's.
 """
@@ -79,11 +81,16 @@ def main(argv):
     check_fails = os.environ.get("FAKE_MOK_CHECK_FAIL_SHAPE") == args.shape
     if check_fails:
         doc["check"]["forward"].update({"max_abs": 9.0, "rel": 0.5, "passes": False})
+    if os.environ.get("FAKE_MOK_BUILD_COMMIT"):
+        doc["build"] = {"commit": os.environ["FAKE_MOK_BUILD_COMMIT"], "dirty": False}
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
     if check_fails:
         print("fake_mok: check FAILED (on purpose)", file=sys.stderr)
         return 3
+    if os.environ.get("FAKE_MOK_EXIT_SHAPE") == args.shape:
+        print("fake_mok: exiting 4 after writing mok.json (on purpose)", file=sys.stderr)
+        return 4
     print(f"fake_mok: wrote {work_dir}/mok.json (synthetic)")
     return 0
 

@@ -42,11 +42,31 @@ class Compare(unittest.TestCase):
         self.assertFalse(checks.passes({"max_abs": float("nan"), "rel": 0.0, "non_finite": 0}, {"max_abs": 1, "rel": 1}))
         self.assertFalse(checks.passes({"max_abs": 0.0, "rel": float("nan"), "non_finite": 0}, {"max_abs": 1, "rel": 1}))
 
-    def test_nonfinite_reference_is_skipped(self):
+    def test_nonfinite_reference_fails(self):
+        # A NaN or Inf in the reference checks nothing: it counts and fails (as mok's compare),
+        # and stays out of max_abs and rel.
         ref = np.array([1.0, np.nan, 2.0], dtype=np.float32)
         out = np.array([1.0, 5.0, 2.0], dtype=np.float32)
         st = checks.compare(out, ref, np)
-        self.assertEqual((st["max_abs"], st["rel"], st["non_finite"]), (0.0, 0.0, 0))
+        self.assertEqual((st["max_abs"], st["rel"], st["non_finite"]), (0.0, 0.0, 1))
+        self.assertFalse(checks.passes(st, checks.tolerance("bf16")))
+        # An all-NaN reference used to pass with count > 0.
+        nan = np.full(4, np.nan, dtype=np.float32)
+        st = checks.compare(np.ones(4, dtype=np.float32), nan, np)
+        self.assertEqual((st["non_finite"], st["count"]), (4, 4))
+        self.assertFalse(checks.passes(st, checks.tolerance("bf16")))
+        # NaN in both does not agree; nor do opposite infinities, nor an infinity against a number.
+        with np.errstate(invalid="ignore"):
+            self.assertEqual(checks.compare(nan, nan, np)["non_finite"], 4)
+            inf = np.array([np.inf, -np.inf, np.inf], dtype=np.float32)
+            self.assertEqual(checks.compare(np.array([-np.inf, np.inf, 1.0], dtype=np.float32), inf, np)["non_finite"], 3)
+
+    def test_same_infinity_in_both_agrees(self):
+        ref = np.array([1.0, np.inf, -np.inf, 2.0], dtype=np.float32)
+        with np.errstate(invalid="ignore"):
+            st = checks.compare(ref.copy(), ref, np)
+        self.assertEqual(st, {"max_abs": 0.0, "rel": 0.0, "non_finite": 0, "count": 4})
+        self.assertTrue(checks.passes(st, checks.tolerance("bf16")))
 
     def test_zero_reference(self):
         z = np.zeros(3, dtype=np.float32)
@@ -59,6 +79,17 @@ class Compare(unittest.TestCase):
 
 
 class Timing(unittest.TestCase):
+    def test_slowest_rank_per_iteration(self):
+        self.assertEqual(checks.slowest_per_iteration([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]), [3.0, 5.0, 2.5])
+
+    def test_contract_is_the_timing_default(self):
+        import argparse
+        ap = argparse.ArgumentParser()
+        checks.add_timing_options(ap)
+        args = ap.parse_args([])
+        self.assertEqual((args.warmup, args.iters), (checks.WARMUP, checks.ITERS))
+        self.assertEqual((checks.WARMUP, checks.ITERS), (500, 100))
+
     def test_summary(self):
         self.assertEqual(checks.summarize_ms([3.0, 1.0, 2.0]),
                          {"median_ms": 2.0, "min_ms": 1.0, "max_ms": 3.0, "samples": 3})

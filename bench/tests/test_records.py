@@ -1,9 +1,11 @@
+import contextlib
 import copy
 import json
 import os
 import subprocess
 import tempfile
 import unittest
+from unittest import mock
 
 import helpers  # noqa: F401  (sets sys.path)
 from helpers import env, fixture
@@ -21,9 +23,9 @@ class Arithmetic(unittest.TestCase):
     def test_mok_tflops_qwen(self):
         # 6 * (2048 + 2048*10) * 4096 * 1024 = 566,935,683,072 FLOPs
         self.assertEqual(records.mok_flops(QWEN), 566935683072.0)
-        self.assertAlmostEqual(records.mok_tflops(QWEN, 1.0), 566.935683072, places=9)
-        self.assertAlmostEqual(records.mok_tflops(QWEN, 2.0, backward=True), 566.935683072, places=9)
-        self.assertAlmostEqual(records.mok_tflops(QWEN, 4.0), 141.733920768, places=9)
+        self.assertAlmostEqual(records.tflops(records.mok_flops(QWEN), 1.0), 566.935683072, places=9)
+        self.assertAlmostEqual(records.tflops(records.mok_flops(QWEN, backward=True), 2.0), 566.935683072, places=9)
+        self.assertAlmostEqual(records.tflops(records.mok_flops(QWEN), 4.0), 141.733920768, places=9)
 
     def test_mok_tflops_counts_shared_even_without_one(self):
         # MoK's formula counts T rows for the shared expert whatever the shape has.
@@ -38,8 +40,8 @@ class Arithmetic(unittest.TestCase):
         self.assertAlmostEqual(records.tflops(records.grouped_gemm_flops(QWEN, 20480), 0.80), 644.2, delta=0.1)
 
     def test_no_time_no_rate(self):
-        self.assertIsNone(records.mok_tflops(QWEN, None))
-        self.assertIsNone(records.mok_tflops(QWEN, 0))
+        self.assertIsNone(records.tflops(records.mok_flops(QWEN), None))
+        self.assertIsNone(records.tflops(records.mok_flops(QWEN), 0))
         self.assertIsNone(records.gbps(100, None))
         self.assertIsNone(records.ratio(1.0, None))
         self.assertIsNone(records.ratio(1.0, 0))
@@ -76,8 +78,41 @@ class MakeRecord(unittest.TestCase):
             rec = records.make_record(self.mok, peer, env())
             self.assertIs(rec["check"]["pytorch"], False, change)
             self.assertFalse(rec["check"]["passes"], change)
-        # No peer at all (--no-peer): mok's own check decides.
-        self.assertTrue(records.make_record(self.mok, None, env())["check"]["passes"])
+        # No peer at all (--no-peer): not a pass (test_no_peer_is_not_a_pass).
+        self.assertFalse(records.make_record(self.mok, None, env())["check"]["passes"])
+
+    def test_no_peer_is_not_a_pass(self):
+        # --no-peer: mok's check passed, but nothing was measured beside it; the record says no
+        # peer ran and does not pass, and the report and run.py say "no peer", not PASS.
+        rec = records.make_record(self.mok, None, env())
+        self.assertEqual(rec["check"], {"mok": True, "pytorch": None, "peer_ran": False, "passes": False})
+        self.assertFalse(records.peer_ran(rec))
+        self.assertFalse(records.record_passes(rec))
+        self.assertEqual(records.check_text(rec), "no peer (mok PASS)")
+        failed = copy.deepcopy(self.mok)
+        failed["check"]["forward"]["passes"] = False
+        self.assertEqual(records.check_text(records.make_record(failed, None, env())), "FAIL (mok FAIL, no peer)")
+        # Records before "peer_ran": a peer ran when the record has peers.
+        old = json.loads(json.dumps(self.rec))
+        del old["check"]["peer_ran"]
+        self.assertTrue(records.peer_ran(old))
+        self.assertEqual(records.check_text(old), "PASS")
+        old["peers"] = {}
+        self.assertFalse(records.peer_ran(old))
+
+    def test_process_errors_fail_the_record(self):
+        # mok bench (or the peer) exited non-zero after writing its JSON: the record keeps why
+        # and fails, whatever the JSON's own check says.
+        rec = records.make_record(self.mok, self.peer, env(), errors=["mok bench exited 4"])
+        self.assertEqual(rec["errors"], ["mok bench exited 4"])
+        self.assertFalse(rec["check"]["passes"])
+        self.assertFalse(records.record_passes(rec))
+        self.assertEqual(records.check_text(rec), "FAIL (mok bench exited 4)")
+        self.assertEqual(self.rec["errors"], [])
+        # A record whose check says it passed but which carries errors is not a pass either.
+        forged = dict(self.rec, errors=["peer_torch.py exited 1"])
+        self.assertFalse(records.record_passes(forged))
+        self.assertEqual(records.check_text(forged), "FAIL (peer_torch.py exited 1)")
 
     def test_backward_performed_tflops(self):
         peer = dict(copy.deepcopy(self.peer), backward={"median_ms": 4.0, "min_ms": 4.0, "max_ms": 4.0})
@@ -139,12 +174,14 @@ class MakeRecord(unittest.TestCase):
         self.assertAlmostEqual(b["mok_hbm_of_copy_ceiling"], want / 1e-3 / 1e9 / 4000.0)
 
     def test_check_passes(self):
-        self.assertEqual(self.rec["check"], {"mok": True, "pytorch": True, "passes": True})
+        self.assertEqual(self.rec["check"], {"mok": True, "pytorch": True, "peer_ran": True, "passes": True})
+        self.assertEqual(records.check_text(self.rec), "PASS")
 
     def test_failed_peer(self):
         rec = records.make_record(fixture("fixture_mok_mixtral_all.json"),
                                   fixture("fixture_peer_mixtral_all_failed.json"), env())
-        self.assertEqual(rec["check"], {"mok": True, "pytorch": False, "passes": False})
+        self.assertEqual(rec["check"], {"mok": True, "pytorch": False, "peer_ran": True, "passes": False})
+        self.assertEqual(records.check_text(rec), "FAIL (pytorch FAIL)")
         self.assertIsNone(rec["peers"]["pytorch_pipeline"]["forward"])
         self.assertIsNone(rec["ratios"]["speedup_forward_vs_pytorch"])
         self.assertIsNone(rec["ceilings"]["fp8_e4m3_tflops"])
@@ -160,7 +197,7 @@ class MakeRecord(unittest.TestCase):
     def test_mok_alone(self):
         rec = records.make_record(self.mok, None, env())
         self.assertEqual(rec["peers"], {})
-        self.assertEqual(rec["check"], {"mok": True, "pytorch": None, "passes": True})
+        self.assertEqual(rec["check"], {"mok": True, "pytorch": None, "peer_ran": False, "passes": False})
         self.assertIsNone(rec["ceilings"]["dense_bf16_tflops"])
 
     def test_failed_mok_check(self):
@@ -266,6 +303,33 @@ class Files(unittest.TestCase):
             with self.assertRaises(ValueError):
                 records.load_record(p)
 
+    def test_load_rejects_peer_json_and_records_missing_a_key(self):
+        # peer.json has the record's schema number and a "shape": it is not a record.
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "peer.json")
+            with open(p, "w") as f:
+                json.dump(fixture("fixture_peer_qwen35_slice.json"), f)
+            with self.assertRaises(ValueError) as cm:
+                records.load_record(p)
+            self.assertIn("not a mok benchmark record", str(cm.exception))
+            good = json.loads(json.dumps(self.rec))
+            for path, why in ((("ep_mode",), "'ep_mode' must be a string (missing)"),
+                              (("tokens_per_rank",), "'tokens_per_rank' must be a whole number (missing)"),
+                              (("check",), "'check' must be an object"), (("date",), "'date'"),
+                              (("commit", "short"), "'commit.short' must be a string")):
+                bad = copy.deepcopy(good)
+                parent = bad
+                for key in path[:-1]:
+                    parent = parent[key]
+                del parent[path[-1]]
+                p = os.path.join(d, "bad.json")
+                with open(p, "w") as f:
+                    json.dump(bad, f)
+                with self.assertRaises(ValueError) as cm:
+                    records.load_record(p)
+                self.assertIn(why, str(cm.exception))
+                self.assertIn(p, str(cm.exception))
+
     def test_default_results_dir_is_bench_results(self):
         self.assertEqual(records.RESULTS_DIR, os.path.join(helpers.BENCH_DIR, "results"))
 
@@ -282,7 +346,7 @@ class Group(unittest.TestCase):
     def test_merge_takes_the_slowest_rank_per_iteration(self):
         merged = records.merge_group([self.rank([1.0, 5.0, 2.0], 10), self.rank([3.0, 1.0, 2.5], 30)])
         self.assertEqual(merged["forward_iters_ms"], [3.0, 5.0, 2.5])
-        self.assertEqual(merged["forward"], {"median_ms": 3.0, "min_ms": 2.5, "max_ms": 5.0})
+        self.assertEqual(merged["forward"], {"median_ms": 3.0, "min_ms": 2.5, "max_ms": 5.0, "samples": 3})
         self.assertEqual(merged["ep_mode"], "distributed")
         self.assertEqual(merged["rows"]["remote"], 30)
         self.assertTrue(merged["check"]["forward"]["passes"])
@@ -350,9 +414,21 @@ class Phases(unittest.TestCase):
         self.assertNotIn("forward_phases", records.merge_group([a, g.rank([1.0], 1)]))
 
 
+@contextlib.contextmanager
+def commit_env(sha=None, dirty=None):
+    """MOK_BENCH_COMMIT / MOK_BENCH_DIRTY set to these values (unset where None) inside."""
+    with mock.patch.dict(os.environ):
+        for name, value in (("MOK_BENCH_COMMIT", sha), ("MOK_BENCH_DIRTY", dirty)):
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
+        yield
+
+
 class Environment(unittest.TestCase):
     def test_git_commit(self):
-        e = records.collect_env()
+        with commit_env():
+            e = records.collect_env()
         self.assertRegex(e["date"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=records.REPO_ROOT, capture_output=True, text=True)
         if head.returncode != 0:
@@ -363,27 +439,48 @@ class Environment(unittest.TestCase):
 
     def test_binary_build_commit_wins_over_git(self):
         # A copy of the tree can carry an older .git than the binary it times.
-        e = records.collect_env(records.REPO_ROOT, {"build": {"commit": "0123456789ab", "dirty": False}})
+        with commit_env():
+            e = records.collect_env(records.REPO_ROOT, {"build": {"commit": "0123456789ab", "dirty": False}})
         self.assertEqual(e["commit"], {"sha": "0123456789ab", "dirty": False, "source": "mok.json build"})
-        e = records.collect_env(records.REPO_ROOT, {"build": {"commit": "unknown", "dirty": True}})
+        with commit_env():
+            e = records.collect_env(records.REPO_ROOT, {"build": {"commit": "unknown", "dirty": True}})
         self.assertNotEqual(e["commit"]["source"], "mok.json build")  # an unknown build falls through
 
     def test_no_git_fallbacks(self):
+        with tempfile.TemporaryDirectory() as d, commit_env():
+            e = records.collect_env(d, {"build": {"commit": "feedface" * 5, "dirty": True}})
+            self.assertEqual(e["commit"], {"sha": "feedface" * 5, "dirty": True, "source": "mok.json build"})
+            e = records.collect_env(d, {})
+            self.assertEqual(e["commit"], {"sha": "unknown", "dirty": None, "source": "none"})
+        with tempfile.TemporaryDirectory() as d, commit_env("abcdef1234", "0"):
+            # No stamp in mok.json (an older binary): the variable names the commit.
+            e = records.collect_env(d, {})
+            self.assertEqual(e["commit"], {"sha": "abcdef1234", "dirty": False, "source": "MOK_BENCH_COMMIT"})
+
+    def test_binary_stamp_wins_over_MOK_BENCH_COMMIT(self):
+        stamp = {"build": {"commit": "0123456789ab", "dirty": False}}
         with tempfile.TemporaryDirectory() as d:
-            old = os.environ.pop("MOK_BENCH_COMMIT", None)
-            try:
-                e = records.collect_env(d, {"build": {"commit": "feedface" * 5, "dirty": True}})
-                self.assertEqual(e["commit"], {"sha": "feedface" * 5, "dirty": True, "source": "mok.json build"})
+            # The same commit, shorter or longer (the stamp has 12 digits): the stamp is kept.
+            for given in ("0123456", "0123456789AB", "0123456789abcdef0123456789abcdef01234567"):
+                with commit_env(given, "1"):
+                    e = records.collect_env(d, stamp)
+                self.assertEqual(e["commit"], {"sha": "0123456789ab", "dirty": False, "source": "mok.json build"}, given)
+            # Another commit: one of them is wrong, and the error names both.
+            with commit_env("abcdef1234"), self.assertRaises(ValueError) as cm:
+                records.collect_env(d, stamp)
+            self.assertIn("MOK_BENCH_COMMIT=abcdef1234", str(cm.exception))
+            self.assertIn("0123456789ab", str(cm.exception))
+
+    def test_MOK_BENCH_COMMIT_without_MOK_BENCH_DIRTY_is_unknown_not_clean(self):
+        with tempfile.TemporaryDirectory() as d:
+            with commit_env("abcdef1234"):
                 e = records.collect_env(d, {})
-                self.assertEqual(e["commit"], {"sha": "unknown", "dirty": None, "source": "none"})
-                os.environ["MOK_BENCH_COMMIT"] = "abcdef1234"
-                e = records.collect_env(d, {"build": {"commit": "feedface"}})
-                self.assertEqual(e["commit"]["sha"], "abcdef1234")
-                self.assertEqual(e["commit"]["source"], "MOK_BENCH_COMMIT")
-            finally:
-                os.environ.pop("MOK_BENCH_COMMIT", None)
-                if old is not None:
-                    os.environ["MOK_BENCH_COMMIT"] = old
+            self.assertEqual(e["commit"], {"sha": "abcdef1234", "dirty": None, "source": "MOK_BENCH_COMMIT"})
+            for sha, dirty, named in (("abc", None, "MOK_BENCH_COMMIT"), ("not-a-sha", None, "MOK_BENCH_COMMIT"),
+                                      ("abcdef1234", "yes", "MOK_BENCH_DIRTY")):
+                with commit_env(sha, dirty), self.assertRaises(ValueError) as cm:
+                    records.collect_env(d, {})
+                self.assertIn(named, str(cm.exception))
 
     def test_unknown_commit_name(self):
         rec = records.make_record(fixture("fixture_mok_qwen35_slice.json"), None,

@@ -1,10 +1,13 @@
 import copy
+import glob
+import json
 import os
 import struct
 import subprocess
 import sys
 import tempfile
 import unittest
+from unittest import mock
 
 import helpers
 from helpers import read_text, env, fixture
@@ -277,13 +280,150 @@ class Report(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             paths = fixture_records(os.path.join(d, "results"))
             out, plots = os.path.join(d, "R.md"), os.path.join(d, "p")
+            recs = report.generate(paths[1:2], out, plots)
+            self.assertEqual([r["shape"] for r in recs], ["qwen3.5-397b-a17b"])
+            self.assertEqual(sorted(os.listdir(plots)), ["dense_ceiling_fraction.png", "tflops_per_shape.png"])
+            # The mixtral record failed: it is in the table as FAIL, and no plot draws it.
             recs = report.generate(paths[2:3], out, plots)
             self.assertEqual([r["shape"] for r in recs], ["mixtral-8x7b"])
-            self.assertEqual(sorted(os.listdir(plots)), ["dense_ceiling_fraction.png", "tflops_per_shape.png"])
+            self.assertEqual(os.listdir(plots), [])
+            self.assertIn("FAIL (pytorch FAIL)", helpers.read_text(out))
+            self.assertNotIn("## Plots", helpers.read_text(out))
             recs = report.generate([], out, plots)
             self.assertEqual(recs, [])
             self.assertIn("No records yet", helpers.read_text(out))
             self.assertEqual(os.listdir(plots), [])
+
+    def test_failed_records_are_not_plotted(self):
+        with tempfile.TemporaryDirectory() as d:
+            loaded = report.load_records(fixture_records(d))
+            recs = report.newest_per_key(loaded)
+            self.assertIn("mixtral-8x7b", [r["shape"] for r in recs])  # the table shows its FAIL
+            self.assertNotIn("mixtral-8x7b", [r["shape"] for r in report.bar_records(recs)])
+            # A sweep point that failed is left off the line (and one that errored, too).
+            failed = copy.deepcopy([r for _, r in loaded if r["tokens_per_rank"] == 1024][0])
+            failed["check"]["passes"] = False
+            failed["date"] = "2099-01-01T00:00:00Z"
+            errored = copy.deepcopy([r for _, r in loaded if r["tokens_per_rank"] == 4096][0])
+            errored["errors"] = ["mok bench exited 4"]
+            errored["date"] = "2099-01-01T00:00:00Z"
+            rest = [(p, r) for p, r in loaded if r["tokens_per_rank"] not in (1024, 4096)]
+            (_, group), = report.sweep_groups(rest + [("f", failed), ("e", errored)]).items()
+            self.assertEqual([r["tokens_per_rank"] for r in group], [512, 2048])
+
+    def test_off_contract_records_do_not_replace_contract_ones(self):
+        # A newer --no-peer record and a newer --warmup 0 --iters 1 record of the qwen shape at
+        # 2048 tokens: the main table, the plots, the sweep and the repeat table keep the
+        # contract record; an "Off-contract records" table lists the two, saying why.
+        with tempfile.TemporaryDirectory() as d:
+            results = os.path.join(d, "results")
+            paths = fixture_records(results)
+            qwen = (fixture("fixture_mok_qwen35_slice.json"), fixture("fixture_peer_qwen35_slice.json"))
+            alone = copy.deepcopy(qwen[0])
+            alone["forward"]["median_ms"] = 0.123
+            records.write_record(records.make_record(alone, None, env(date="2099-01-01T00:00:00Z")), results)
+            quick_mok, quick_peer = copy.deepcopy(qwen[0]), copy.deepcopy(qwen[1])
+            quick_mok["timing"].update(warmup=0, iters=1)
+            quick_peer["timing"].update(warmup=0, iters=1)
+            quick_mok["forward"]["median_ms"] = 0.456
+            records.write_record(records.make_record(quick_mok, quick_peer, env(date="2099-01-02T00:00:00Z")), results)
+            out, plots = os.path.join(d, "R.md"), os.path.join(d, "plots")
+            recs = report.generate(sorted(glob.glob(os.path.join(results, "*.json"))), out, plots)
+            q = [r for r in recs if r["shape"] == "qwen3.5-397b-a17b" and r["tokens_per_rank"] == 2048]
+            self.assertEqual([r["mok"]["forward"]["median_ms"] for r in q], [1.0])
+            text = helpers.read_text(out)
+            self.assertIn("## Off-contract records", text)
+            section = text[text.index("## Off-contract records"):].split("\n## ")[0]
+            off = [line for line in section.splitlines() if line.startswith("| qwen")]
+            self.assertEqual(len(off), 2, section)
+            self.assertIn("| 0.123 | – | no peer (mok PASS) |", off[0] + off[1])
+            self.assertTrue(any(row.endswith("| no peer |") for row in off), off)
+            self.assertTrue(any("mok warm-up 0 (contract 500); mok timed iterations 1 (contract 100); "
+                                "peer warm-up 0 (contract 500); peer timed iterations 1 (contract 100) |" in row
+                                for row in off), off)
+            # Nowhere else: the main table's rows are those of the contract records only.
+            rest = text.replace(section, "")
+            self.assertNotIn("0.123", rest)
+            self.assertNotIn("0.456", rest)
+            groups = report.repeat_groups(report.split_contract(report.load_records(paths))[0])
+            self.assertEqual(len(groups), 1)
+
+    def test_contract_breaks(self):
+        rec = records.make_record(fixture("fixture_mok_qwen35_slice.json"), fixture("fixture_peer_qwen35_slice.json"),
+                                  env())
+        self.assertEqual(records.contract_breaks(rec), [])
+        self.assertEqual(records.contract_breaks(dict(rec, timing={"mok": rec["timing"]["mok"]})),
+                         ["peer timing not recorded"])
+        peer = copy.deepcopy(rec["timing"])
+        peer["peer"]["iters"] = 50
+        self.assertEqual(records.contract_breaks(dict(rec, timing=peer)), ["peer timed iterations 50 (contract 100)"])
+        alone = records.make_record(fixture("fixture_mok_qwen35_slice.json"), None, env())
+        self.assertEqual(records.contract_breaks(alone), ["no peer"])
+
+    def test_unknown_dirty_is_never_shown_clean(self):
+        mok, peer = fixture("fixture_mok_qwen35_slice.json"), fixture("fixture_peer_qwen35_slice.json")
+        unknown = records.make_record(mok, peer, {"date": "2001-02-03T04:05:06Z", "commit": {
+            "sha": "0123456789abcdef", "dirty": None, "source": "MOK_BENCH_COMMIT"}})
+        self.assertEqual(report.commit_text(unknown), "0123456+dirty?")
+        self.assertEqual(report._commit_of(unknown), "0123456789ab+dirty?")
+        clean = records.make_record(mok, peer, env())
+        self.assertEqual((report.commit_text(clean), report._commit_of(clean)), ("0123456", "0123456789ab"))
+        dirty = copy.deepcopy(clean)
+        dirty["commit"]["dirty"] = True
+        self.assertEqual((report.commit_text(dirty), report._commit_of(dirty)), ("0123456+dirty", "0123456789ab+dirty"))
+
+    def test_peer_json_and_incomplete_records_are_skipped(self):
+        with tempfile.TemporaryDirectory() as d:
+            results = os.path.join(d, "results")
+            paths = fixture_records(results)
+            with open(os.path.join(results, "peer.json"), "w") as f:
+                json.dump(fixture("fixture_peer_qwen35_slice.json"), f)
+            broken = helpers.read_json(paths[1])
+            del broken["precision"]
+            with open(os.path.join(results, "broken.json"), "w") as f:
+                json.dump(broken, f)
+            r = subprocess.run([sys.executable, os.path.join(helpers.BENCH_DIR, "report.py"), "--results-dir", results,
+                                "--out", os.path.join(d, "R.md"), "--plots-dir", os.path.join(d, "plots")],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("5 record(s)", r.stdout)
+            self.assertIn("skipping " + os.path.join(results, "peer.json"), r.stderr)
+            self.assertIn("broken.json: not a mok benchmark record: 'precision'", r.stderr)
+            self.assertNotIn("Traceback", r.stderr)
+
+    def test_without_matplotlib_nothing_is_touched(self):
+        with tempfile.TemporaryDirectory() as d:
+            results = os.path.join(d, "results")
+            fixture_records(results)
+            out, plots = os.path.join(d, "R.md"), os.path.join(d, "plots")
+            report.main(["--results-dir", results, "--out", out, "--plots-dir", plots])
+            before = {n: os.path.getmtime(os.path.join(plots, n)) for n in os.listdir(plots)}
+            text = helpers.read_text(out)
+            fake = os.path.join(d, "fake")
+            os.makedirs(os.path.join(fake, "matplotlib"))
+            with open(os.path.join(fake, "matplotlib", "__init__.py"), "w") as f:
+                f.write("raise ImportError('simulated: no matplotlib here')\n")
+            e = dict(os.environ, PYTHONPATH=fake + os.pathsep + os.environ.get("PYTHONPATH", ""))
+            r = subprocess.run([sys.executable, os.path.join(helpers.BENCH_DIR, "report.py"), "--results-dir", results,
+                                "--out", out, "--plots-dir", plots], capture_output=True, text=True, env=e)
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            self.assertIn("matplotlib is needed", r.stderr)
+            self.assertNotIn("Traceback", r.stderr)
+            self.assertEqual({n: os.path.getmtime(os.path.join(plots, n)) for n in os.listdir(plots)}, before)
+            self.assertEqual(helpers.read_text(out), text)
+
+    def test_report_is_replaced_whole_or_not_at_all(self):
+        with tempfile.TemporaryDirectory() as d:
+            paths = fixture_records(os.path.join(d, "results"))
+            out, plots = os.path.join(d, "R.md"), os.path.join(d, "plots")
+            report.generate(paths, out, plots)
+            text = helpers.read_text(out)
+            # Writing fails half-way (a lone surrogate cannot be encoded): the old report stays.
+            with mock.patch.object(report, "markdown", return_value="half a report\udc80 and the rest"):
+                with self.assertRaises(UnicodeEncodeError):
+                    report.generate(paths, out, plots)
+            self.assertEqual(helpers.read_text(out), text)
+            self.assertEqual(sorted(os.listdir(d)), ["R.md", "plots", "results"])
 
     def test_bad_file_is_skipped(self):
         with tempfile.TemporaryDirectory() as d:

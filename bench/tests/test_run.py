@@ -3,13 +3,17 @@
 No real torch is needed or imported: a fake `torch` package on PYTHONPATH either fails to
 import, reports no CUDA, or reports a CUDA device (for the --no-peer end-to-end run).
 """
+import contextlib
 import glob
+import io
+import json
 import os
 import subprocess
 import sys
 import tempfile
 import types
 import unittest
+from unittest import mock
 
 import helpers
 
@@ -59,6 +63,16 @@ class NoGpu(unittest.TestCase):
         r = run_with_fake_torch("missing", ["/nonexistent"], script=PEER_PY)
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("no CUDA GPU", r.stderr)
+
+    def test_peer_refuses_a_bad_work_directory_by_name(self):
+        # A CUDA "GPU" (the fake torch) and a work directory without mok.json: a named error and
+        # exit 1, no traceback, no peer.json.
+        with tempfile.TemporaryDirectory() as d:
+            r = run_with_fake_torch("cuda", [d], script=PEER_PY)
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            self.assertIn(f"peer_torch.py: {d}: not a usable work directory: {d}/mok.json: missing", r.stderr)
+            self.assertNotIn("Traceback", r.stderr)
+            self.assertEqual(os.listdir(d), [])
 
 
 def ns(**kw):
@@ -126,6 +140,38 @@ class Plan(unittest.TestCase):
         self.assertNotIn("--no-backward", peer)
 
 
+class Options(unittest.TestCase):
+    """Bad options are refused by name before anything runs (here: before the GPU check, which
+    the fake torch would fail with exit 2 and 'no CUDA GPU')."""
+
+    def refused(self, args, message, rc=2):
+        r = run_with_fake_torch("missing", args)
+        self.assertEqual(r.returncode, rc, r.stdout + r.stderr)
+        self.assertIn(message, r.stderr)
+        self.assertNotIn("no CUDA GPU", r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+
+    def test_zero_is_refused_not_the_default(self):
+        for opt in ("--tokens", "--ep", "--launch", "--ceiling-iters", "--iters", "--repeat"):
+            self.refused([opt, "0"], f"{opt} must be >= 1 (got 0)")
+        for opt in ("--ceiling-warmup", "--warmup"):
+            self.refused([opt, "-1"], f"{opt} must be >= 0 (got -1)")
+
+    def test_options_that_do_not_apply_are_refused(self):
+        self.refused(["--shapes", "glm-5.2", "--sweep-tokens", "512"], "--sweep-tokens applies only with --sweep", 1)
+        self.refused(["--shapes", "glm-5.2", "--sweep", "--tokens", "64"], "--tokens does not apply with --sweep", 1)
+        self.refused(["--shapes", "glm-5.2", "--sweep", "--sweep-tokens", "512,abc"],
+                     "--sweep-tokens: 'abc' is not a whole number >= 1", 1)
+        self.refused(["--shapes", "glm-5.2", "--sweep", "--sweep-tokens", "512,0"],
+                     "--sweep-tokens: '0' is not a whole number >= 1", 1)
+
+    def test_plan_keeps_a_given_value(self):
+        # `args.tokens or default` read 0 as "not given"; main refuses 0 before planning.
+        self.assertEqual(run.plan_runs(ns(shapes="glm-5.2", tokens=0, ep=0)), [("glm-5.2", "slice", 0, 0)])
+        with self.assertRaises(SystemExit):
+            run.plan_runs(ns(shapes="glm-5.2", sweep_tokens="512"))
+
+
 class SampledGpus(unittest.TestCase):
     def test_from_cuda_visible_devices(self):
         self.assertEqual(run.sampled_gpus("slice", 64, visible=""), [0])
@@ -156,10 +202,12 @@ class EndToEnd(unittest.TestCase):
                 rec = helpers.read_json(f)
                 self.assertEqual(rec["gpu"]["name"], "SYNTHETIC-GPU (test fixture)")
                 self.assertEqual(rec["mok"]["forward"]["median_ms"], 0.5)
-                self.assertTrue(rec["check"]["passes"])
+                # --no-peer: mok's check passed, but a record without a peer is no pass.
+                self.assertEqual(rec["check"], {"mok": True, "pytorch": None, "peer_ran": False, "passes": False})
             # The summary table comes last.
             tail = r.stdout.strip().splitlines()
-            self.assertIn("2 of 3 runs passed", r.stdout)
+            self.assertIn("0 of 3 runs passed; 2 timed mok alone (no peer: not a pass)", r.stdout)
+            self.assertIn("no peer (mok PASS)", tail[-3])
             self.assertTrue(tail[-4].startswith("run "), tail[-4:])
             self.assertIn("mok ms", tail[-4])
             self.assertIn("% GEMM ceil", tail[-4])
@@ -197,8 +245,9 @@ class EndToEnd(unittest.TestCase):
             files = glob.glob(os.path.join(results, "*.json"))
             self.assertEqual(len(files), 1)
             rec = helpers.read_json(files[0])
-            self.assertEqual(rec["check"], {"mok": True, "pytorch": False, "passes": False})
-            self.assertIn("FAIL (mok True, pytorch False)", r.stdout)
+            self.assertEqual(rec["check"], {"mok": True, "pytorch": False, "peer_ran": True, "passes": False})
+            self.assertEqual(rec["errors"], ["peer_dist.py exited 1"])
+            self.assertIn("FAIL (pytorch FAIL, peer_dist.py exited 1)", r.stdout)
 
     def test_failed_mok_check_is_recorded(self):
         with tempfile.TemporaryDirectory() as d:
@@ -210,8 +259,73 @@ class EndToEnd(unittest.TestCase):
             files = glob.glob(os.path.join(results, "*.json"))
             self.assertEqual(len(files), 1)
             rec = helpers.read_json(files[0])
-            self.assertEqual(rec["check"], {"mok": False, "pytorch": None, "passes": False})
-            self.assertIn("FAIL (mok False, pytorch None)", r.stdout.splitlines()[-1])
+            self.assertEqual(rec["check"], {"mok": False, "pytorch": None, "peer_ran": False, "passes": False})
+            self.assertEqual(rec["errors"], ["mok bench exited 3"])
+            self.assertIn("FAIL (mok FAIL, no peer, mok bench exited 3)", r.stdout.splitlines()[-1])
+
+    def test_mok_bench_exiting_non_zero_after_its_json_fails_the_record(self):
+        with tempfile.TemporaryDirectory() as d:
+            results = os.path.join(d, "results")
+            args = ["--shapes", "glm-5.2", "--tokens", "64", "--no-peer", "--mok-bin", f"{sys.executable} {FAKE_MOK}",
+                    "--work-root", os.path.join(d, "work"), "--results-dir", results, "--no-clocks"]
+            r = run_with_fake_torch("cuda", args, {"FAKE_MOK_EXIT_SHAPE": "glm-5.2"})
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            (f,) = glob.glob(os.path.join(results, "*.json"))
+            rec = helpers.read_json(f)
+            self.assertTrue(rec["check"]["mok"])  # mok.json's own check passed ...
+            self.assertEqual(rec["errors"], ["mok bench exited 4"])  # ... but the process failed
+            self.assertFalse(rec["check"]["passes"])
+            self.assertIn("FAIL (no peer, mok bench exited 4)", r.stdout.splitlines()[-1])
+
+    def test_peer_exiting_non_zero_after_its_json_fails_the_record(self):
+        # The peer wrote a passing peer.json, then exited 1: the record keeps the exit and fails.
+        from synth_workdir import make_workdir
+
+        def call(cmd):
+            work = cmd[cmd.index("--work-dir") + 1] if "--work-dir" in cmd else cmd[2]
+            if cmd[1].endswith("peer_torch.py"):
+                with open(os.path.join(work, "peer.json"), "w") as f:
+                    json.dump(helpers.fixture("fixture_peer_qwen35_slice.json"), f)
+                return 1
+            make_workdir(work, shape="glm-5.2", tokens=16, warmup=500, iters=100, forward_ms=0.5)
+            return 0
+
+        with tempfile.TemporaryDirectory() as d:
+            args = types.SimpleNamespace(
+                mok_bin="mok", dtype=None, routing="gaussian", warmup=500, iters=100, ceiling_warmup=500,
+                ceiling_iters=200, mok_arg=[], no_backward=False, no_peer=False, no_clocks=True, keep_work=False,
+                work_root=os.path.join(d, "work"), results_dir=os.path.join(d, "results"))
+            with mock.patch.object(run.subprocess, "call", side_effect=call), \
+                    contextlib.redirect_stdout(io.StringIO()):
+                row = run.run_one(args, "glm-5.2", "slice", 2, 16)
+            rec = row["record"]
+            self.assertEqual(rec["errors"], ["peer_torch.py exited 1"])
+            self.assertEqual(rec["check"], {"mok": True, "pytorch": True, "peer_ran": True, "passes": False})
+            self.assertEqual(row["error"], "peer_torch.py exited 1")
+            self.assertFalse(row["ok"])
+            self.assertEqual(helpers.read_json(row["path"])["errors"], ["peer_torch.py exited 1"])
+
+    def test_a_commit_that_disagrees_with_the_binary_is_that_runs_error(self):
+        with tempfile.TemporaryDirectory() as d:
+            results = os.path.join(d, "results")
+            args = ["--shapes", "glm-5.2,mixtral-8x7b", "--tokens", "64", "--no-peer", "--mok-bin",
+                    f"{sys.executable} {FAKE_MOK}", "--work-root", os.path.join(d, "work"), "--results-dir", results,
+                    "--no-clocks"]
+            r = run_with_fake_torch("cuda", args, {"FAKE_MOK_BUILD_COMMIT": "0123456789ab",
+                                                   "MOK_BENCH_COMMIT": "fedcba9876", "MOK_BENCH_DIRTY": "0"})
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            self.assertNotIn("Traceback", r.stdout + r.stderr)
+            self.assertEqual(glob.glob(os.path.join(results, "*.json")), [])  # no record names a guessed commit
+            tail = r.stdout.splitlines()
+            for line in tail[-2:]:
+                self.assertIn("ERROR: commit: MOK_BENCH_COMMIT=fedcba9876 names another commit than the timed "
+                              "binary's stamp (mok.json build.commit 0123456789ab)", line)
+            # The same commit (abbreviated): the binary's stamp is recorded.
+            r = run_with_fake_torch("cuda", args[:1] + ["glm-5.2"] + args[2:],
+                                    {"FAKE_MOK_BUILD_COMMIT": "0123456789ab", "MOK_BENCH_COMMIT": "0123456"})
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            (f,) = glob.glob(os.path.join(results, "*.json"))
+            self.assertEqual(helpers.read_json(f)["commit"]["sha"], "0123456789ab")
 
     def run_with_fake_smi(self, d, extra_args=(), extra_env=None):
         """One --no-peer run whose fake mok "times" for 0.3 s while a fake nvidia-smi samples."""
