@@ -22,6 +22,7 @@
 #include <sstream>
 #include <string>
 #include <limits>
+#include <thread>
 #include <vector>
 
 #include "core/compare.h"
@@ -169,19 +170,49 @@ TEST(ReferenceVsDenseSanity, RoundingPointsAreVisible) {
 }  // namespace
 }  // namespace mok
 
+namespace mok {
+
 // MoK's check never passes a NaN or Inf on either side: a reference that overflowed or was
 // poisoned checks nothing (an all-NaN reference used to pass with max_abs 0).
 TEST(Compare, ANonFiniteValueOnEitherSideNeverPasses) {
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   const std::vector<float> fine = {1.0f, -2.0f, 3.0f};
-  EXPECT_TRUE(mok::compare(fine.data(), fine.data(), 3).passes(0.5, 0.01));
+  EXPECT_TRUE(compare(fine.data(), fine.data(), 3).passes(0.5, 0.01));
   const std::vector<float> all_nan = {nan, nan, nan};
-  const mok::Comparison c = mok::compare(fine.data(), all_nan.data(), 3);
+  const Comparison c = compare(fine.data(), all_nan.data(), 3);
   EXPECT_EQ(c.non_finite, 3);
   EXPECT_FALSE(c.passes(1e9, 1e9));
-  EXPECT_FALSE(mok::compare(all_nan.data(), fine.data(), 3).passes(1e9, 1e9));
+  EXPECT_FALSE(compare(all_nan.data(), fine.data(), 3).passes(1e9, 1e9));
   const std::vector<float> with_inf = {1.0f, inf, 3.0f}, other_inf = {1.0f, -inf, 3.0f};
-  EXPECT_TRUE(mok::compare(with_inf.data(), with_inf.data(), 3).passes(0.5, 0.01)) << "the same infinity agrees";
-  EXPECT_FALSE(mok::compare(other_inf.data(), with_inf.data(), 3).passes(1e9, 1e9));
-  EXPECT_FALSE(mok::compare(fine.data(), with_inf.data(), 3).passes(1e9, 1e9));
+  EXPECT_TRUE(compare(with_inf.data(), with_inf.data(), 3).passes(0.5, 0.01)) << "the same infinity agrees";
+  EXPECT_FALSE(compare(other_inf.data(), with_inf.data(), 3).passes(1e9, 1e9));
+  EXPECT_FALSE(compare(fine.data(), with_inf.data(), 3).passes(1e9, 1e9));
 }
+
+// Calls on one Layer from several threads run one at a time: the CPU backend's thread pool
+// holds one job, and overlapping calls used to hang in it or give a wrong y (Python's ctypes
+// releases the GIL, so its threads really do overlap).
+TEST(Layer, CallsFromSeveralThreadsRunOneAtATime) {
+  const Problem p = test::make_problem(8, 64, 32, 2, {32}, 2, 16);
+  LayerData want = test::make_data(p, 77, false);
+  test::run_reference(want, false, test::roomy_config(), 4);
+  Layer layer(p, test::roomy_config(), test::cpu_options(4));
+  constexpr int kThreads = 4, kCalls = 20;
+  std::vector<LayerData> got(kThreads, want);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i)
+    threads.emplace_back([&, i] {
+      for (int c = 0; c < kCalls; ++c) {
+        got[i].poison_outputs();
+        layer.forward(got[i].forward_args());
+        for (int r = 0; r < p.ep_size; ++r)
+          if (!got[i].ranks[r].y.bitwise_equal(want.ranks[r].y)) {
+            ADD_FAILURE() << "thread " << i << " call " << c << " rank " << r << ": y differs";
+            return;
+          }
+      }
+    });
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace mok

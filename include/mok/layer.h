@@ -19,7 +19,15 @@
 //     barrier instead: the group stays in step and the next forward runs.
 //
 // Tensors are row-major and contiguous; every call validates every argument and throws
-// mok::Error naming the argument and the rule it broke, before any work starts.
+// mok::Error naming the argument and the rule it broke, before any work starts. On the CUDA
+// backend what only the data can tell (an expert id out of range or repeated in a token's row,
+// a weight that is not finite, more rows for a rank than the schedule's capacity) is found on
+// the device: y is NaN and Layer::synchronize throws the error.
+//
+// Threads: calls on one Layer from several threads run one at a time (each waits for the one
+// in progress; abandon_group too, so it cannot interrupt a call: the group's wait limits do).
+// Destroying a Layer while another thread calls it is the caller's error. Separate Layers
+// run independently.
 #pragma once
 #include <cstdint>
 #include <memory>

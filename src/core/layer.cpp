@@ -1,6 +1,7 @@
 #include "mok/layer.h"
 
 #include <algorithm>
+#include <mutex>
 #include <thread>
 
 #include "core/backend.h"
@@ -29,6 +30,9 @@ struct Layer::Impl {
   Config config;
   LayerOptions options;
   std::unique_ptr<BackendImpl> backend;
+  // The backends keep per-call state (the CPU thread pool's one job, the CUDA argument slots,
+  // the group's abort reason): calls on one Layer from several threads run one at a time.
+  std::mutex calls;
 };
 
 Layer::Layer(const Problem& problem, const Config& config, const LayerOptions& options)
@@ -63,20 +67,30 @@ Layer::Impl& Layer::impl() const {
 const Problem& Layer::problem() const { return impl().problem; }
 const Config& Layer::config() const { return impl().config; }
 const LayerOptions& Layer::options() const { return impl().options; }
-std::size_t Layer::workspace_bytes() const { return impl().backend->workspace_bytes(); }
-void Layer::forward(std::span<const RankForward> ranks) { impl().backend->forward(ranks); }
-void Layer::backward(std::span<const RankBackward> ranks) { impl().backend->backward(ranks); }
-std::vector<ScheduleStats> Layer::last_schedule_stats() const { return impl().backend->last_schedule_stats(); }
-void Layer::synchronize() const { impl().backend->synchronize(); }
-void Layer::abandon_group(const std::string& why) { impl().backend->abandon_group(why); }
-bool Layer::group_aborted() const { return impl().backend->group_aborted(); }
+namespace {
+// The layer's backend, for one call, with the layer's call lock held.
+struct Locked {
+  std::lock_guard<std::mutex> hold;
+  BackendImpl& backend;
+  explicit Locked(Layer::Impl& impl) : hold(impl.calls), backend(*impl.backend) {}
+  BackendImpl* operator->() const { return &backend; }
+};
+}  // namespace
+
+std::size_t Layer::workspace_bytes() const { return Locked(impl())->workspace_bytes(); }
+void Layer::forward(std::span<const RankForward> ranks) { Locked(impl())->forward(ranks); }
+void Layer::backward(std::span<const RankBackward> ranks) { Locked(impl())->backward(ranks); }
+std::vector<ScheduleStats> Layer::last_schedule_stats() const { return Locked(impl())->last_schedule_stats(); }
+void Layer::synchronize() const { Locked(impl())->synchronize(); }
+void Layer::abandon_group(const std::string& why) { Locked(impl())->abandon_group(why); }
+bool Layer::group_aborted() const { return Locked(impl())->group_aborted(); }
 
 BackendImpl& LayerInternals::backend(const Layer& layer) { return *layer.impl().backend; }
 
 TensorView Layer::combine_slots(int rank) const {
   require(rank >= 0 && rank < impl().problem.ep_size,
           "combine_slots: rank " + std::to_string(rank) + " must be in [0, ep_size)");
-  return impl().backend->combine_slots(rank);
+  return Locked(impl())->combine_slots(rank);
 }
 
 }  // namespace mok
