@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -132,8 +133,19 @@ TEST(CApi, FailuresAreStatusesWithTheLayersMessage) {
   bad.ep_mode = 7;
   EXPECT_EQ(mok_layer_create(&problem, nullptr, &bad, &layer), MOK_ERROR);
   EXPECT_THAT(mok_last_error(), HasSubstr("options.ep_mode = 7"));
+  problem.has_swiglu_limit = 7;
+  EXPECT_EQ(mok_layer_create(&problem, nullptr, &options, &layer), MOK_ERROR);
+  EXPECT_THAT(mok_last_error(), HasSubstr("problem.has_swiglu_limit = 7: must be 0 or 1"));
+  problem = c_problem(p);
+  mok_config pairs_config{};
+  mok_default_config(&pairs_config);
+  pairs_config.task_pairs = -1;
+  EXPECT_EQ(mok_layer_create(&problem, &pairs_config, &options, &layer), MOK_ERROR);
+  EXPECT_THAT(mok_last_error(), HasSubstr("config.task_pairs = -1: must be 0 or 1"));
+  layer = reinterpret_cast<mok_layer*>(0x1234);  // (a stale handle: cleared before any check)
   EXPECT_EQ(mok_layer_create(nullptr, nullptr, &options, &layer), MOK_ERROR);
   EXPECT_THAT(mok_last_error(), HasSubstr("problem: must not be NULL"));
+  EXPECT_EQ(layer, nullptr);
 
   ASSERT_EQ(mok_layer_create(&problem, nullptr, &options, &layer), MOK_OK) << mok_last_error();
   LayerData data = make_data(p, 32, false);
@@ -146,6 +158,12 @@ TEST(CApi, FailuresAreStatusesWithTheLayersMessage) {
   EXPECT_THAT(mok_last_error(), HasSubstr("ranks[0].x.dtype = 42"));
   EXPECT_EQ(mok_layer_forward(layer, fwd.data(), 0), MOK_ERROR);
   EXPECT_THAT(mok_last_error(), HasSubstr("num_ranks = 0"));
+  // A count beyond the layer's is refused before the array is read (these entries past the
+  // caller's two would be read past its end: under ASan, scripts/host_sanitizers.sh, a read).
+  for (const int32_t n : {3, INT32_MAX}) {
+    EXPECT_EQ(mok_layer_forward(layer, fwd.data(), n), MOK_ERROR);
+    EXPECT_THAT(mok_last_error(), HasSubstr("entries given; the layer needs one per rank"));
+  }
   EXPECT_EQ(mok_layer_forward(nullptr, fwd.data(), 2), MOK_ERROR);
   EXPECT_EQ(mok_layer_synchronize(nullptr), MOK_ERROR);
   EXPECT_EQ(mok_layer_abandon_group(nullptr, "why"), MOK_ERROR);
@@ -183,6 +201,13 @@ TEST(CApi, NamedShapesAndTheAbiVersion) {
   EXPECT_EQ(p.shared_intermediate[0], 3072);
   EXPECT_EQ(mok_problem_from_shape("nope", 0, 0, &p), MOK_ERROR);
   EXPECT_THAT(mok_last_error(), HasSubstr("nope"));
+  // Only 0 means the shape's default; a problem handed out passes the problem's rules.
+  EXPECT_EQ(mok_problem_from_shape("tiny", -5, 0, &p), MOK_ERROR);
+  EXPECT_THAT(mok_last_error(), HasSubstr("ep_size = -5: must be >= 0"));
+  EXPECT_EQ(mok_problem_from_shape("tiny", 0, -7, &p), MOK_ERROR);
+  EXPECT_THAT(mok_last_error(), HasSubstr("tokens_per_rank = -7: must be >= 0"));
+  EXPECT_EQ(mok_problem_from_shape("tiny", 3, 0, &p), MOK_ERROR);
+  EXPECT_THAT(mok_last_error(), HasSubstr("ep_size"));
 }
 
 }  // namespace

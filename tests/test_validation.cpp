@@ -412,6 +412,14 @@ TEST(ApiMisuse, EachIsANamedError) {
   q.precision = static_cast<Precision>(7);
   EXPECT_THAT(error_message([&] { q.validate(); }), HasSubstr("Problem.precision = 7"));
   EXPECT_THAT(error_message([&] { HostTensor(DType::bf16, {-1, 4}); }), HasSubstr("dimension 0 = -1"));
+  // Sizes whose element or byte count wraps (they gave a tensor with numel() past its storage).
+  const std::int64_t big = std::int64_t(1) << 32;
+  EXPECT_THAT(error_message([&] { HostTensor(DType::f32, {std::int64_t(1) << 62}); }),
+              HasSubstr("dimension 0 = 4611686018427387904 makes the tensor larger than 2^63 bytes"));
+  EXPECT_THAT(error_message([&] { HostTensor(DType::bf16, {big, big}); }), HasSubstr("dimension 1"));
+  EXPECT_THAT(error_message([&] { HostTensor(DType::bf16, {(std::int64_t(1) << 62) + 1, 4}); }),
+              HasSubstr("larger than 2^63 bytes"));
+  EXPECT_EQ(HostTensor(DType::bf16, {0, big, big}).numel(), 0);
 }
 
 // The device knobs (core/tuning_env.h): the backend names each by its enum, and `mok bench`

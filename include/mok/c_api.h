@@ -95,10 +95,14 @@ void mok_default_config(mok_config* config);
  * NULL past the last. */
 const char* mok_shape_name(int32_t index);
 /* mok::problem_from_shape: the shape `name` at `ep_size` ranks of `tokens_per_rank` tokens
- * (0: the shape's own defaults). */
+ * (0: the shape's own defaults; negative values are errors). The problem is validated: one
+ * that breaks a rule (E not a multiple of ep_size, say) is an error naming it. */
 int mok_problem_from_shape(const char* name, int32_t ep_size, int32_t tokens_per_rank, mok_problem* problem);
 
-/* Builds a layer (mok::Layer's constructor; collective in MOK_DISTRIBUTED mode). */
+/* Builds a layer (mok::Layer's constructor; collective in MOK_DISTRIBUTED mode). *layer is
+ * set to NULL first, so it holds no stale handle after an error. Calls on one layer from
+ * several threads run one at a time; destroying a layer while another thread calls it is the
+ * caller's error. */
 int mok_layer_create(const mok_problem* problem, const mok_config* config, const mok_options* options,
                      mok_layer** layer);
 /* Destroys it; NULL is ignored. In MOK_DISTRIBUTED mode this is collective (it waits for
@@ -114,7 +118,8 @@ void mok_layer_destroy_after_error(mok_layer* layer);
 int mok_layer_abandon_group(mok_layer* layer, const char* why);
 /* mok::Layer::group_aborted, into *aborted (1 or 0). */
 int mok_layer_group_aborted(const mok_layer* layer, int32_t* aborted);
-/* mok::Layer::forward / backward over `num_ranks` entries (mok::Layer's rules on which). */
+/* mok::Layer::forward / backward over `num_ranks` entries (mok::Layer's rules on which);
+ * num_ranks is checked against the layer before any entry of `ranks` is read. */
 int mok_layer_forward(mok_layer* layer, const mok_rank_forward* ranks, int32_t num_ranks);
 int mok_layer_backward(mok_layer* layer, const mok_rank_backward* ranks, int32_t num_ranks);
 int mok_layer_synchronize(mok_layer* layer);

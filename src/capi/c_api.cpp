@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "capi/c_structs.h"
+#include "core/validate.h"
 #include "mok/mok.h"
 
 static_assert(MOK_BF16 == static_cast<int>(mok::DType::bf16) && MOK_F32 == static_cast<int>(mok::DType::f32) &&
@@ -100,6 +101,12 @@ Enum checked_enum(int32_t value, int32_t count, const std::string& name) {
   return static_cast<Enum>(value);
 }
 
+// A C switch: 0 or 1 (a 7 or a -1 is more likely an uninitialised field than a yes).
+bool checked_flag(int32_t value, const std::string& name) {
+  mok::require(value == 0 || value == 1, name + " = " + std::to_string(value) + ": must be 0 or 1");
+  return value == 1;
+}
+
 void require_not_null(const void* p, const char* name) {
   mok::require(p != nullptr, std::string(name) + ": must not be NULL");
 }
@@ -163,7 +170,7 @@ mok::Config config_from(const mok_config& c) {
   config.backward_comm_sms = c.backward_comm_sms;
   config.tile_rows = c.tile_rows;
   config.task_band_tiles = c.task_band_tiles;
-  config.task_pairs = c.task_pairs != 0;
+  config.task_pairs = checked_flag(c.task_pairs, "config.task_pairs");
   return config;
 }
 
@@ -178,8 +185,11 @@ void config_to(const mok::Config& config, mok_config* c) {
   c->task_pairs = config.task_pairs ? 1 : 0;
 }
 
-int32_t rank_count(int32_t n) {
+// num_ranks, checked against the layer before any entry of the caller's array is read (an
+// array shorter than a wrong count would be read past its end).
+int32_t rank_count(const mok::Layer& layer, int32_t n) {
   mok::require(n >= 1, "num_ranks = " + std::to_string(n) + ": must be >= 1");
+  mok::check_rank_count(layer.problem(), layer.options(), static_cast<std::size_t>(n));
   return n;
 }
 
@@ -214,9 +224,13 @@ int mok_problem_from_shape(const char* name, int32_t ep_size, int32_t tokens_per
   return guarded([&] {
     require_not_null(name, "name");
     require_not_null(problem, "problem");
+    mok::require(ep_size >= 0, "ep_size = " + std::to_string(ep_size) + ": must be >= 0 (0: the shape's default)");
+    mok::require(tokens_per_rank >= 0,
+                 "tokens_per_rank = " + std::to_string(tokens_per_rank) + ": must be >= 0 (0: the shape's default)");
     const mok::NamedShape& shape = mok::find_shape(name);
     const mok::Problem p = mok::problem_from_shape(shape, ep_size > 0 ? ep_size : shape.default_ep_size,
                                                    tokens_per_rank > 0 ? tokens_per_rank : shape.default_tokens);
+    p.validate();  // (a problem handed out is one a layer takes)
     mok::require(p.num_shared() <= MOK_C_MAX_SHARED, std::string("shape ") + name + ": more shared experts than " +
                                                          std::to_string(MOK_C_MAX_SHARED));
     *problem = mok::capi::c_problem(p);
@@ -226,10 +240,10 @@ int mok_problem_from_shape(const char* name, int32_t ep_size, int32_t tokens_per
 int mok_layer_create(const mok_problem* problem, const mok_config* config, const mok_options* options,
                      mok_layer** layer) {
   return guarded([&] {
+    require_not_null(layer, "layer");
+    *layer = nullptr;  // (first: on any error the caller holds no stale handle)
     require_not_null(problem, "problem");
     require_not_null(options, "options");
-    require_not_null(layer, "layer");
-    *layer = nullptr;
     mok::Problem p;
     p.num_experts = problem->num_experts;
     p.hidden = problem->hidden;
@@ -240,7 +254,7 @@ int mok_layer_create(const mok_problem* problem, const mok_config* config, const
     p.precision = checked_enum<mok::Precision>(problem->precision, MOK_PRECISION_MXFP8 + 1, "problem.precision");
     const int shared = shared_count(problem->num_shared, "problem.num_shared");
     p.shared_intermediate.assign(problem->shared_intermediate, problem->shared_intermediate + shared);
-    if (problem->has_swiglu_limit) p.swiglu_limit = problem->swiglu_limit;
+    if (checked_flag(problem->has_swiglu_limit, "problem.has_swiglu_limit")) p.swiglu_limit = problem->swiglu_limit;
     mok::LayerOptions o;
     o.backend = checked_enum<mok::Backend>(options->backend, MOK_BACKEND_CUDA + 1, "options.backend");
     o.ep_mode = checked_enum<mok::EpMode>(options->ep_mode, MOK_DISTRIBUTED + 1, "options.ep_mode");
@@ -290,7 +304,7 @@ int mok_layer_forward(mok_layer* layer, const mok_rank_forward* ranks, int32_t n
     require_not_null(layer, "layer");
     require_not_null(ranks, "ranks");
     std::vector<mok::RankForward> args;
-    for (int r = 0; r < rank_count(num_ranks); ++r) {
+    for (int r = 0, count = rank_count(layer->layer, num_ranks); r < count; ++r) {
       const mok_rank_forward& a = ranks[r];
       const std::string n = "ranks[" + std::to_string(r) + "]";
       args.push_back({inputs_of(a, n), weights_of(a, n), view(a.y, n + ".y")});
@@ -304,7 +318,7 @@ int mok_layer_backward(mok_layer* layer, const mok_rank_backward* ranks, int32_t
     require_not_null(layer, "layer");
     require_not_null(ranks, "ranks");
     std::vector<mok::RankBackward> args;
-    for (int r = 0; r < rank_count(num_ranks); ++r) {
+    for (int r = 0, count = rank_count(layer->layer, num_ranks); r < count; ++r) {
       const mok_rank_backward& a = ranks[r];
       const std::string n = "ranks[" + std::to_string(r) + "]";
       mok::RankBackward b;

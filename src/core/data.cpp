@@ -15,10 +15,19 @@
 namespace mok {
 
 HostTensor::HostTensor(DType dtype, std::vector<std::int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
-  for (std::size_t d = 0; d < shape_.size(); ++d)
+  // The element count and the bytes must fit (a wrapped product would give a tensor whose
+  // numel() is larger than its storage).
+  const std::int64_t max_bytes = std::numeric_limits<std::int64_t>::max();
+  std::int64_t n = 1;
+  for (std::size_t d = 0; d < shape_.size(); ++d) {
     require(shape_[d] >= 0, "HostTensor: dimension " + std::to_string(d) + " = " + std::to_string(shape_[d]) +
                                 " must be >= 0");
-  storage_.resize(static_cast<std::size_t>(numel()) * dtype_size(dtype_));
+    require(shape_[d] == 0 || n <= max_bytes / static_cast<std::int64_t>(dtype_size(dtype_)) / shape_[d],
+            "HostTensor: dimension " + std::to_string(d) + " = " + std::to_string(shape_[d]) +
+                " makes the tensor larger than 2^63 bytes");
+    n *= shape_[d];
+  }
+  storage_.resize(static_cast<std::size_t>(n) * dtype_size(dtype_));
 }
 
 std::int64_t HostTensor::numel() const {

@@ -37,16 +37,24 @@ void check_weights(const Problem& p, const RankWeights& w, int r, Device dev) {
   }
 }
 
-template <typename Args>
-void check_rank_count(const Problem& p, const LayerOptions& o, std::span<const Args> ranks) {
+}  // namespace
+
+void check_rank_count(const Problem& p, const LayerOptions& o, std::size_t count) {
   if (o.ep_mode == EpMode::distributed) {
-    require(ranks.size() == 1, "ranks: " + std::to_string(ranks.size()) +
-                                   " entries given; with ep_mode = distributed pass this process's rank only");
+    require(count == 1, "ranks: " + std::to_string(count) +
+                            " entries given; with ep_mode = distributed pass this process's rank only");
     return;
   }
-  require(static_cast<int>(ranks.size()) == p.ep_size,
-          "ranks: " + std::to_string(ranks.size()) + " entries given; the layer needs one per rank of "
+  require(count == static_cast<std::size_t>(p.ep_size),
+          "ranks: " + std::to_string(count) + " entries given; the layer needs one per rank of "
           "the EP group (ep_size = " + std::to_string(p.ep_size) + ")");
+}
+
+namespace {
+
+template <typename Args>
+void check_rank_count(const Problem& p, const LayerOptions& o, std::span<const Args> ranks) {
+  check_rank_count(p, o, ranks.size());
 }
 
 void check_placement(const TensorView& t, const std::string& name, const Placement& where) {

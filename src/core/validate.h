@@ -13,6 +13,10 @@ namespace mok {
 // Host routing data of one rank: ids in [0, E), distinct per token, finite weights.
 void check_routing_rank(const Problem& p, int rank, const std::int32_t* ids, const float* weights);
 
+// `count` rank entries for a call: one per rank of the group, or this process's one in
+// distributed mode. (The C interface checks it before reading its array.)
+void check_rank_count(const Problem& p, const LayerOptions& o, std::size_t count);
+
 // Where a backend needs the tensors it moves in bulk: on one device, their data aligned.
 struct Placement {
   int device_index;
