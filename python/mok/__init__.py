@@ -18,6 +18,8 @@ stream's own ordering says the work is done. Without `cuda_stream` the layer run
 legacy default stream, which PyTorch's side streams (non-blocking) are not ordered with:
 tensors written on one are read too early unless that stream is the layer's.
 
+Calls on one Layer from several threads run one at a time (close() included).
+
 The library is found at $MOK_LIBRARY, else in the repository's build directories
 (build/lib, build-cuda/lib).
 """
@@ -26,7 +28,9 @@ import ctypes
 import operator
 import os
 import sys
+import threading
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 __all__ = ["MokError", "MokTypeError", "PeerWaitError", "Problem", "Layer", "cuda_available", "library_path", "shapes"]
@@ -283,8 +287,33 @@ def _shared_triple(entry):
     return (entry["w_gate"], entry["w_up"], entry["w_down"]) if isinstance(entry, dict) else tuple(entry)
 
 
+def _shared_list(entries, name):
+    """A list of shared experts, each as a (w_gate, w_up, w_down) tuple, from a list (or any
+    iterable) of triples or dicts. Made once per call and kept by the caller until the C call
+    returns: entries made on the fly (a generator) must outlive the raw pointers taken from
+    them, and be read the same way twice (the call, then autograd)."""
+    if entries is None:
+        return []
+    if isinstance(entries, Mapping) or not hasattr(entries, "__iter__"):
+        raise MokTypeError(f"{name}: a list of shared experts, each a (w_gate, w_up, w_down) triple or a dict of "
+                           f"those keys; got a {type(entries).__name__}")
+    out = []
+    for s, entry in enumerate(entries):
+        if not isinstance(entry, Mapping) and not hasattr(entry, "__iter__"):
+            raise MokTypeError(f"{name}[{s}]: a (w_gate, w_up, w_down) triple or a dict of those keys, got a "
+                               f"{type(entry).__name__}")
+        try:
+            triple = _shared_triple(entry)
+        except KeyError as exc:
+            raise MokError(f"{name}[{s}]: no {exc.args[0]!r} (the keys are w_gate, w_up, w_down)") from None
+        if len(triple) != 3:
+            raise MokError(f"{name}[{s}]: {len(triple)} tensors, a shared expert has 3 (w_gate, w_up, w_down)")
+        out.append(triple)
+    return out
+
+
 def _shared(entries, name, output=False):
-    """Shared-expert (w_gate, w_up, w_down) triples or dicts -> (count, ctypes array)."""
+    """Shared-expert (w_gate, w_up, w_down) triples (_shared_list's) -> (count, ctypes array)."""
     entries = list(entries or [])
     if len(entries) > _MAX_SHARED:
         raise MokError(f"{name}: at most {_MAX_SHARED} shared experts through the C interface")
@@ -330,7 +359,16 @@ def _ranks(ranks, struct, keys, fill):
     generator say, live as long as that list). That is long enough on the cpu backend only: a
     cuda call returns with its work queued, and the caller keeps its tensors alive until it
     has run (Layer's notes)."""
+    if isinstance(ranks, Mapping) or not hasattr(ranks, "__iter__"):
+        raise MokTypeError(f"ranks: a list of dicts, one per rank held here; got a {type(ranks).__name__}")
     ranks = list(ranks)
+    for r, rank in enumerate(ranks):
+        if not isinstance(rank, Mapping):
+            raise MokTypeError(f"ranks[{r}]: a dict of the rank's tensors, got a {type(rank).__name__}")
+    # (Shared experts as lists of tuples, kept with the rank: see _shared_list.)
+    ranks = [dict(rank, **{key: _shared_list(rank[key], f"ranks[{r}].{key}")
+                           for key in ("shared", "d_shared") if rank.get(key) is not None})
+             for r, rank in enumerate(ranks)]
     array = (struct * max(1, len(ranks)))()
     for r, rank in enumerate(ranks):
         n = f"ranks[{r}]"
@@ -430,7 +468,16 @@ class Layer:
 
     def __init__(self, problem, backend="cpu", ep_mode="all_ranks", active_rank=0, cpu_threads=0,
                  cuda_device=0, cuda_stream=None, config=None):
+        # Calls from several threads run one at a time, close() included (the library
+        # serialises calls on one layer too, but not a destroy racing a call).
+        self._lock = threading.RLock()
+        self._native = None
         lib = _lib()
+        if not isinstance(problem, Problem):
+            raise MokTypeError(f"problem: a mok.Problem, got a {type(problem).__name__}")
+        if cuda_stream is not None and (isinstance(cuda_stream, bool) or not isinstance(cuda_stream, int)):
+            raise MokTypeError(f"cuda_stream = {cuda_stream!r}: a cudaStream_t handle as an int (e.g. "
+                               "torch.cuda.current_stream().cuda_stream) or None")
         if backend not in _BACKENDS:
             raise MokError(f"backend = {backend!r}: must be one of {sorted(_BACKENDS)}")
         if ep_mode not in _EP_MODES:
@@ -454,7 +501,6 @@ class Layer:
         options = _Options(_BACKENDS[backend], _EP_MODES[ep_mode], _int32(active_rank, "active_rank"),
                            _int32(cpu_threads, "cpu_threads"), _int32(cuda_device, "cuda_device"), cuda_stream)
         self.problem = problem
-        self._native = None
         _drain_parked()
         handle = ctypes.c_void_p()
         _check(lib.mok_layer_create(ctypes.byref(problem._c()), ctypes.byref(c), ctypes.byref(options),
@@ -470,45 +516,47 @@ class Layer:
     def forward(self, ranks):
         """mok::Layer::forward: one dict per rank held here (keys: x, top_experts,
         router_weights, w_gate, w_up, w_down, shared = [(w_gate, w_up, w_down), ...], y)."""
-        array, n, kept = _ranks(ranks, _RankForward, _FORWARD_KEYS,
-                                lambda c, rank, name: setattr(c, "y", _tensor(rank.get("y"), name + ".y", True)))
-        _check(_lib().mok_layer_forward(self._live(), array, n))
-        _written(rank.get("y") for rank in kept)
+        with self._lock:
+            array, n, kept = _ranks(ranks, _RankForward, _FORWARD_KEYS,
+                                    lambda c, rank, name: setattr(c, "y", _tensor(rank.get("y"), name + ".y", True)))
+            _check(_lib().mok_layer_forward(self._live(), array, n))
+            _written(rank.get("y") for rank in kept)
 
     def backward(self, ranks):
         """mok::Layer::backward: the forward's keys but y, and dy in; dx, d_router_weights,
         d_w_gate, d_w_up, d_w_down, d_shared = [(d_w_gate, d_w_up, d_w_down), ...] out."""
-        def fill(c, rank, name):
-            c.dy = _tensor(rank.get("dy"), name + ".dy")
-            for key in _GRADIENT_KEYS:
-                setattr(c, key, _tensor(rank.get(key), f"{name}.{key}", True))
-            count, c.d_shared = _shared(rank.get("d_shared"), name + ".d_shared", True)
-            if count != c.num_shared:
-                raise MokError(f"{name}.d_shared: {count} entries for {c.num_shared} shared experts")
-        # (d_shared once as a list: it is read to fill the call and again to tell autograd.)
-        ranks = [dict(rank, d_shared=list(rank["d_shared"])) if rank.get("d_shared") is not None else rank
-                 for rank in ranks]
-        array, n, kept = _ranks(ranks, _RankBackward, _BACKWARD_KEYS, fill)
-        _check(_lib().mok_layer_backward(self._live(), array, n))
-        _written(t for rank in kept for t in [rank.get(key) for key in _GRADIENT_KEYS] +
-                 [w for entry in (rank.get("d_shared") or []) for w in _shared_triple(entry)])
+        with self._lock:
+            def fill(c, rank, name):
+                c.dy = _tensor(rank.get("dy"), name + ".dy")
+                for key in _GRADIENT_KEYS:
+                    setattr(c, key, _tensor(rank.get(key), f"{name}.{key}", True))
+                count, c.d_shared = _shared(rank.get("d_shared"), name + ".d_shared", True)
+                if count != c.num_shared:
+                    raise MokError(f"{name}.d_shared: {count} entries for {c.num_shared} shared experts")
+            array, n, kept = _ranks(ranks, _RankBackward, _BACKWARD_KEYS, fill)
+            _check(_lib().mok_layer_backward(self._live(), array, n))
+            _written(t for rank in kept for t in [rank.get(key) for key in _GRADIENT_KEYS] +
+                     [w for entry in (rank.get("d_shared") or []) for w in _shared_triple(entry)])
 
     def synchronize(self):
         """Waits for the layer's device work and raises what failed there (no-op on the CPU)."""
-        _check(_lib().mok_layer_synchronize(self._live()))
+        with self._lock:
+            _check(_lib().mok_layer_synchronize(self._live()))
 
     def abandon_group(self, why=None):
         """mok::Layer::abandon_group: a distributed layer's rank gives up on its group now,
         waiting for no peer (its communicator is aborted; later calls raise saying why; closing
         it waits for nobody). Without a group (other modes, the cpu backend) nothing changes."""
-        _check(_lib().mok_layer_abandon_group(self._live(), None if why is None else str(why).encode()))
+        with self._lock:
+            _check(_lib().mok_layer_abandon_group(self._live(), None if why is None else str(why).encode()))
 
     @property
     def group_aborted(self):
         """mok::Layer::group_aborted: whether this distributed layer's communicator was aborted
         (abandon_group, a failed call), so that closing it waits for nobody; False without a group."""
-        self._live()
-        return self._native.aborted()
+        with self._lock:
+            self._live()
+            return self._native.aborted()
 
     def combine_slots(self, rank):
         """mok::Layer::combine_slots: rank `rank`'s combine slots, bf16 [T*k, H]. On the cuda backend
@@ -516,33 +564,36 @@ class Layer:
         ranks would push to the active rank are written here before its forward. Its memory
         outlives close() and the Layer object: the layer is destroyed once the last view is
         gone. On the cpu backend a numpy uint16 copy of the last forward's slots."""
-        t = _Tensor()
-        _check(_lib().mok_layer_combine_slots(self._live(), _int32(rank, "rank"), ctypes.byref(t)))
-        shape = tuple(t.shape[d] for d in range(t.ndim))
-        n = 1
-        for d in shape:
-            n *= d
-        if t.device == _CPU:  # (the cpu backend makes new slots at every forward: a copy)
-            import numpy as np
-            return np.frombuffer((ctypes.c_uint16 * n).from_address(t.data), dtype=np.uint16).reshape(shape).copy()
-        import torch
+        with self._lock:
+            t = _Tensor()
+            _check(_lib().mok_layer_combine_slots(self._live(), _int32(rank, "rank"), ctypes.byref(t)))
+            shape = tuple(t.shape[d] for d in range(t.ndim))
+            n = 1
+            for d in shape:
+                n *= d
+            if t.device == _CPU:  # (the cpu backend makes new slots at every forward: a copy)
+                import numpy as np
+                slots = np.frombuffer((ctypes.c_uint16 * n).from_address(t.data), dtype=np.uint16)
+                return slots.reshape(shape).copy()
+            import torch
 
-        class _CudaView:  # __cuda_array_interface__ (v3) over the layer's device memory
-            def __init__(self, native):
-                # (torch holds this object as long as the tensor's storage lives.)
-                self.native = native
-                self.__cuda_array_interface__ = {"shape": shape, "typestr": "<i2", "data": (t.data, False),
-                                                 "version": 3, "strides": None}
-        view = _CudaView(self._native)
-        self._native.views.add(view)
-        return torch.as_tensor(view, device=f"cuda:{t.device_index}").view(torch.bfloat16)
+            class _CudaView:  # __cuda_array_interface__ (v3) over the layer's device memory
+                def __init__(self, native):
+                    # (torch holds this object as long as the tensor's storage lives.)
+                    self.native = native
+                    self.__cuda_array_interface__ = {"shape": shape, "typestr": "<i2", "data": (t.data, False),
+                                                     "version": 3, "strides": None}
+            view = _CudaView(self._native)
+            self._native.views.add(view)
+            return torch.as_tensor(view, device=f"cuda:{t.device_index}").view(torch.bfloat16)
 
     @property
     def config(self):
         """The mok::Config the layer runs with (the library's choices filled in), as a dict."""
-        c = _Config()
-        _check(_lib().mok_layer_config(self._live(), ctypes.byref(c)))
-        return {name: getattr(c, name) for name, _ in _Config._fields_}
+        with self._lock:
+            c = _Config()
+            _check(_lib().mok_layer_config(self._live(), ctypes.byref(c)))
+            return {name: getattr(c, name) for name, _ in _Config._fields_}
 
     def close(self, after_error=False):
         """Ends the layer's use and destroys it. In a distributed group this is collective (it
@@ -552,23 +603,24 @@ class Layer:
         the last of them destroys the layer. A distributed layer's collective destroy cannot
         wait for them: closing one whose group is not aborted (abandon_group, an earlier
         failure) then raises and leaves it open, unless `after_error` abandons the group."""
-        _drain_parked()
-        native = self._native
-        if native is None:
-            return
-        views = len(native.views)
-        collective = native.distributed and not native.aborted()
-        if views and collective and not after_error:
-            raise MokError(f"close(): {views} combine_slots view(s) of this distributed layer are alive, and "
-                           "its destroy is collective (it happens now, on every rank): delete them first, or "
-                           "close(after_error=True), which abandons the group")
-        self._native = None
-        if views:
-            # (Abandoned first, the destroy the views leave to their end waits for nobody.)
-            if collective:
-                _check(_lib().mok_layer_abandon_group(native.handle, b"closed after an error"))
-            return
-        native.destroy(after_error)
+        with self._lock:
+            _drain_parked()
+            native = self._native
+            if native is None:
+                return
+            views = len(native.views)
+            collective = native.distributed and not native.aborted()
+            if views and collective and not after_error:
+                raise MokError(f"close(): {views} combine_slots view(s) of this distributed layer are alive, and "
+                               "its destroy is collective (it happens now, on every rank): delete them first, or "
+                               "close(after_error=True), which abandons the group")
+            self._native = None
+            if views:
+                # (Abandoned first, the destroy the views leave to their end waits for nobody.)
+                if collective:
+                    _check(_lib().mok_layer_abandon_group(native.handle, b"closed after an error"))
+                return
+            native.destroy(after_error)
 
     def __enter__(self):
         return self

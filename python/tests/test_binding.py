@@ -302,6 +302,69 @@ class Errors(unittest.TestCase):
         for y, w in zip(ys, want):
             self.assertTrue(np.array_equal(y, w))
 
+    def test_shared_experts_from_a_generator_live_through_the_call(self):
+        """A shared expert's weights made on the fly (a generator of generators) were freed
+        before the C call read them: the call returned OK with a wrong y."""
+        ranks = make_inputs(SMALL, 17)
+        with mok.Layer(SMALL) as layer:
+            layer.forward(ranks)
+            want = [r["y"].copy() for r in ranks]
+            for r in ranks:
+                r["y"][:] = 0
+                triples = r["shared"]
+                r["shared"] = ((w.copy() for w in t) for t in triples)
+            layer.forward(ranks)
+        for r, w in zip(ranks, want):
+            self.assertTrue(np.array_equal(r["y"], w), "shared experts from a generator changed y")
+
+    def test_containers_of_the_wrong_kind_are_named(self):
+        ranks = make_inputs(SMALL, 18)
+        with mok.Layer(SMALL) as layer:
+            with self.assertRaisesRegex(mok.MokTypeError, r"ranks: a list of dicts, one per rank held here; got a "
+                                                          r"dict"):
+                layer.forward(ranks[0])
+            with self.assertRaisesRegex(mok.MokTypeError, r"ranks\[1\]: a dict of the rank's tensors, got a list"):
+                layer.forward([ranks[0], list(ranks[1].values())])
+            one = dict(ranks[0], shared={"w_gate": 1, "w_up": 2, "w_down": 3})
+            with self.assertRaisesRegex(mok.MokTypeError, r"ranks\[0\]\.shared: a list of shared experts"):
+                layer.forward([one, ranks[1]])
+            two = dict(ranks[0], shared=[ranks[0]["shared"][0][:2]])
+            with self.assertRaisesRegex(mok.MokError, r"ranks\[0\]\.shared\[0\]: 2 tensors, a shared expert has 3"):
+                layer.forward([two, ranks[1]])
+        with self.assertRaisesRegex(mok.MokTypeError, "problem: a mok.Problem, got a dict"):
+            mok.Layer({"num_experts": 8})
+        with self.assertRaisesRegex(mok.MokTypeError, "cuda_stream = 'abc'"):
+            mok.Layer(SMALL, cuda_stream="abc")
+        with self.assertRaisesRegex(mok.MokError, "config.task_pairs = 7: must be 0 or 1"):
+            mok.Layer(SMALL, config={"task_pairs": 7})
+        with self.assertRaisesRegex(mok.MokError, "ep_size = -5: must be >= 0"):
+            mok.Problem.from_shape("tiny", ep_size=-5)
+
+    def test_calls_from_several_threads_run_one_at_a_time(self):
+        """ctypes releases the GIL during a call: threads calling one layer overlapped in the
+        library (they hung in the CPU backend's thread pool, or gave a wrong y)."""
+        import threading
+        ranks = make_inputs(SMALL, 19)
+        failures = []
+        with mok.Layer(SMALL, cpu_threads=4) as layer:
+            layer.forward(ranks)
+            want = [r["y"].copy() for r in ranks]
+
+            def run(i):
+                mine = [dict(r, y=np.zeros_like(r["y"])) for r in ranks]
+                for c in range(20):
+                    layer.forward(mine)
+                    if not all(np.array_equal(m["y"], w) for m, w in zip(mine, want)):
+                        failures.append(f"thread {i} call {c}")
+                        return
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            self.assertFalse(any(t.is_alive() for t in threads), "a thread is still in its calls after 60 s")
+        self.assertEqual(failures, [])
+
     def test_a_device_error_on_the_cpu_backend_is_raised_by_the_call(self):
         ranks = make_inputs(SMALL, 8)
         ranks[0]["top_experts"][3, 1] = 99
