@@ -365,6 +365,12 @@ TEST(Swiglu, ClampAndPlain) {
   EXPECT_NEAR(swiglu(2.0f, 3.0f, 1.0f), silu(1.0) * 1.0, 1e-6);      // gate and up clamped
   EXPECT_NEAR(swiglu(-5.0f, -3.0f, 1.0f), silu(-5.0) * -1.0, 1e-6);  // gate not clamped below
   EXPECT_NEAR(swiglu(0.5f, 0.25f, 1.0f), silu(0.5) * 0.25, 1e-6);
+  // A NaN stays NaN through the clamp (fminf/fmaxf turned it into the limit).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const float limit : {0.0f, 1.0f}) {
+    EXPECT_TRUE(std::isnan(swiglu(nan, 0.5f, limit))) << "limit " << limit;
+    EXPECT_TRUE(std::isnan(swiglu(0.5f, nan, limit))) << "limit " << limit;
+  }
 }
 
 }  // namespace

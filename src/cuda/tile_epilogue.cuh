@@ -54,11 +54,24 @@ __device__ __forceinline__ float reciprocal_fma(float d) {
   return fmaf(r, e, r);
 }
 
+// min and max that keep a NaN (one instruction each, like fminf and fmaxf, which return the
+// other operand): the clamp must not turn a NaN gate or up value into the limit (num::swiglu).
+__device__ __forceinline__ float min_keep_nan(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ float max_keep_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
 template <bool kReciprocalOnFma, bool kClamp>
 __device__ __forceinline__ float swiglu_fast(float g, float u, float limit) {
   if (kClamp) {
-    g = fminf(g, limit);
-    u = fminf(fmaxf(u, -limit), limit);
+    g = min_keep_nan(g, limit);
+    u = min_keep_nan(max_keep_nan(u, -limit), limit);
   }
   // g -> -inf: the exponential overflows to inf and the sigmoid to 0 (2^-100 on the FMA
   // path), so silu -> -0 (the limit); a NaN g or u stays NaN through the products.

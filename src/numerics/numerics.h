@@ -114,10 +114,12 @@ MOK_HD float mx_decode(std::uint8_t element, std::uint8_t scale_bits) {
 }
 
 // SwiGLU with optional clamp (limit <= 0 means none): silu(min(g,L)) * clamp(u,-L,L).
+// The clamp keeps a NaN a NaN, as PyTorch's clamp does (fminf/fmaxf would return the limit:
+// a NaN in x gave a plausible y while its backward was NaN).
 MOK_HD float swiglu(float g, float u, float limit) {
   if (limit > 0.0f) {
-    g = fminf(g, limit);
-    u = fminf(fmaxf(u, -limit), limit);
+    g = g > limit ? limit : g;
+    u = u > limit ? limit : (u < -limit ? -limit : u);
   }
   return g / (1.0f + expf(-g)) * u;
 }

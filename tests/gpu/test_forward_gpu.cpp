@@ -171,6 +171,38 @@ TEST(GpuForwardLimits, SaturatedGatesMatchReference) {
   expect_close(run_gpu_all_ranks(host).data, run_reference(host), Precision::bf16, "saturated_gates");
 }
 
+// A NaN in x stays NaN through the clamped SwiGLU (min/max that return the other operand
+// turned it into the limit, so the token's y looked plausible): that token's y row is NaN on
+// the GPU as in the reference, and every other row matches.
+TEST(GpuForwardLimits, ANanInXStaysNanThroughTheClamp) {
+  MOK_REQUIRE_GPU();
+  Problem p = make_problem(16, 256, 128, 4, {128}, 2, 128);
+  p.swiglu_limit = 0.5f;
+  LayerData host = make_data(p, "gaussian");
+  const int nan_rank = 1, nan_token = 5;
+  host.ranks[nan_rank].x.data<std::uint16_t>()[nan_token * p.hidden + 7] = 0x7fc0;
+  LayerData gpu = run_gpu_all_ranks(host).data;
+  LayerData ref = run_reference(host);
+  for (int r = 0; r < p.ep_size; ++r)
+    for (int t = 0; t < p.tokens_per_rank; ++t) {
+      std::uint16_t* g = gpu.ranks[r].y.data<std::uint16_t>() + static_cast<std::int64_t>(t) * p.hidden;
+      std::uint16_t* f = ref.ranks[r].y.data<std::uint16_t>() + static_cast<std::int64_t>(t) * p.hidden;
+      const bool want_nan = r == nan_rank && t == nan_token;
+      int gpu_nans = 0, ref_nans = 0;
+      for (int h = 0; h < p.hidden; ++h) {
+        gpu_nans += std::isnan(num::bf16_to_float(g[h]));
+        ref_nans += std::isnan(num::bf16_to_float(f[h]));
+      }
+      EXPECT_EQ(ref_nans, want_nan ? p.hidden : 0) << "reference, rank " << r << " token " << t;
+      EXPECT_EQ(gpu_nans, want_nan ? p.hidden : 0) << "GPU, rank " << r << " token " << t;
+      if (want_nan) {  // (the rest is compared below, this row aside)
+        std::fill(g, g + p.hidden, std::uint16_t{0});
+        std::fill(f, f + p.hidden, std::uint16_t{0});
+      }
+    }
+  expect_close(gpu, ref, Precision::bf16, "nan_in_x_other_rows");
+}
+
 TEST(GpuForwardRing, SmallMacrobatchRingWrapsAndStaysCorrect) {
   MOK_REQUIRE_GPU();
   // 2048 tokens x k=4 over 2 ranks: ~32 row tiles per rank through a 2-tile ring, so pulls
