@@ -1,6 +1,7 @@
 #include "core/numbers.h"
 
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
@@ -66,6 +67,12 @@ std::vector<std::string> split_fields(const std::string& text, char sep) {
       out.back() += c;
   }
   return out;
+}
+
+std::string exact_number(double value) {
+  char text[64];
+  const auto done = std::to_chars(text, text + sizeof text, value);  // (shortest round trip)
+  return std::string(text, done.ptr);
 }
 
 std::string format_number(double value) {

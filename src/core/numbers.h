@@ -21,6 +21,10 @@ double parse_finite(const std::string& text, const std::string& what);
 enum class DecimalRead { ok, not_a_number, out_of_range };
 DecimalRead read_decimal(const std::string& text, double& value);
 
+// The shortest decimal text that reads back as exactly `value` (1.2, 0.25, 1.23456789):
+// what a spec records so that parsing it again gives the same run.
+std::string exact_number(double value);
+
 // A number as a person wrote it in an error message (1e-50, 0.5, 7), not std::to_string's
 // six fixed decimals (which print 1e-50 as 0.000000).
 std::string format_number(double value);

@@ -136,8 +136,8 @@ std::string RoutingSpec::describe() const {
   std::ostringstream s;
   switch (kind) {
     case RoutingKind::gaussian: s << "gaussian"; break;
-    case RoutingKind::zipf: s << "zipf:" << zipf_exponent; break;
-    case RoutingKind::hot: s << "hot:" << hot_fraction << ":" << hot_expert; break;
+    case RoutingKind::zipf: s << "zipf:" << exact_number(zipf_exponent); break;
+    case RoutingKind::hot: s << "hot:" << exact_number(hot_fraction) << ":" << hot_expert; break;
     case RoutingKind::worst: s << "worst:" << worst_rank; break;
     case RoutingKind::file: s << "file:" << path; break;
   }
