@@ -882,7 +882,10 @@ class CudaBackend final : public BackendImpl {
     DeviceError e;
     MOK_CUDA_CHECK(cudaMemcpy(&e, error_.as<DeviceError>(), sizeof(e), cudaMemcpyDeviceToHost));
     if (e.code != kOk) {
-      MOK_CUDA_CHECK(cudaMemset(error_.as<DeviceError>(), 0, sizeof(DeviceError)));
+      // Cleared on the layer's stream, so that the next forward's checks run after the clear
+      // (a cudaMemset on the legacy stream may still be pending behind other work there
+      // while a non-blocking stream_ runs that forward, and wipe the error it records).
+      MOK_CUDA_CHECK(cudaMemsetAsync(error_.as<DeviceError>(), 0, sizeof(DeviceError), stream_));
       throw Error(describe_device_error(e, problem_.tokens_per_rank, problem_.top_k));
     }
     if (group_) {
@@ -891,7 +894,7 @@ class CudaBackend final : public BackendImpl {
                                 cudaMemcpyDeviceToHost));
       if (const auto peer = describe_peer_errors(gathered, first_rank_, problem_.tokens_per_rank, problem_.top_k)) {
         // Reported once, as this rank's own error is (the next forward gathers afresh).
-        MOK_CUDA_CHECK(cudaMemset(group_errors_.as<void>(), 0, gathered.size() * sizeof(DeviceError)));
+        MOK_CUDA_CHECK(cudaMemsetAsync(group_errors_.as<void>(), 0, gathered.size() * sizeof(DeviceError), stream_));
         throw PeerWaitError("forward: " + *peer + "; y was poisoned with NaN here too (that rank's rows for this "
                             "rank's tokens may be missing)");
       }
@@ -1071,6 +1074,10 @@ class CudaBackend final : public BackendImpl {
     }
     plans_dev_ = track(DeviceBuffer(num_ranks_ * sizeof(RankPlan)));
     MOK_CUDA_CHECK(cudaMemcpy(plans_dev_.as<void>(), plans_host_.data(), num_ranks_ * sizeof(RankPlan), cudaMemcpyHostToDevice));
+    // Every set-up copy and memset above went to the legacy stream, and a pageable copy may
+    // return before its transfer lands: done before the first forward, which a non-blocking
+    // stream_ does not order after them.
+    MOK_CUDA_CHECK(cudaStreamSynchronize(nullptr));
   }
 
   // The device block of pointers and tensor maps for this call's tensors (cached).

@@ -444,7 +444,9 @@ __global__ void __launch_bounds__(kOffsetsThreads) schedule_offsets_kernel(const
   // unwritten gaps: an error, never a wrong schedule presented as right).
   if (threadIdx.x == 0 && real_end - seg != plan.expert_rows[e])
     report_error(p.error, kScheduleMismatch, p.first_rank + d, 0, e, real_end - seg);
-  const int padded_end = seg + padded(real_end - seg);
+  // (Bounded by the capacity too: after a mismatch the chunk counts may reach past it, and
+  // the error is the news, not a write past the buffers.)
+  const int padded_end = min(seg + padded(real_end - seg), p.capacity_rows);
   for (int r = real_end + threadIdx.x; r < padded_end; r += kOffsetsThreads) plan.rows[r] = make_int2(-1, -1);
   for (int tile = seg / kTileM + threadIdx.x; tile < padded_end / kTileM; tile += kOffsetsThreads)
     plan.block_expert[tile] = e;
@@ -492,7 +494,9 @@ __device__ __forceinline__ void scatter_block(const ScheduleParams& p, int block
     const int before = __popc(peers & lanes_below);
     if (q >= 0) {
       const int row = next_row[q] + before;
-      if (row >= 0) p.plans[q / E].rows[row] = make_int2(pos.src, pos.slot);
+      // (row < capacity: the offsets came from chunk counts that, after a mismatch the offsets
+      // kernel reported, may reach past the rows buffer.)
+      if (row >= 0 && row < p.capacity_rows) p.plans[q / E].rows[row] = make_int2(pos.src, pos.slot);
     }
     __syncwarp();
     if (q >= 0 && before == 0) next_row[q] += __popc(peers);
