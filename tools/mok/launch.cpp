@@ -189,7 +189,9 @@ int launch_command(const std::vector<std::string>& argv) {
             }
             continue;
           }
-          fail(static_cast<int>(r), WIFEXITED(status) ? WEXITSTATUS(status) : 1,
+          // (A rank killed by a signal exits 128 + its number, as a shell reports it.)
+          fail(static_cast<int>(r),
+               WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1,
                "rank " + std::to_string(r) + " " + describe_status(status));
         }
       continue;
@@ -229,6 +231,28 @@ int launch_command(const std::vector<std::string>& argv) {
     exit_code = kPeerWaitExitStatus;
     failure = "rank " + std::to_string(witness_rank) +
               " gave up waiting for its peers, and no rank failed for another reason";
+  }
+  // A rank's process group outlives its first process when that one started others (a shell
+  // wrapper, workers) and they are still running: whatever is left in any rank's group is
+  // stopped too, TERM first and KILL after the grace, so that no process of the launch keeps
+  // a GPU or a communicator after it.
+  std::vector<long long> left;
+  for (long long r = 0; r < n; ++r)
+    if (kill(-pids[r], 0) == 0) left.push_back(r);
+  if (!left.empty()) {
+    std::string which;
+    for (long long r : left) which += (which.empty() ? "rank " : ", rank ") + std::to_string(r);
+    std::fprintf(stderr, "mok launch: processes started by %s are still running after it ended; stopping them\n",
+                 which.c_str());
+    for (long long r : left) kill(-pids[r], SIGTERM);
+    const double asked_at = elapsed_s();
+    auto any_left = [&] {
+      for (long long r : left)
+        if (kill(-pids[r], 0) == 0) return true;
+      return false;
+    };
+    while (any_left() && elapsed_s() - asked_at <= grace_s) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (long long r : left) kill(-pids[r], SIGKILL);
   }
   std::error_code ec;
   std::filesystem::remove_all(launch_dir, ec);
