@@ -76,6 +76,11 @@ TEST(GroupEnvironment, ErrorsNameTheVariable) {
   EXPECT_THAT(error_of({{"MOK_RANK", "2"}, {"MOK_WORLD_SIZE", "2"}, {"MOK_LAUNCH_DIR", "/d"}}),
               HasSubstr("must be below MOK_WORLD_SIZE"));
   EXPECT_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}}), HasSubstr("MOK_RENDEZVOUS_DIR"));
+  // The whole text digits: blanks, signs and ranges beyond 2^20 are named (stoll read " +1").
+  for (const char* bad : {" +1", "+1", "1 ", "0x2", "", "2000000"})
+    EXPECT_THAT(error_of({{"MOK_RANK", "0"}, {"MOK_WORLD_SIZE", bad}, {"MOK_LAUNCH_DIR", "/d"}}),
+                HasSubstr("MOK_WORLD_SIZE = '" + std::string(bad) + "' is not a non-negative integer"))
+        << "'" << bad << "'";
 }
 
 TEST(GroupEnvironment, JobKeyComesFromTheLauncher) {

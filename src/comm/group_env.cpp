@@ -7,14 +7,17 @@
 namespace mok::comm {
 namespace {
 
+// A launcher's variable: the whole text a decimal integer in [0, 2^20], no blanks or signs
+// (stoll alone read " +1" as 1).
 int parse_int(const std::string& name, const std::string& text) {
+  const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
   try {
-    std::size_t used = 0;
-    const long long v = std::stoll(text, &used);
-    if (used != text.size() || v < 0 || v > 1 << 20) throw std::invalid_argument("range");
+    if (!digits) throw std::invalid_argument("not digits");
+    const long long v = std::stoll(text);
+    if (v > 1 << 20) throw std::out_of_range("range");
     return static_cast<int>(v);
   } catch (const std::exception&) {
-    throw Error("environment: " + name + " = '" + text + "' is not a non-negative integer");
+    throw Error("environment: " + name + " = '" + text + "' is not a non-negative integer (at most 2^20)");
   }
 }
 

@@ -60,6 +60,25 @@ std::string json_timing(const Timing& t) {
   return s.str();
 }
 
+// `text` inside a JSON string: quotes, backslashes and control characters escaped (a
+// routing file's path may hold any of them).
+std::string json_text(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\u%04x", static_cast<unsigned char>(c));
+      out += esc;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 // The megakernel's environment knobs that were set for this run (A/B switches and tuning;
 // src/core/tuning_env.h lists them, backend.cu reads them), so a record says how it was made.
 std::string tuning_env_json() {
@@ -137,9 +156,11 @@ const char* kBenchHelp = R"(usage: mok bench --work-dir DIR [options]
 Times the CUDA forward MoK's way (warm-up, then timed calls back to back; the median), checks
 it, and writes mok.json plus the PyTorch peer's inputs into DIR (bench/run.py drives it).
   --shape NAME | --experts E --hidden H --intermediate I --topk K [--shared LIST|none]
-  --ep R --tokens T --ep-mode all|slice|distributed --active-rank R|busiest
-  --routing SPEC --seed N --warmup N (500) --iters N (100)
+  --dtype bf16|mxfp8 --swiglu-limit L
+  --ep R --tokens T --ep-mode auto|all|slice|distributed (auto: slice when R > 1)
+  --active-rank R|busiest --routing SPEC --seed N --warmup N (500) --iters N (100)
   --capacity F --minibatch N --macrobatch N --comm-sms N --band N --pairs
+  --exchange-timeout S (distributed: how long a rank waits for the others' files, 900)
 )";
 
 int bench_command(const std::vector<std::string>& argv) {
@@ -161,8 +182,10 @@ int bench_command(const std::vector<std::string>& argv) {
   if (ep_mode != "all" && ep_mode != "slice" && ep_mode != "distributed" && ep_mode != "auto")
     throw Error("option --ep-mode: must be all, slice or distributed, got '" + ep_mode + "'");
   const auto active_text = args.take("active-rank");
-  const double exchange_timeout_s = args.take_double("exchange-timeout").value_or(900);
-  if (exchange_timeout_s < 0) throw Error("option --exchange-timeout: must be >= 0 seconds");
+  const auto exchange_timeout = args.take_double("exchange-timeout");
+  const bool exchange_timeout_given = exchange_timeout.has_value();
+  const double exchange_timeout_s = exchange_timeout.value_or(900);
+  if (exchange_timeout_s <= 0) throw Error("option --exchange-timeout: must be > 0 seconds");
   Config config;
   if (auto v = args.take_int("comm-sms")) config.forward_comm_sms = static_cast<int>(*v);
   if (auto v = args.take_int("band")) config.task_band_tiles = static_cast<int>(*v);
@@ -173,6 +196,14 @@ int bench_command(const std::vector<std::string>& argv) {
   ProblemArgs pa = parse_problem(args, "qwen3.5-397b-a17b", true);
   args.finish();
   const Problem& p = pa.problem;
+  try {  // (before any work or file, naming the options: the Layer checks it again)
+    config.validate();
+  } catch (const Error& e) {
+    throw Error(with_option_names(e.what()));
+  }
+  require(ep_mode == "distributed" || !exchange_timeout_given,
+          "option --exchange-timeout: applies only with --ep-mode distributed (the ranks' exchange of reference "
+          "rows)");
   require(cuda_available(), "mok bench: no CUDA GPU is available (the benchmark runs on the GPU only)");
   // distributed: this process is one rank of a real group (start it with mok launch); it
   // times its own forward and writes its own work directory, WORK_DIR/rank<r>.
@@ -228,7 +259,15 @@ int bench_command(const std::vector<std::string>& argv) {
   o.active_rank = me;
   o.cuda_device = device;
   o.cuda_stream = stream;
-  Layer layer(p, config, o);
+  Layer layer = [&] {
+    try {
+      return Layer(p, config, o);
+    } catch (const PeerWaitError&) {
+      throw;  // (its own exit status)
+    } catch (const Error& e) {
+      throw Error(with_option_names(e.what()));
+    }
+  }();
   DeviceMirror mirror(host, device);
   const auto all_args = mirror.forward_args();
   const std::vector<RankForward> args_dev = distributed ? std::vector<RankForward>{all_args[me]} : all_args;
@@ -440,7 +479,7 @@ int bench_command(const std::vector<std::string>& argv) {
     js << "{\n  \"tool\": \"mok bench\",\n  \"shape\": \"" << (pa.shape_name.empty() ? "custom" : pa.shape_name)
        << "\",\n  \"problem\": " << io::problem_to_json(p) << "  ,\"ep_mode\": \""
        << (distributed ? "distributed" : slice ? "slice" : "all") << "\",\n  \"active_rank\": " << me
-       << ",\n  \"routing\": {\"spec\": \"" << routing_spec.describe()
+       << ",\n  \"routing\": {\"spec\": \"" << json_text(routing_spec.describe())
        << "\", \"max_over_mean_expert\": " << balance.max_over_mean_expert
        << ", \"max_over_mean_rank\": " << balance.max_over_mean_rank << "},\n  \"rows\": {\"real\": " << N
        << ", \"remote\": " << remote << ", \"padded\": " << stats[0].padded_rows
