@@ -13,6 +13,8 @@ struct DeviceTimerCalls {
   std::function<void()> call;         // one call to time (enqueues work on the stream)
   std::function<void()> synchronize;  // waits for the stream's work (and raises its errors)
   int sync_every = 0;                 // > 0: also synchronise after every this many calls
+                                      // (each synchronisation, and the one after the warm-up,
+                                      // is followed by one untimed call: device_timer.cu)
 };
 
 // Per-iteration milliseconds of `iters` timed calls after `warmup` untimed ones, in order.
