@@ -135,9 +135,15 @@ def option_errors(args):
     return errors
 
 
+# A group's run (mok or the peer) that has not ended after this long is stopped by its
+# launcher: a rank stuck outside mok's own bounded waits must not hold the suite for ever.
+LAUNCH_TIMEOUT_S = 3600
+
+
 def launch_prefix(args, ep_mode, ep):
-    """`mok launch -n N --` in front of a group's commands, nothing otherwise."""
-    return shlex.split(args.mok_bin) + ["launch", "-n", str(ep), "--"] if ep_mode == "distributed" else []
+    """`mok launch -n N --timeout S --` in front of a group's commands, nothing otherwise."""
+    return (shlex.split(args.mok_bin) + ["launch", "-n", str(ep), "--timeout", str(LAUNCH_TIMEOUT_S), "--"]
+            if ep_mode == "distributed" else [])
 
 
 def mok_command(args, shape, ep_mode, ep, tokens, work):

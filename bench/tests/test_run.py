@@ -131,12 +131,13 @@ class Plan(unittest.TestCase):
         self.assertNotIn("--ep", cmd)
         args.mok_bin = "build/bin/mok"
         cmd = run.mok_command(args, "qwen3.5-397b-a17b", "distributed", 8, 2048, "/w")
-        self.assertEqual(cmd[:9], ["build/bin/mok", "launch", "-n", "8", "--", "build/bin/mok", "bench", "--shape",
-                                   "qwen3.5-397b-a17b"])
+        self.assertEqual(cmd[:11], ["build/bin/mok", "launch", "-n", "8", "--timeout", str(run.LAUNCH_TIMEOUT_S),
+                                    "--", "build/bin/mok", "bench", "--shape", "qwen3.5-397b-a17b"])
         args.ceiling_warmup, args.ceiling_iters, args.no_backward = 1, 2, True
         peer = run.peer_command(args, "/w", "distributed", 8)
-        self.assertEqual(peer[:5], ["build/bin/mok", "launch", "-n", "8", "--"])
-        self.assertTrue(peer[6].endswith("peer_dist.py"))
+        self.assertEqual(peer[:7], ["build/bin/mok", "launch", "-n", "8", "--timeout", str(run.LAUNCH_TIMEOUT_S),
+                                    "--"])
+        self.assertTrue(peer[8].endswith("peer_dist.py"))
         self.assertNotIn("--no-backward", peer)
 
 
