@@ -9,7 +9,8 @@ GPU:
      with MoK's bar; a peer that fails its check is not timed (the failure is recorded);
   2. times the forward pipeline: dispatch (index_select, standing in for the all-to-all),
      argsort permute, one grouped GEMM for gate/up, SwiGLU, one grouped GEMM for down,
-     unpermute, then shared experts + weighted combine for the local tokens;
+     unpermute (the rank's own tokens' rows straight into their combine slots, row_slot.npy),
+     then shared experts + weighted combine for the local tokens;
   3. times the two grouped GEMMs alone on pre-permuted inputs;
   4. times autograd backward of that forward (see bench/README.md for its upstream
      gradients);
@@ -77,11 +78,14 @@ def swiglu(h, width, limit):
     return F.silu(g) * u
 
 
-def routed_rows(x_recv, row_expert, w13, w2, num_local, width, limit):
+def routed_rows(x_recv, row_expert, w13, w2, num_local, width, limit, into=None):
     """Expert outputs of the received rows, in arrival order ([N, H] bf16, not weighted).
 
     w13: [E_loc, 2I, H] (gate rows then up rows), w2: [E_loc, H, I]; both are handed to
     _grouped_mm as transposed views ([E_loc, H, 2I] and [E_loc, I, H]).
+    `into` = (buffer, dest): the unpermute writes row r to buffer[dest[r]] instead (the same one
+    scatter), and nothing is returned: Work.forward puts the rank's own tokens' rows straight
+    into their combine slots, as mok does, and the others' into a send buffer.
     """
     import torch
     order = torch.argsort(row_expert, stable=True)
@@ -90,6 +94,10 @@ def routed_rows(x_recv, row_expert, w13, w2, num_local, width, limit):
     h = torch._grouped_mm(x_perm, w13.transpose(-2, -1), offs=offs)
     a = swiglu(h, width, limit)
     o = torch._grouped_mm(a, w2.transpose(-2, -1), offs=offs)
+    if into is not None:
+        buffer, dest = into
+        buffer.index_copy_(0, dest.index_select(0, order), o)
+        return None
     out = torch.empty_like(o)
     out[order] = o
     return out
@@ -159,7 +167,17 @@ class Work:
         self.w13, self.w2, self.shared = fused_weights(arrays, widths, device)
         self.x_local = bf16(arrays["x_local"])
         self.router_weights = plain(arrays["router_weights"]).float()
-        self.combine_local = bf16(arrays["combine_local"])
+        # Where the forward's unpermute puts each row (row_slot.npy): the rank's own tokens'
+        # rows into their combine slots (NaN in combine_local.npy: the peer fills them, so its
+        # y is checked on its own rows), the other ranks' into a send buffer after them (what
+        # the combine all-to-all would carry off). combine_local is a view of the slots.
+        row_slot = plain(arrays["row_slot"]).long()
+        slots = self.T * self.k
+        self.row_dest = torch.where(row_slot >= 0, row_slot,
+                                    slots + torch.arange(row_slot.numel(), device=row_slot.device))
+        self.dest_buffer = torch.empty(slots + row_slot.numel(), self.H, dtype=torch.bfloat16, device=device)
+        self.dest_buffer[:slots] = bf16(arrays["combine_local"])
+        self.combine_local = self.dest_buffer[:slots]
         self.rows_ref = bf16(arrays["rows_ref"])
         self.y_ref = bf16(arrays["y_ref"])
         self.dy_local = bf16(arrays["dy_local"]) if "dy_local" in arrays else None
@@ -167,16 +185,22 @@ class Work:
         self.expert_rows = {"min": int(counts.min()), "max": int(counts.max()), "mean": float(counts.mean())}
 
     def forward(self):
+        """The timed pipeline: y, with the routed rows left in dest_buffer (routed_out)."""
         x_recv = self.x_all.index_select(0, self.row_source)  # what the all-to-all delivers
-        out = routed_rows(x_recv, self.row_expert, self.w13, self.w2, self.E_loc, self.I, self.limit)
-        y = local_y(self.x_local, self.shared, self.router_weights, self.combine_local, self.limit)
-        return out, y
+        routed_rows(x_recv, self.row_expert, self.w13, self.w2, self.E_loc, self.I, self.limit,
+                    into=(self.dest_buffer, self.row_dest))
+        return local_y(self.x_local, self.shared, self.router_weights, self.combine_local, self.limit)
+
+    def routed_out(self):
+        """The last forward's routed rows in arrival order (for the check, outside the timing)."""
+        return self.dest_buffer.index_select(0, self.row_dest)
 
 
 # ---- the measured parts ------------------------------------------------------------------
 
 def check_forward(work, tol):
-    out, y = work.forward()
+    y = work.forward()
+    out = work.routed_out()
     import torch
     torch.cuda.synchronize()
     res = {"tolerance": tol}

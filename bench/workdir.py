@@ -131,6 +131,7 @@ def load_work(work_dir, need_backward=True):
         "row_source": _load(work_dir, "row_source.npy", I64, (N,)),
         "row_expert": _load(work_dir, "row_expert.npy", I32, (N,)),
         "row_weight": _load(work_dir, "row_weight.npy", F32, (N,)),
+        "row_slot": _load(work_dir, "row_slot.npy", I64, (N,)),
         "w_gate": _load(work_dir, "w_gate.npy", BF16, (El, I, H)),
         "w_up": _load(work_dir, "w_up.npy", BF16, (El, I, H)),
         "w_down": _load(work_dir, "w_down.npy", BF16, (El, H, I)),
@@ -154,4 +155,10 @@ def load_work(work_dir, need_backward=True):
             raise ContractError(f"row_source.npy: values must lie in [0, {R * T})")
         if a["row_expert"].min() < 0 or a["row_expert"].max() >= El:
             raise ContractError(f"row_expert.npy: values must lie in [0, {El})")
+        slots = np.asarray(a["row_slot"])
+        if slots.min() < -1 or slots.max() >= T * k:
+            raise ContractError(f"row_slot.npy: values must lie in [-1, {T * k}) (-1: another rank's token)")
+        own = slots[slots >= 0]
+        if len(np.unique(own)) != len(own):
+            raise ContractError("row_slot.npy: a slot of the active rank is named by two rows")
     return doc, a

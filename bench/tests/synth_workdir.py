@@ -80,6 +80,12 @@ def make_workdir(work_dir, *, num_experts=8, hidden=256, intermediate=128, top_k
     tok = np.arange(a * T, (a + 1) * T)
     x_local = x[tok]
     combine_local = expert_out[tok].reshape(T * k, H)
+    # The rows of the rank's own tokens name their slots; those slots are NaN in the file (the
+    # peer fills them), as mok bench writes them.
+    own = row_source // T == a
+    row_slot = np.where(own, (row_source - a * T) * k + j_idx, -1).astype(np.int64)
+    peer_slots = combine_local.copy()
+    peer_slots[row_slot[own]] = np.nan
     y = np.zeros((T, H), dtype=np.float32)
     for (g_, u_, d_) in sw:
         y += _ffn(x_local, g_, u_, d_, swiglu_limit)
@@ -102,7 +108,8 @@ def make_workdir(work_dir, *, num_experts=8, hidden=256, intermediate=128, top_k
         save(f"shared{s}_w_down.npy", b(d_))
     save("x_local.npy", b(x_local))
     save("router_weights.npy", w[tok])
-    save("combine_local.npy", b(combine_local))
+    save("row_slot.npy", row_slot)
+    save("combine_local.npy", b(peer_slots))
     save("rows_ref.npy", b(rows_ref))
     save("y_ref.npy", b(y_ref))
     save("dy_local.npy", b(dy_local))

@@ -49,7 +49,11 @@ def numpy_pipeline(doc, a):
         start = end
     out = np.empty_like(o)
     out[order] = o
-    acc = (a["router_weights"][..., None] * f32(a["combine_local"]).reshape(T, k, H)).sum(1)
+    # The rank's own tokens' rows go into their slots (NaN in the file: row_slot.npy).
+    slots = f32(a["combine_local"]).copy()
+    own = a["row_slot"] >= 0
+    slots[a["row_slot"][own]] = out[own]
+    acc = (a["router_weights"][..., None] * slots.reshape(T, k, H)).sum(1)
     x_local = f32(a["x_local"])
     for s, width in zip(a["shared"], widths):
         w13s = np.concatenate([f32(s["w_gate"]), f32(s["w_up"])], axis=0)
@@ -126,6 +130,8 @@ class Contract(unittest.TestCase):
             st_y = checks.compare(y, f32(a["y_ref"]), np)
             self.assertTrue(checks.passes(st_rows, tol), st_rows)
             self.assertTrue(checks.passes(st_y, tol), st_y)
+            # The slots the peer fills are NaN in the file: a pipeline that left them fails y.
+            self.assertTrue(np.isnan(f32(a["combine_local"])[a["row_slot"][a["row_slot"] >= 0]]).all())
             # ... and a wrong permutation fails the check (so the check is not vacuous).
             if N > 1:
                 st_bad = checks.compare(np.roll(out, 1, axis=0), f32(a["rows_ref"]), np)

@@ -17,6 +17,7 @@ enum class BenchFile : int {
   kRowSource,
   kRowExpert,
   kRowWeight,
+  kRowSlot,
   kCombineLocal,
   kRowsRef,
   kDyLocal,
@@ -38,6 +39,7 @@ constexpr const char* bench_file_name(BenchFile f) {
     case BenchFile::kRowSource: return "row_source.npy";
     case BenchFile::kRowExpert: return "row_expert.npy";
     case BenchFile::kRowWeight: return "row_weight.npy";
+    case BenchFile::kRowSlot: return "row_slot.npy";
     case BenchFile::kCombineLocal: return "combine_local.npy";
     case BenchFile::kRowsRef: return "rows_ref.npy";
     case BenchFile::kDyLocal: return "dy_local.npy";
