@@ -1,0 +1,53 @@
+"""bench/peer_torch.py's pipeline on PyTorch's CPU backend, on synthetic work directories:
+its routed rows and y pass the check, and a pipeline that does not place its own rows in their
+combine slots fails it. Skipped where PyTorch is not installed (CI installs numpy and
+matplotlib only); the GPU runs the same code through bench/run.py."""
+import os
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import checks  # noqa: E402
+import workdir  # noqa: E402
+from synth_workdir import make_workdir  # noqa: E402
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+
+@unittest.skipIf(torch is None or not hasattr(torch, "_grouped_mm"),
+                 "PyTorch (with torch._grouped_mm) is not installed: peer_torch CPU test skipped")
+class PeerOnCpu(unittest.TestCase):
+    def setUp(self):
+        import peer_torch
+        self.peer = peer_torch
+        # (check_forward waits for the GPU; on the CPU there is nothing to wait for.)
+        self.saved_sync, torch.cuda.synchronize = torch.cuda.synchronize, lambda *a, **k: None
+
+    def tearDown(self):
+        torch.cuda.synchronize = self.saved_sync
+
+    def test_the_pipeline_passes_and_must_place_its_own_rows(self):
+        cases = ({}, {"ep_size": 1, "ep_mode": "all", "shared": (), "num_experts": 4, "top_k": 2},
+                 {"shared": (128, 64), "swiglu_limit": 0.5, "active_rank": 1})
+        for kw in cases:
+            with self.subTest(**{k: str(v) for k, v in kw.items()}), tempfile.TemporaryDirectory() as d:
+                make_workdir(d, **kw)
+                doc, arrays = workdir.load_work(d)
+                tol = checks.tolerance(doc["problem"]["precision"])
+                res = self.peer.check_forward(self.peer.Work(doc, arrays, "cpu"), tol)
+                self.assertTrue(res["passes"], res)
+                # y from the file's slots alone (the rank's own rows not placed) fails.
+                w = self.peer.Work(doc, arrays, "cpu")
+                y = self.peer.local_y(w.x_local, w.shared, w.router_weights, w.combine_local, w.limit)
+                st = checks.compare(y.float(), w.y_ref.float(), torch)
+                self.assertFalse(checks.passes(st, tol), st)
+                self.assertGreater(st["non_finite"], 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
