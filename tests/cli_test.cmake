@@ -279,6 +279,16 @@ elseif(MODE STREQUAL "launch_killed")
   if(NOT rc STREQUAL "137")
     message(FATAL_ERROR "mok launch with a rank killed by signal 9: exit '${rc}', 128 + 9 expected\n${se}")
   endif()
+  # A rank stopped by a signal never ends: the launcher says so and stops the launch at once
+  # (it waited for it without end).
+  file(WRITE "${WORK}/stop.sh" "if [ \"$MOK_RANK\" = 1 ]\nthen\n  kill -STOP $$\nfi\nsleep 300\n")
+  string(TIMESTAMP t0 "%s")
+  run_mok(rc so se launch -n 2 --grace 2 -- sh "${WORK}/stop.sh")
+  string(TIMESTAMP t1 "%s")
+  math(EXPR elapsed "${t1} - ${t0}")
+  if(NOT rc STREQUAL "147" OR NOT se MATCHES "rank 1 was stopped by signal 19" OR elapsed GREATER 60)
+    message(FATAL_ERROR "mok launch with a stopped rank: exit '${rc}' after ${elapsed} s (147 expected)\n${se}")
+  endif()
   # Processes a rank started and left running (a wrapper's children) are stopped when the
   # launch ends, whether the rank failed or exited 0: none may hold a GPU afterwards.
   string(RANDOM LENGTH 12 ALPHABET 0123456789 tag)

@@ -27,6 +27,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,7 +43,34 @@ std::string describe_status(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return std::string("was killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
                                   strsignal(WTERMSIG(status)) + ")";
-  return "stopped (status " + std::to_string(status) + ")";
+  if (WIFSTOPPED(status)) return std::string("was stopped by signal ") + std::to_string(WSTOPSIG(status)) + " (" +
+                                 strsignal(WSTOPSIG(status)) + "), and a stopped rank never ends";
+  return "ended with status " + std::to_string(status);
+}
+
+// Whether process group `pgid` has a member that is not a zombie (a zombie is gone, only not
+// yet reaped by an init that may never do it). From /proc; without it, any member counts.
+bool group_has_live_process(pid_t pgid) {
+  if (kill(-pgid, 0) != 0) return false;
+  std::error_code ec;
+  std::filesystem::directory_iterator it("/proc", ec), end;
+  if (ec) return true;
+  for (; it != end; it.increment(ec)) {
+    if (ec) return true;
+    const std::string name = it->path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(it->path() / "stat");
+    std::string text;
+    if (!std::getline(stat, text)) continue;  // (the process ended meanwhile)
+    const std::size_t close = text.rfind(')');  // (the command name may hold spaces and parentheses)
+    if (close == std::string::npos) continue;
+    std::istringstream fields(text.substr(close + 1));
+    char state = 0;
+    long long parent = 0, group = 0;
+    if (!(fields >> state >> parent >> group)) continue;
+    if (group == pgid && state != 'Z' && state != 'X') return true;
+  }
+  return false;
 }
 
 volatile sig_atomic_t g_launcher_signal = 0;
@@ -168,10 +197,16 @@ int launch_command(const std::vector<std::string>& argv) {
   };
   while (remaining > 0) {
     int status = 0;
-    const pid_t pid = waitpid(-1, &status, WNOHANG);
+    // (WUNTRACED: a rank stopped by a signal, SIGTTIN for reading the terminal say, would
+    // otherwise be waited for without end.)
+    const pid_t pid = waitpid(-1, &status, WNOHANG | WUNTRACED);
     if (pid > 0) {
       for (long long r = 0; r < n; ++r)
-        if (pids[r] == pid) {
+        if (pids[r] == pid && WIFSTOPPED(status)) {
+          if (failed_rank < 0)
+            fail(static_cast<int>(r), 128 + WSTOPSIG(status), "rank " + std::to_string(r) + " " + describe_status(status));
+          kill(-pids[r], SIGCONT);  // (so that the TERM sent to its group can act; reaped once it ends)
+        } else if (pids[r] == pid) {
           done[r] = true;
           --remaining;
           const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
@@ -238,7 +273,7 @@ int launch_command(const std::vector<std::string>& argv) {
   // a GPU or a communicator after it.
   std::vector<long long> left;
   for (long long r = 0; r < n; ++r)
-    if (kill(-pids[r], 0) == 0) left.push_back(r);
+    if (group_has_live_process(pids[r])) left.push_back(r);
   if (!left.empty()) {
     std::string which;
     for (long long r : left) which += (which.empty() ? "rank " : ", rank ") + std::to_string(r);
@@ -248,7 +283,7 @@ int launch_command(const std::vector<std::string>& argv) {
     const double asked_at = elapsed_s();
     auto any_left = [&] {
       for (long long r : left)
-        if (kill(-pids[r], 0) == 0) return true;
+        if (group_has_live_process(pids[r])) return true;
       return false;
     };
     while (any_left() && elapsed_s() - asked_at <= grace_s) std::this_thread::sleep_for(std::chrono::milliseconds(20));
