@@ -464,12 +464,22 @@ inline std::vector<double> expert_row_backward(const DenseExpert& ex, const doub
                                                double* ddown, double* dw) {
   const int I = ex.width;
   const auto R = [&](double v) { return mode == Mode::bf16 ? rnd_bf16(v) : v; };
+  const bool mx = mode == Mode::mxfp8;
   std::vector<double> g, u, a;
   expert_row(ex, x, H, limit, mode, g, u, a);
+  // The dgrad GEMMs' operands in mxfp8 mode, as the reference has them: dy and W_down^T's
+  // rows rounded along H (DA's contraction), [dG | dU] and [W_gate^T | W_up^T]'s rows along 2I
+  // (dx's). The wgrad's operands (rounded along the rows, which a row-by-row formulation
+  // cannot see) stay exact.
+  std::vector<double> dyq(dy, dy + H);
+  if (mx) dyq = mx_row(dy, H);
   std::vector<double> DA(I, 0);
+  std::vector<double> wd_col(H);
   for (int i = 0; i < I; ++i) {
+    for (int h = 0; h < H; ++h) wd_col[h] = ex.down[std::size_t(h) * I + i];
+    if (mx) wd_col = mx_row(wd_col.data(), H);
     double s = 0;
-    for (int h = 0; h < H; ++h) s += ex.down[std::size_t(h) * I + i] * dy[h];
+    for (int h = 0; h < H; ++h) s += wd_col[h] * dyq[h];
     DA[i] = s;
   }
   double sdw = 0;
@@ -484,10 +494,28 @@ inline std::vector<double> expert_row_backward(const DenseExpert& ex, const doub
     DU[i] = R(s.u_pass ? dA * s.silu : 0.0);
   }
   std::vector<double> dx(H, 0);
-  for (int h = 0; h < H; ++h) {
-    double s = 0;
-    for (int i = 0; i < I; ++i) s += ex.gate[std::size_t(i) * H + h] * DG[i] + ex.up[std::size_t(i) * H + h] * DU[i];
-    dx[h] = R(s);
+  if (mx) {
+    std::vector<double> dgu(DG);
+    dgu.insert(dgu.end(), DU.begin(), DU.end());
+    for (auto& v : dgu) v = static_cast<float>(v);  // (the reference quantises from fp32)
+    dgu = mx_row(dgu.data(), 2 * I);
+    std::vector<double> wcat(2 * std::size_t(I));
+    for (int h = 0; h < H; ++h) {
+      for (int i = 0; i < I; ++i) {
+        wcat[i] = ex.gate[std::size_t(i) * H + h];
+        wcat[I + i] = ex.up[std::size_t(i) * H + h];
+      }
+      const auto wq = mx_row(wcat.data(), 2 * I);
+      double s = 0;
+      for (int c = 0; c < 2 * I; ++c) s += dgu[c] * wq[c];
+      dx[h] = rnd_bf16(s);  // (each expert's dx row lands in a bf16 slot, as in bf16 mode)
+    }
+  } else {
+    for (int h = 0; h < H; ++h) {
+      double s = 0;
+      for (int i = 0; i < I; ++i) s += ex.gate[std::size_t(i) * H + h] * DG[i] + ex.up[std::size_t(i) * H + h] * DU[i];
+      dx[h] = R(s);
+    }
   }
   for (int i = 0; i < I; ++i) {
     const double aw = R(w * a[i]);
@@ -501,8 +529,10 @@ inline std::vector<double> expert_row_backward(const DenseExpert& ex, const doub
 }
 
 // Mode::bf16: the reference's rounding points; Mode::exact: no rounding; Mode::mxfp8: the
-// straight-through gradient of the MXFP8 forward (g, u, a and the clamp masks recomputed as
-// the MXFP8 forward has them, every backward product exact and unrounded).
+// gradient of the MXFP8 forward (g, u, a and the clamp masks recomputed as the MXFP8 forward
+// has them) with the dgrad GEMMs' operands rounded as the reference rounds them (so dx and
+// the router weights' gradient are checked tightly) and the wgrad products exact and
+// unrounded (the weight gradients are held to MoK's gradient bar only).
 inline DenseGrads dense_backward(const DenseLayer& L, Mode mode) {
   const int H = L.H, k = L.k, E = static_cast<int>(L.experts.size());
   const std::size_t I = L.experts.empty() ? 0 : L.experts[0].width;
