@@ -295,7 +295,7 @@ struct DenseForward {
 
 // The whole EP group as one global batch: N = R*T tokens, E experts.
 struct DenseLayer {
-  int N = 0, H = 0, k = 0;
+  int N = 0, H = 0, k = 0, T = 0;  // T: tokens per rank (rows [r*T, (r+1)*T) are rank r's)
   double limit = 0;  // 0: no clamp
   std::vector<double> x, dy;                   // [N,H]
   std::vector<int> top;                        // [N,k]
@@ -306,6 +306,7 @@ struct DenseLayer {
     const Problem& p = d.problem;
     DenseLayer L;
     L.N = p.ep_size * p.tokens_per_rank;
+    L.T = p.tokens_per_rank;
     L.H = p.hidden;
     L.k = p.top_k;
     L.limit = p.swiglu_limit ? double(*p.swiglu_limit) : 0.0;
@@ -457,11 +458,18 @@ inline double dense_loss(const DenseLayer& L) {
   return s;
 }
 
+// What a row gives the weight gradients: dG, dU and a (as the down GEMM saw it).
+struct RowGrads {
+  std::vector<double> dg, du, a;
+};
+
 // The backward of one expert on one token row with router weight w (1 for shared experts).
 // Accumulates the weight gradients into dgate/dup/ddown, returns the dx row and sets *dw.
+// With `keep`, the row's dG, dU and a go there instead, for a wgrad over all of an expert's
+// rows (mxfp8: its operands are rounded along the rows; mx_wgrad).
 inline std::vector<double> expert_row_backward(const DenseExpert& ex, const double* x, const double* dy, int H,
                                                double limit, double w, Mode mode, double* dgate, double* dup,
-                                               double* ddown, double* dw) {
+                                               double* ddown, double* dw, RowGrads* keep = nullptr) {
   const int I = ex.width;
   const auto R = [&](double v) { return mode == Mode::bf16 ? rnd_bf16(v) : v; };
   const bool mx = mode == Mode::mxfp8;
@@ -469,8 +477,8 @@ inline std::vector<double> expert_row_backward(const DenseExpert& ex, const doub
   expert_row(ex, x, H, limit, mode, g, u, a);
   // The dgrad GEMMs' operands in mxfp8 mode, as the reference has them: dy and W_down^T's
   // rows rounded along H (DA's contraction), [dG | dU] and [W_gate^T | W_up^T]'s rows along 2I
-  // (dx's). The wgrad's operands (rounded along the rows, which a row-by-row formulation
-  // cannot see) stay exact.
+  // (dx's). The wgrad's operands are rounded along the expert's rows: mx_wgrad, over every
+  // row this returns in `keep`.
   std::vector<double> dyq(dy, dy + H);
   if (mx) dyq = mx_row(dy, H);
   std::vector<double> DA(I, 0);
@@ -517,6 +525,10 @@ inline std::vector<double> expert_row_backward(const DenseExpert& ex, const doub
       dx[h] = R(s);
     }
   }
+  if (keep != nullptr) {
+    *keep = RowGrads{DG, DU, a};
+    return dx;
+  }
   for (int i = 0; i < I; ++i) {
     const double aw = R(w * a[i]);
     for (int h = 0; h < H; ++h) {
@@ -528,11 +540,56 @@ inline std::vector<double> expert_row_backward(const DenseExpert& ex, const doub
   return dx;
 }
 
+// One expert's rows, in the order its GEMMs see them (global token order; a shared expert's
+// per rank).
+struct ExpertRows {
+  std::vector<const double*> x, dy;
+  std::vector<double> w;
+  std::vector<RowGrads> grads;
+};
+
+// The MXFP8 wgrad of one expert over its rows, as the reference computes it: each operand
+// (dy, x, w*a, dG, dU) quantised from fp32 along the rows (blocks of 32 from the first row),
+// then the exact products summed into dgate/dup/ddown.
+inline void mx_wgrad(const ExpertRows& rows, int H, int I, double* dgate, double* dup, double* ddown) {
+  const std::size_t n = rows.x.size();
+  if (n == 0) return;
+  auto along_rows = [&](auto value) {  // value(r) for r < n -> its MXFP8 round trip along r
+    std::vector<double> v(n);
+    for (std::size_t r = 0; r < n; ++r) v[r] = static_cast<float>(value(r));
+    return mx_row(v.data(), static_cast<std::int64_t>(n));
+  };
+  std::vector<std::vector<double>> dyq(H), xq(H), awq(I), dgq(I), duq(I);
+  for (int h = 0; h < H; ++h) {
+    dyq[h] = along_rows([&](std::size_t r) { return rows.dy[r][h]; });
+    xq[h] = along_rows([&](std::size_t r) { return rows.x[r][h]; });
+  }
+  for (int i = 0; i < I; ++i) {
+    // (w*a as the reference forms it: fp32 product of fp32 values)
+    awq[i] = along_rows([&](std::size_t r) {
+      return static_cast<float>(rows.w[r]) * static_cast<float>(rows.grads[r].a[i]);
+    });
+    dgq[i] = along_rows([&](std::size_t r) { return rows.grads[r].dg[i]; });
+    duq[i] = along_rows([&](std::size_t r) { return rows.grads[r].du[i]; });
+  }
+  for (int i = 0; i < I; ++i)
+    for (int h = 0; h < H; ++h) {
+      double sd = 0, sg = 0, su = 0;
+      for (std::size_t r = 0; r < n; ++r) {
+        sd += dyq[h][r] * awq[i][r];
+        sg += dgq[i][r] * xq[h][r];
+        su += duq[i][r] * xq[h][r];
+      }
+      ddown[std::size_t(h) * I + i] += sd;
+      dgate[std::size_t(i) * H + h] += sg;
+      dup[std::size_t(i) * H + h] += su;
+    }
+}
+
 // Mode::bf16: the reference's rounding points; Mode::exact: no rounding; Mode::mxfp8: the
 // gradient of the MXFP8 forward (g, u, a and the clamp masks recomputed as the MXFP8 forward
-// has them) with the dgrad GEMMs' operands rounded as the reference rounds them (so dx and
-// the router weights' gradient are checked tightly) and the wgrad products exact and
-// unrounded (the weight gradients are held to MoK's gradient bar only).
+// has them) with every GEMM operand rounded where the reference rounds it: the dgrads' along
+// H and 2I (expert_row_backward), the wgrads' along the expert's rows (mx_wgrad).
 inline DenseGrads dense_backward(const DenseLayer& L, Mode mode) {
   const int H = L.H, k = L.k, E = static_cast<int>(L.experts.size());
   const std::size_t I = L.experts.empty() ? 0 : L.experts[0].width;
@@ -547,24 +604,52 @@ inline DenseGrads dense_backward(const DenseLayer& L, Mode mode) {
     d.d_shared_up.emplace_back(std::size_t(s.width) * H, 0.0);
     d.d_shared_down.emplace_back(std::size_t(s.width) * H, 0.0);
   }
+  // mxfp8: every expert's rows kept for its wgrad (a shared expert's per rank: each rank's
+  // reference computes its own, which the tests sum).
+  const bool mx = mode == Mode::mxfp8;
+  std::vector<ExpertRows> routed_rows(mx ? E : 0);
+  std::vector<ExpertRows> shared_rows;  // [s], the current rank's
+  auto shared_wgrad = [&] {
+    for (std::size_t s = 0; s < shared_rows.size(); ++s)
+      mx_wgrad(shared_rows[s], H, L.shared[s].width, d.d_shared_gate[s].data(), d.d_shared_up[s].data(),
+               d.d_shared_down[s].data());
+    shared_rows.assign(L.shared.size(), ExpertRows{});
+  };
+  if (mx) shared_rows.assign(L.shared.size(), ExpertRows{});
+  auto keep_row = [&](ExpertRows& rows, const double* x, const double* dy, double w) -> RowGrads* {
+    rows.x.push_back(x);
+    rows.dy.push_back(dy);
+    rows.w.push_back(w);
+    rows.grads.emplace_back();
+    return &rows.grads.back();
+  };
   for (int t = 0; t < L.N; ++t) {
+    if (mx && L.T > 0 && t > 0 && t % L.T == 0) shared_wgrad();  // (a new rank's tokens)
     const double* x = &L.x[std::size_t(t) * H];
     const double* dy = &L.dy[std::size_t(t) * H];
     std::vector<double> acc(H, 0);
     double unused;
     for (std::size_t s = 0; s < L.shared.size(); ++s) {
+      RowGrads* keep = mx ? keep_row(shared_rows[s], x, dy, 1.0) : nullptr;
       const auto dx = expert_row_backward(L.shared[s], x, dy, H, L.limit, 1.0, mode, d.d_shared_gate[s].data(),
-                                          d.d_shared_up[s].data(), d.d_shared_down[s].data(), &unused);
+                                          d.d_shared_up[s].data(), d.d_shared_down[s].data(), &unused, keep);
       for (int h = 0; h < H; ++h) acc[h] += dx[h];
     }
     for (int j = 0; j < k; ++j) {
       const int e = L.top[t * k + j];
+      RowGrads* keep = mx ? keep_row(routed_rows[e], x, dy, L.w[t * k + j]) : nullptr;
       const auto dx = expert_row_backward(L.experts[e], x, dy, H, L.limit, L.w[t * k + j], mode,
                                           d.d_gate.data() + e * I * H, d.d_up.data() + e * I * H,
-                                          d.d_down.data() + e * I * H, &d.d_router[t * k + j]);
+                                          d.d_down.data() + e * I * H, &d.d_router[t * k + j], keep);
       for (int h = 0; h < H; ++h) acc[h] += dx[h];
     }
     for (int h = 0; h < H; ++h) d.dx[std::size_t(t) * H + h] = mode == Mode::exact ? acc[h] : rnd_bf16(acc[h]);
+  }
+  if (mx) {
+    shared_wgrad();
+    for (int e = 0; e < E; ++e)
+      mx_wgrad(routed_rows[e], H, static_cast<int>(I), d.d_gate.data() + e * I * H, d.d_up.data() + e * I * H,
+               d.d_down.data() + e * I * H);
   }
   return d;
 }
