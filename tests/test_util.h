@@ -4,8 +4,9 @@
 //  - An independent dense formulation of the layer in double precision (DenseLayer): a loop
 //    per token and per slot, no schedule, no GEMM blocking. In Mode::bf16 it rounds to bf16
 //    at exactly the points the CPU reference does (see src/reference/reference.h and the
-//    backward in src/reference/reference.cpp); in Mode::mxfp8 (forward only) it replaces each
-//    GEMM operand by its MXFP8 round trip along the contraction; in Mode::exact it rounds
+//    backward in src/reference/reference.cpp); in Mode::mxfp8 it replaces each GEMM operand,
+//    forward and backward, by its MXFP8 round trip along the contraction (a wgrad's: along
+//    the expert's rows, which it gathers for that: mx_wgrad); in Mode::exact it rounds
 //    nothing (the true math of the layer on the bf16 inputs, for finite differences).
 //  - Gathering a LayerData's per-rank tensors into global ones (tokens and experts in rank
 //    order), and error metrics.
