@@ -245,6 +245,9 @@ BACKWARD_INCLUDES = (
 
 def time_backward(work, warmup, iters, seed):
     import torch
+    # The rank's own slots are NaN until a forward placed its rows there (Work).
+    if bool(torch.isnan(work.combine_local.float()).any()):
+        raise RuntimeError("time_backward: the combine slots still hold NaN: run the forward (check_forward) first")
     leaf = lambda t: t.detach().requires_grad_()  # noqa: E731  (shares storage, no copy)
     x_recv = leaf(work.x_all.index_select(0, work.row_source))
     x_local = leaf(work.x_local)

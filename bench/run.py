@@ -262,7 +262,10 @@ def _run_and_record(args, cmd, row, work, ep_mode, ep, sampler):
         if os.path.exists(peer_path):
             peer = workdir.read_json(peer_path)
         elif rc != 0:  # the peer failed before writing its verdict: a failed peer, not a missing one
-            peer = {"check": {"passes": False}, "errors": {"peer": f"exited {rc} without writing peer.json"}}
+            # (With the timing it was asked for: a run made to the contract that failed shows as
+            # FAIL in the report, rather than as off-contract behind an older passing record.)
+            peer = {"check": {"passes": False}, "errors": {"peer": f"exited {rc} without writing peer.json"},
+                    "timing": {"warmup": args.warmup, "iters": args.iters}}
         if rc != 0:
             errors.append(f"{'peer_dist.py' if ep_mode == 'distributed' else 'peer_torch.py'} exited {rc}")
             row["error"] = row["error"] or errors[-1]

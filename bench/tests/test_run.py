@@ -17,6 +17,7 @@ from unittest import mock
 
 import helpers
 
+import records
 import run
 
 RUN_PY = os.path.join(helpers.BENCH_DIR, "run.py")
@@ -305,6 +306,32 @@ class EndToEnd(unittest.TestCase):
             self.assertEqual(row["error"], "peer_torch.py exited 1")
             self.assertFalse(row["ok"])
             self.assertEqual(helpers.read_json(row["path"])["errors"], ["peer_torch.py exited 1"])
+
+    def test_a_peer_dying_without_peer_json_is_a_failed_contract_record(self):
+        # A peer that refused its work directory (or crashed) writes no peer.json: the record
+        # fails, and it stays a contract record (shown as FAIL), not an off-contract one that
+        # would leave an older passing record standing for the shape.
+        from synth_workdir import make_workdir
+
+        def call(cmd):
+            if cmd[1].endswith("peer_torch.py"):
+                return 1
+            work = cmd[cmd.index("--work-dir") + 1]
+            make_workdir(work, shape="glm-5.2", tokens=16, warmup=500, iters=100, forward_ms=0.5)
+            return 0
+
+        with tempfile.TemporaryDirectory() as d:
+            args = types.SimpleNamespace(
+                mok_bin="mok", dtype=None, routing="gaussian", warmup=500, iters=100, ceiling_warmup=500,
+                ceiling_iters=200, mok_arg=[], no_backward=False, no_peer=False, no_clocks=True, keep_work=False,
+                work_root=os.path.join(d, "work"), results_dir=os.path.join(d, "results"))
+            with mock.patch.object(run.subprocess, "call", side_effect=call), \
+                    contextlib.redirect_stdout(io.StringIO()):
+                row = run.run_one(args, "glm-5.2", "slice", 2, 16)
+            rec = row["record"]
+            self.assertFalse(rec["check"]["passes"])
+            self.assertEqual(rec["errors"], ["peer_torch.py exited 1"])
+            self.assertEqual(records.contract_breaks(rec), [])
 
     def test_a_commit_that_disagrees_with_the_binary_is_that_runs_error(self):
         with tempfile.TemporaryDirectory() as d:

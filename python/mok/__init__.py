@@ -284,7 +284,7 @@ def _tensor(a, name, output=False):
 
 def _shared_triple(entry):
     """A shared expert's (w_gate, w_up, w_down), given as a triple or a dict of those keys."""
-    return (entry["w_gate"], entry["w_up"], entry["w_down"]) if isinstance(entry, dict) else tuple(entry)
+    return (entry["w_gate"], entry["w_up"], entry["w_down"]) if isinstance(entry, Mapping) else tuple(entry)
 
 
 def _shared_list(entries, name):
