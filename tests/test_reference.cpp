@@ -141,6 +141,30 @@ TEST_P(ReferenceVsDense, ForwardAndEveryGradient) {
       expect_close(test::shared_grad_sum(data, s, &SharedHostGrads::d_w_down), g.d_shared_down[s],
                    n + "d_w_down", kF32AbsFrac);
     }
+    // And MoK's gradient bar against the straight-through gradient (no backward rounding), so
+    // that a harmful rounding point put into both the reference and the formulation above
+    // would still fail.
+    const auto st = test::dense_backward(dense, Mode::mxfp8, /*round_backward=*/false);
+    const double cos_bar = mok_tolerance(Precision::mxfp8).grad_cosine;
+    auto bar = [&](const std::vector<double>& out, const std::vector<double>& ref, const std::string& what) {
+      const Diff d = test::diff(out, ref);
+      EXPECT_EQ(d.non_finite, 0) << what;
+      EXPECT_GE(d.cosine, cos_bar) << what << ": " << d.describe();
+      EXPECT_LE(d.rel, 0.1) << what << ": " << d.describe();
+    };
+    bar(test::concat_ranks(data, &RankData::dx), st.dx, "straight-through dx");
+    bar(test::concat_ranks(data, &RankData::d_router_weights), st.d_router, "straight-through d_router_weights");
+    bar(test::concat_ranks(data, &RankData::d_w_gate), st.d_gate, "straight-through d_w_gate");
+    bar(test::concat_ranks(data, &RankData::d_w_up), st.d_up, "straight-through d_w_up");
+    bar(test::concat_ranks(data, &RankData::d_w_down), st.d_down, "straight-through d_w_down");
+    for (int s = 0; s < p.num_shared(); ++s) {
+      bar(test::shared_grad_sum(data, s, &SharedHostGrads::d_w_gate), st.d_shared_gate[s],
+          "straight-through shared d_w_gate");
+      bar(test::shared_grad_sum(data, s, &SharedHostGrads::d_w_up), st.d_shared_up[s],
+          "straight-through shared d_w_up");
+      bar(test::shared_grad_sum(data, s, &SharedHostGrads::d_w_down), st.d_shared_down[s],
+          "straight-through shared d_w_down");
+    }
   }
 }
 

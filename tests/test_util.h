@@ -470,10 +470,11 @@ struct RowGrads {
 // rows (mxfp8: its operands are rounded along the rows; mx_wgrad).
 inline std::vector<double> expert_row_backward(const DenseExpert& ex, const double* x, const double* dy, int H,
                                                double limit, double w, Mode mode, double* dgate, double* dup,
-                                               double* ddown, double* dw, RowGrads* keep = nullptr) {
+                                               double* ddown, double* dw, RowGrads* keep = nullptr,
+                                               bool round_backward = true) {
   const int I = ex.width;
   const auto R = [&](double v) { return mode == Mode::bf16 ? rnd_bf16(v) : v; };
-  const bool mx = mode == Mode::mxfp8;
+  const bool mx = mode == Mode::mxfp8 && round_backward;
   std::vector<double> g, u, a;
   expert_row(ex, x, H, limit, mode, g, u, a);
   // The dgrad GEMMs' operands in mxfp8 mode, as the reference has them: dy and W_down^T's
@@ -591,7 +592,9 @@ inline void mx_wgrad(const ExpertRows& rows, int H, int I, double* dgate, double
 // gradient of the MXFP8 forward (g, u, a and the clamp masks recomputed as the MXFP8 forward
 // has them) with every GEMM operand rounded where the reference rounds it: the dgrads' along
 // H and 2I (expert_row_backward), the wgrads' along the expert's rows (mx_wgrad).
-inline DenseGrads dense_backward(const DenseLayer& L, Mode mode) {
+// round_backward = false (mxfp8 only): the straight-through gradient instead, every backward
+// product exact and unrounded (MoK's gradient bar holds against it).
+inline DenseGrads dense_backward(const DenseLayer& L, Mode mode, bool round_backward = true) {
   const int H = L.H, k = L.k, E = static_cast<int>(L.experts.size());
   const std::size_t I = L.experts.empty() ? 0 : L.experts[0].width;
   DenseGrads d;
@@ -607,7 +610,7 @@ inline DenseGrads dense_backward(const DenseLayer& L, Mode mode) {
   }
   // mxfp8: every expert's rows kept for its wgrad (a shared expert's per rank: each rank's
   // reference computes its own, which the tests sum).
-  const bool mx = mode == Mode::mxfp8;
+  const bool mx = mode == Mode::mxfp8 && round_backward;
   std::vector<ExpertRows> routed_rows(mx ? E : 0);
   std::vector<ExpertRows> shared_rows;  // [s], the current rank's
   auto shared_wgrad = [&] {
@@ -633,7 +636,8 @@ inline DenseGrads dense_backward(const DenseLayer& L, Mode mode) {
     for (std::size_t s = 0; s < L.shared.size(); ++s) {
       RowGrads* keep = mx ? keep_row(shared_rows[s], x, dy, 1.0) : nullptr;
       const auto dx = expert_row_backward(L.shared[s], x, dy, H, L.limit, 1.0, mode, d.d_shared_gate[s].data(),
-                                          d.d_shared_up[s].data(), d.d_shared_down[s].data(), &unused, keep);
+                                          d.d_shared_up[s].data(), d.d_shared_down[s].data(), &unused, keep,
+                                          round_backward);
       for (int h = 0; h < H; ++h) acc[h] += dx[h];
     }
     for (int j = 0; j < k; ++j) {
@@ -641,7 +645,8 @@ inline DenseGrads dense_backward(const DenseLayer& L, Mode mode) {
       RowGrads* keep = mx ? keep_row(routed_rows[e], x, dy, L.w[t * k + j]) : nullptr;
       const auto dx = expert_row_backward(L.experts[e], x, dy, H, L.limit, L.w[t * k + j], mode,
                                           d.d_gate.data() + e * I * H, d.d_up.data() + e * I * H,
-                                          d.d_down.data() + e * I * H, &d.d_router[t * k + j], keep);
+                                          d.d_down.data() + e * I * H, &d.d_router[t * k + j], keep,
+                                          round_backward);
       for (int h = 0; h < H; ++h) acc[h] += dx[h];
     }
     for (int h = 0; h < H; ++h) d.dx[std::size_t(t) * H + h] = mode == Mode::exact ? acc[h] : rnd_bf16(acc[h]);
