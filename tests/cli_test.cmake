@@ -289,6 +289,12 @@ elseif(MODE STREQUAL "launch_killed")
   if(NOT rc STREQUAL "147" OR NOT se MATCHES "rank 1 was stopped by signal 19" OR elapsed GREATER 60)
     message(FATAL_ERROR "mok launch with a stopped rank: exit '${rc}' after ${elapsed} s (147 expected)\n${se}")
   endif()
+  # A rank paused and resumed within the grace (a job scheduler's suspend, say) goes on.
+  file(WRITE "${WORK}/pause.sh" "(sleep 1\nkill -CONT $$) &\nkill -STOP $$\nexit 0\n")
+  run_mok(rc so se launch -n 2 --grace 10 -- sh "${WORK}/pause.sh")
+  if(NOT rc STREQUAL "0")
+    message(FATAL_ERROR "mok launch with ranks paused and resumed: exit '${rc}', 0 expected\n${se}")
+  endif()
   # Processes a rank started and left running (a wrapper's children) are stopped when the
   # launch ends, whether the rank failed or exited 0: none may hold a GPU afterwards.
   string(RANDOM LENGTH 12 ALPHABET 0123456789 tag)

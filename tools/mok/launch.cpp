@@ -39,13 +39,10 @@
 namespace mok::cli {
 namespace {
 
-std::string describe_status(int status) {
-  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return std::string("was killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
-                                  strsignal(WTERMSIG(status)) + ")";
-  if (WIFSTOPPED(status)) return std::string("was stopped by signal ") + std::to_string(WSTOPSIG(status)) + " (" +
-                                 strsignal(WSTOPSIG(status)) + "), and a stopped rank never ends";
-  return "ended with status " + std::to_string(status);
+// How a rank's process ended, from waitid's report (si_code, si_status).
+std::string describe_end(int code, int value) {
+  if (code == CLD_EXITED) return "exited with status " + std::to_string(value);
+  return std::string("was killed by signal ") + std::to_string(value) + " (" + strsignal(value) + ")";
 }
 
 // Whether process group `pgid` has a member that is not a zombie (a zombie is gone, only not
@@ -195,42 +192,68 @@ int launch_command(const std::vector<std::string>& argv) {
     std::fprintf(stderr, "mok launch: %s; stopping the other ranks\n", failure.c_str());
     stop_all(SIGTERM);
   };
+  // When each rank was seen stopped by a signal (-1: running), and by which.
+  std::vector<double> rank_stopped_at(n, -1);
+  std::vector<int> stop_signal(n, 0);
   while (remaining > 0) {
-    int status = 0;
-    // (WUNTRACED: a rank stopped by a signal, SIGTTIN for reading the terminal say, would
-    // otherwise be waited for without end.)
-    const pid_t pid = waitpid(-1, &status, WNOHANG | WUNTRACED);
-    if (pid > 0) {
-      for (long long r = 0; r < n; ++r)
-        if (pids[r] == pid && WIFSTOPPED(status)) {
+    bool reported = false;
+    for (long long r = 0; r < n; ++r) {
+      if (done[r]) continue;
+      // Stops and continues are taken as they come (a rank stopped for good, by SIGTTIN for
+      // reading the terminal say, would be waited for without end; one paused and resumed, by
+      // a job scheduler say, goes on). An exit is only looked at (WNOWAIT): the rank's process
+      // stays a zombie until the launch ends, so its pid, which names its process group, is
+      // not handed to another process before that group's leftovers are stopped (below).
+      siginfo_t info{};
+      if (waitid(P_PID, pids[r], &info, WSTOPPED | WCONTINUED | WNOHANG) == 0 && info.si_pid == pids[r]) {
+        reported = true;
+        if (info.si_code == CLD_CONTINUED) {
+          rank_stopped_at[r] = -1;
+        } else if (rank_stopped_at[r] < 0) {
+          rank_stopped_at[r] = elapsed_s();
+          stop_signal[r] = info.si_status;
           if (failed_rank < 0)
-            fail(static_cast<int>(r), 128 + WSTOPSIG(status), "rank " + std::to_string(r) + " " + describe_status(status));
-          kill(-pids[r], SIGCONT);  // (so that the TERM sent to its group can act; reaped once it ends)
-        } else if (pids[r] == pid) {
-          done[r] = true;
-          --remaining;
-          const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-          if (ok || failed_rank >= 0) continue;
-          const bool witness = WIFEXITED(status) && WEXITSTATUS(status) == kPeerWaitExitStatus;
-          if (witness) {
-            // Each witness restarts the wait (the others may still be giving up, each on its
-            // own deadline), up to three graces after the first.
-            last_witness_at = elapsed_s();
-            if (witness_rank < 0) {
-              witness_rank = static_cast<int>(r);
-              witness_at = last_witness_at;
-              std::fprintf(stderr, "mok launch: rank %lld gave up waiting for its peers; looking for the rank "
-                                   "that failed (up to %s s)\n", r, format_number(peer_grace_s).c_str());
-            }
-            continue;
-          }
-          // (A rank killed by a signal exits 128 + its number, as a shell reports it.)
-          fail(static_cast<int>(r),
-               WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1,
-               "rank " + std::to_string(r) + " " + describe_status(status));
+            std::fprintf(stderr, "mok launch: rank %lld was stopped by signal %d (%s); it fails the launch unless it "
+                                 "continues within %s s\n", r, info.si_status, strsignal(info.si_status),
+                         format_number(grace_s).c_str());
         }
-      continue;
+      }
+      info = siginfo_t{};
+      if (waitid(P_PID, pids[r], &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid != pids[r]) continue;
+      reported = true;
+      done[r] = true;
+      --remaining;
+      rank_stopped_at[r] = -1;
+      const bool exited = info.si_code == CLD_EXITED;
+      const bool ok = exited && info.si_status == 0;
+      if (ok || failed_rank >= 0) continue;
+      const bool witness = exited && info.si_status == kPeerWaitExitStatus;
+      if (witness) {
+        // Each witness restarts the wait (the others may still be giving up, each on its
+        // own deadline), up to three graces after the first.
+        last_witness_at = elapsed_s();
+        if (witness_rank < 0) {
+          witness_rank = static_cast<int>(r);
+          witness_at = last_witness_at;
+          std::fprintf(stderr, "mok launch: rank %lld gave up waiting for its peers; looking for the rank "
+                               "that failed (up to %s s)\n", r, format_number(peer_grace_s).c_str());
+        }
+        continue;
+      }
+      // (A rank killed by a signal exits 128 + its number, as a shell reports it.)
+      fail(static_cast<int>(r), exited ? info.si_status : 128 + info.si_status,
+           "rank " + std::to_string(r) + " " + describe_end(info.si_code, info.si_status));
     }
+    for (long long r = 0; r < n; ++r) {
+      if (done[r] || rank_stopped_at[r] < 0) continue;
+      if (failed_rank < 0 && elapsed_s() - rank_stopped_at[r] > grace_s)
+        fail(static_cast<int>(r), 128 + stop_signal[r],
+             "rank " + std::to_string(r) + " was stopped by signal " + std::to_string(stop_signal[r]) + " (" +
+                 strsignal(stop_signal[r]) + ") and did not continue within " + format_number(grace_s) +
+                 " s; a stopped rank never ends");
+      if (failed_rank >= 0) kill(-pids[r], SIGCONT);  // (so that the TERM sent to its group can act)
+    }
+    if (reported) continue;
     const double elapsed = elapsed_s();
     if (failed_rank < 0 && witness_rank >= 0 &&
         (elapsed - last_witness_at > peer_grace_s || elapsed - witness_at > 3 * peer_grace_s)) {
@@ -287,7 +310,14 @@ int launch_command(const std::vector<std::string>& argv) {
       return false;
     };
     while (any_left() && elapsed_s() - asked_at <= grace_s) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    for (long long r : left) kill(-pids[r], SIGKILL);
+    for (long long r : left)
+      if (group_has_live_process(pids[r])) kill(-pids[r], SIGKILL);
+  }
+  // The ranks' processes, kept as zombies while their groups were looked at, are reaped.
+  for (long long r = 0; r < n; ++r) {
+    int status = 0;
+    while (waitpid(pids[r], &status, 0) < 0 && errno == EINTR) {
+    }
   }
   std::error_code ec;
   std::filesystem::remove_all(launch_dir, ec);
