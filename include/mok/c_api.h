@@ -45,7 +45,7 @@ typedef struct mok_problem {
   int32_t precision;
   int32_t num_shared;
   int32_t shared_intermediate[MOK_C_MAX_SHARED];
-  int32_t has_swiglu_limit;
+  int32_t has_swiglu_limit;  /* 0 or 1 (anything else is an error naming the field) */
   float swiglu_limit;
 } mok_problem;
 
@@ -53,7 +53,8 @@ typedef struct mok_problem {
 typedef struct mok_config {
   int32_t minibatch_rows, macrobatch_rows;
   double schedule_capacity_factor;
-  int32_t forward_comm_sms, backward_comm_sms, tile_rows, task_band_tiles, task_pairs;
+  int32_t forward_comm_sms, backward_comm_sms, tile_rows, task_band_tiles;
+  int32_t task_pairs; /* 0 or 1 (anything else is an error naming the field) */
 } mok_config;
 
 typedef struct mok_options {
@@ -112,9 +113,10 @@ void mok_layer_destroy(mok_layer* layer);
  * propagates: a distributed group's communicator is aborted (mok_layer_abandon_group), so
  * nothing waits for peers. */
 void mok_layer_destroy_after_error(mok_layer* layer);
-/* mok::Layer::abandon_group: a distributed layer's rank gives up on its group now (its
+/* mok::Layer::abandon_group: a distributed layer's rank gives up on its group (its
  * communicator is aborted, later calls fail saying why, destroying it waits for nobody);
- * without a group nothing changes. `why` may be NULL. */
+ * without a group nothing changes. `why` may be NULL. A call on the layer in progress on
+ * another thread finishes first (calls run one at a time): it cannot interrupt one. */
 int mok_layer_abandon_group(mok_layer* layer, const char* why);
 /* mok::Layer::group_aborted, into *aborted (1 or 0). */
 int mok_layer_group_aborted(const mok_layer* layer, int32_t* aborted);

@@ -544,9 +544,11 @@ class Layer:
             _check(_lib().mok_layer_synchronize(self._live()))
 
     def abandon_group(self, why=None):
-        """mok::Layer::abandon_group: a distributed layer's rank gives up on its group now,
-        waiting for no peer (its communicator is aborted; later calls raise saying why; closing
-        it waits for nobody). Without a group (other modes, the cpu backend) nothing changes."""
+        """mok::Layer::abandon_group: a distributed layer's rank gives up on its group, waiting
+        for no peer (its communicator is aborted; later calls raise saying why; closing it waits
+        for nobody). A call in progress on another thread finishes first (calls run one at a
+        time): it cannot interrupt one. Without a group (other modes, the cpu backend) nothing
+        changes."""
         with self._lock:
             _check(_lib().mok_layer_abandon_group(self._live(), None if why is None else str(why).encode()))
 

@@ -156,7 +156,7 @@ const char* kBenchHelp = R"(usage: mok bench --work-dir DIR [options]
 Times the CUDA forward MoK's way (warm-up, then timed calls back to back; the median), checks
 it, and writes mok.json plus the PyTorch peer's inputs into DIR (bench/run.py drives it).
   --shape NAME | --experts E --hidden H --intermediate I --topk K [--shared LIST|none]
-  --dtype bf16|mxfp8 --swiglu-limit L
+  --dtype bf16 (mxfp8 is refused: the cuda backend runs bf16 only so far) --swiglu-limit L
   --ep R --tokens T --ep-mode auto|all|slice|distributed (auto: slice when R > 1)
   --active-rank R|busiest --routing SPEC --seed N --warmup N (500) --iters N (100)
   --capacity F --minibatch N --macrobatch N --comm-sms N --band N --pairs
@@ -201,6 +201,9 @@ int bench_command(const std::vector<std::string>& argv) {
   } catch (const Error& e) {
     throw Error(with_option_names(e.what()));
   }
+  require(p.precision == Precision::bf16,
+          "option --dtype " + std::string(to_string(p.precision)) +
+              ": mok bench times the cuda backend, which runs bf16 only so far (mok run --backend cpu runs mxfp8)");
   require(ep_mode == "distributed" || !exchange_timeout_given,
           "option --exchange-timeout: applies only with --ep-mode distributed (the ranks' exchange of reference "
           "rows)");

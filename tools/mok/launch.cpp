@@ -7,9 +7,13 @@
 // multicast stays off in every process (NCCL_NVLS_ENABLE=0, NVSHMEM_DISABLE_NVLS=1,
 // TORCH_SYMM_MEM_DISABLE_MULTICAST=1: on these machines multicast can take the host's GPUs
 // out of service). If any rank exits non-zero or dies, the others are stopped (SIGTERM,
-// then SIGKILL after a grace period) and the launcher exits non-zero naming that rank: with
-// that rank's exit status when it exited, else 1. SIGINT/SIGTERM/SIGHUP to the launcher stop
-// every rank the same way, and a rank whose launcher dies gets SIGTERM (PR_SET_PDEATHSIG).
+// then SIGKILL after --grace seconds) and the launcher exits non-zero naming that rank: with
+// its exit status if it exited, 128+N if signal N killed it or kept it stopped for longer than
+// --grace (a rank paused and resumed within it goes on). SIGINT/SIGTERM/SIGHUP to the
+// launcher stop every rank the same way (exit 128+N), --timeout does after that many seconds
+// (exit 1), and a rank whose launcher dies gets SIGTERM (PR_SET_PDEATHSIG). When the launch
+// ends, whatever is still running in a rank's process group (a wrapper's children) is stopped
+// too; each rank's process stays unreaped until then, so that group's id is not reused.
 // A rank that exits with mok's "gave up on its peers" status (mok::kPeerWaitExitStatus) is
 // not the culprit but a witness: the launcher waits up to --peer-grace seconds (default 10)
 // for a rank that fails for its own reason and names that one, else names the ranks still
@@ -82,9 +86,13 @@ int launch_command(const std::vector<std::string>& argv) {
   const auto dash = std::find(argv.begin(), argv.end(), "--");
   if (std::find(argv.begin(), dash, "--help") != dash) {
     std::printf("%s\nStarts N processes running COMMAND, one per rank (MOK_RANK, MOK_WORLD_SIZE, "
-                "MOK_LOCAL_RANK set), and stops the others when one fails. A rank exiting with status %d gave "
-                "up waiting for its peers: the launcher then waits up to --peer-grace s (10) for the rank that "
-                "failed, or names the ranks still running.\n",
+                "MOK_LOCAL_RANK set), and stops the others when one fails (exit: its status, or 128+N for "
+                "signal N). A rank exiting with status %d gave up waiting for its peers: the launcher then "
+                "waits up to --peer-grace s (10) for the rank that failed, or names the ranks still running.\n"
+                "  --timeout S  stop every rank after S s (0, the default: no limit; exit 1)\n"
+                "  --grace S    (10) the wait between SIGTERM and SIGKILL, and how long a rank may stay "
+                "stopped by a signal before it fails the launch\n"
+                "Processes the ranks leave running are stopped when the launch ends.\n",
                 usage, kPeerWaitExitStatus);
     return 0;
   }
@@ -110,7 +118,8 @@ int launch_command(const std::vector<std::string>& argv) {
   args.finish();
   require(n >= 1 && n <= 4096, "mok launch: -n must be in [1, 4096], got " + std::to_string(n));
   require(timeout_s >= 0, "mok launch: --timeout must be >= 0 (0 = none)");
-  require(grace_s >= 0, "mok launch: --grace must be >= 0 (seconds between SIGTERM and SIGKILL)");
+  require(grace_s >= 0, "mok launch: --grace must be >= 0 (seconds between SIGTERM and SIGKILL, and that a rank "
+                        "may stay stopped)");
   require(peer_grace_s >= 0, "mok launch: --peer-grace must be >= 0 (seconds to wait for the culprit after a "
                              "rank gave up on its peers)");
 
