@@ -104,67 +104,41 @@ TEST_P(ReferenceVsDense, ForwardAndEveryGradient) {
   expect_close(combine, f.combine, "combine slots", kBf16AbsFrac);
 
   layer.backward(data.backward_args());
-  if (c.precision == Precision::bf16) {
-    const auto g = test::dense_backward(dense, Mode::bf16);
-    expect_close(test::concat_ranks(data, &RankData::dx), g.dx, "dx", kBf16AbsFrac);
-    expect_close(test::concat_ranks(data, &RankData::d_router_weights), g.d_router, "d_router_weights",
-                 kF32AbsFrac);
-    expect_close(test::concat_ranks(data, &RankData::d_w_gate), g.d_gate, "d_w_gate", kF32AbsFrac);
-    expect_close(test::concat_ranks(data, &RankData::d_w_up), g.d_up, "d_w_up", kF32AbsFrac);
-    expect_close(test::concat_ranks(data, &RankData::d_w_down), g.d_down, "d_w_down", kF32AbsFrac);
+  // Every gradient the layer wrote beside the formulation's, with its name and bar: dx as y,
+  // the fp32 gradients to kF32AbsFrac.
+  auto each_gradient = [&](const test::DenseGrads& g, const std::string& tag, auto&& visit) {
+    visit(test::concat_ranks(data, &RankData::dx), g.dx, tag + "dx", kBf16AbsFrac);
+    visit(test::concat_ranks(data, &RankData::d_router_weights), g.d_router, tag + "d_router_weights", kF32AbsFrac);
+    visit(test::concat_ranks(data, &RankData::d_w_gate), g.d_gate, tag + "d_w_gate", kF32AbsFrac);
+    visit(test::concat_ranks(data, &RankData::d_w_up), g.d_up, tag + "d_w_up", kF32AbsFrac);
+    visit(test::concat_ranks(data, &RankData::d_w_down), g.d_down, tag + "d_w_down", kF32AbsFrac);
     for (int s = 0; s < p.num_shared(); ++s) {
-      const std::string n = "shared " + std::to_string(s) + " ";
-      expect_close(test::shared_grad_sum(data, s, &SharedHostGrads::d_w_gate), g.d_shared_gate[s], n + "d_w_gate",
-                   kF32AbsFrac);
-      expect_close(test::shared_grad_sum(data, s, &SharedHostGrads::d_w_up), g.d_shared_up[s], n + "d_w_up",
-                   kF32AbsFrac);
-      expect_close(test::shared_grad_sum(data, s, &SharedHostGrads::d_w_down), g.d_shared_down[s],
-                   n + "d_w_down", kF32AbsFrac);
+      const std::string n = tag + "shared " + std::to_string(s) + " ";
+      visit(test::shared_grad_sum(data, s, &SharedHostGrads::d_w_gate), g.d_shared_gate[s], n + "d_w_gate",
+            kF32AbsFrac);
+      visit(test::shared_grad_sum(data, s, &SharedHostGrads::d_w_up), g.d_shared_up[s], n + "d_w_up", kF32AbsFrac);
+      visit(test::shared_grad_sum(data, s, &SharedHostGrads::d_w_down), g.d_shared_down[s], n + "d_w_down",
+            kF32AbsFrac);
     }
-  } else {
-    // MXFP8 backward: every gradient against the formulation with the reference's round trips
-    // (dy and W_down^T along H, [dG | dU] and the weights along 2I, the wgrads' operands along
-    // each expert's rows), as tightly as bf16's: a round trip dropped or moved fails here.
-    const auto g = test::dense_backward(dense, Mode::mxfp8);
-    expect_close(test::concat_ranks(data, &RankData::dx), g.dx, "mxfp8 dx", kBf16AbsFrac);
-    expect_close(test::concat_ranks(data, &RankData::d_router_weights), g.d_router, "mxfp8 d_router_weights",
-                 kF32AbsFrac);
-    expect_close(test::concat_ranks(data, &RankData::d_w_gate), g.d_gate, "mxfp8 d_w_gate", kF32AbsFrac);
-    expect_close(test::concat_ranks(data, &RankData::d_w_up), g.d_up, "mxfp8 d_w_up", kF32AbsFrac);
-    expect_close(test::concat_ranks(data, &RankData::d_w_down), g.d_down, "mxfp8 d_w_down", kF32AbsFrac);
-    for (int s = 0; s < p.num_shared(); ++s) {
-      const std::string n = "mxfp8 shared " + std::to_string(s) + " ";
-      expect_close(test::shared_grad_sum(data, s, &SharedHostGrads::d_w_gate), g.d_shared_gate[s], n + "d_w_gate",
-                   kF32AbsFrac);
-      expect_close(test::shared_grad_sum(data, s, &SharedHostGrads::d_w_up), g.d_shared_up[s], n + "d_w_up",
-                   kF32AbsFrac);
-      expect_close(test::shared_grad_sum(data, s, &SharedHostGrads::d_w_down), g.d_shared_down[s],
-                   n + "d_w_down", kF32AbsFrac);
-    }
+  };
+  // bf16 and MXFP8 alike, against the formulation with the reference's rounding points (for
+  // MXFP8: dy and W_down^T along H, [dG | dU] and the weights along 2I, the wgrads' operands
+  // along each expert's rows), as tightly: a rounding point dropped or moved fails here.
+  const bool mx = c.precision != Precision::bf16;
+  each_gradient(test::dense_backward(dense, mode), mx ? "mxfp8 " : "", expect_close);
+  if (mx) {
     // And MoK's gradient bar against the straight-through gradient (no backward rounding), so
     // that a harmful rounding point put into both the reference and the formulation above
     // would still fail.
-    const auto st = test::dense_backward(dense, Mode::mxfp8, /*round_backward=*/false);
     const double cos_bar = mok_tolerance(Precision::mxfp8).grad_cosine;
-    auto bar = [&](const std::vector<double>& out, const std::vector<double>& ref, const std::string& what) {
-      const Diff d = test::diff(out, ref);
-      EXPECT_EQ(d.non_finite, 0) << what;
-      EXPECT_GE(d.cosine, cos_bar) << what << ": " << d.describe();
-      EXPECT_LE(d.rel, 0.1) << what << ": " << d.describe();
-    };
-    bar(test::concat_ranks(data, &RankData::dx), st.dx, "straight-through dx");
-    bar(test::concat_ranks(data, &RankData::d_router_weights), st.d_router, "straight-through d_router_weights");
-    bar(test::concat_ranks(data, &RankData::d_w_gate), st.d_gate, "straight-through d_w_gate");
-    bar(test::concat_ranks(data, &RankData::d_w_up), st.d_up, "straight-through d_w_up");
-    bar(test::concat_ranks(data, &RankData::d_w_down), st.d_down, "straight-through d_w_down");
-    for (int s = 0; s < p.num_shared(); ++s) {
-      bar(test::shared_grad_sum(data, s, &SharedHostGrads::d_w_gate), st.d_shared_gate[s],
-          "straight-through shared d_w_gate");
-      bar(test::shared_grad_sum(data, s, &SharedHostGrads::d_w_up), st.d_shared_up[s],
-          "straight-through shared d_w_up");
-      bar(test::shared_grad_sum(data, s, &SharedHostGrads::d_w_down), st.d_shared_down[s],
-          "straight-through shared d_w_down");
-    }
+    each_gradient(test::dense_backward(dense, Mode::mxfp8, /*round_backward=*/false), "straight-through ",
+                  [&](const std::vector<double>& out, const std::vector<double>& ref, const std::string& what,
+                      double /*abs_frac: MoK's bar instead*/) {
+                    const Diff d = test::diff(out, ref);
+                    EXPECT_EQ(d.non_finite, 0) << what;
+                    EXPECT_GE(d.cosine, cos_bar) << what << ": " << d.describe();
+                    EXPECT_LE(d.rel, 0.1) << what << ": " << d.describe();
+                  });
   }
 }
 
