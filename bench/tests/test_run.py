@@ -279,27 +279,35 @@ class EndToEnd(unittest.TestCase):
             self.assertFalse(rec["check"]["passes"])
             self.assertIn("FAIL (no peer, mok bench exited 4)", r.stdout.splitlines()[-1])
 
-    def test_peer_exiting_non_zero_after_its_json_fails_the_record(self):
-        # The peer wrote a passing peer.json, then exited 1: the record keeps the exit and fails.
+    def _run_with_peer(self, d, peer):
+        """run.run_one on a glm-5.2 slice made to the contract, subprocess calls faked: mok
+        bench writes a synthetic work directory, the peer is `peer(work)` (its exit status)."""
         from synth_workdir import make_workdir
 
         def call(cmd):
             work = cmd[cmd.index("--work-dir") + 1] if "--work-dir" in cmd else cmd[2]
             if cmd[1].endswith("peer_torch.py"):
-                with open(os.path.join(work, "peer.json"), "w") as f:
-                    json.dump(helpers.fixture("fixture_peer_qwen35_slice.json"), f)
-                return 1
+                return peer(work)
             make_workdir(work, shape="glm-5.2", tokens=16, warmup=500, iters=100, forward_ms=0.5)
             return 0
 
+        args = types.SimpleNamespace(
+            mok_bin="mok", dtype=None, routing="gaussian", warmup=500, iters=100, ceiling_warmup=500,
+            ceiling_iters=200, mok_arg=[], no_backward=False, no_peer=False, no_clocks=True, keep_work=False,
+            work_root=os.path.join(d, "work"), results_dir=os.path.join(d, "results"))
+        with mock.patch.object(run.subprocess, "call", side_effect=call), \
+                contextlib.redirect_stdout(io.StringIO()):
+            return run.run_one(args, "glm-5.2", "slice", 2, 16)
+
+    def test_peer_exiting_non_zero_after_its_json_fails_the_record(self):
+        # The peer wrote a passing peer.json, then exited 1: the record keeps the exit and fails.
+        def peer(work):
+            with open(os.path.join(work, "peer.json"), "w") as f:
+                json.dump(helpers.fixture("fixture_peer_qwen35_slice.json"), f)
+            return 1
+
         with tempfile.TemporaryDirectory() as d:
-            args = types.SimpleNamespace(
-                mok_bin="mok", dtype=None, routing="gaussian", warmup=500, iters=100, ceiling_warmup=500,
-                ceiling_iters=200, mok_arg=[], no_backward=False, no_peer=False, no_clocks=True, keep_work=False,
-                work_root=os.path.join(d, "work"), results_dir=os.path.join(d, "results"))
-            with mock.patch.object(run.subprocess, "call", side_effect=call), \
-                    contextlib.redirect_stdout(io.StringIO()):
-                row = run.run_one(args, "glm-5.2", "slice", 2, 16)
+            row = self._run_with_peer(d, peer)
             rec = row["record"]
             self.assertEqual(rec["errors"], ["peer_torch.py exited 1"])
             self.assertEqual(rec["check"], {"mok": True, "pytorch": True, "peer_ran": True, "passes": False})
@@ -311,24 +319,8 @@ class EndToEnd(unittest.TestCase):
         # A peer that refused its work directory (or crashed) writes no peer.json: the record
         # fails, and it stays a contract record (shown as FAIL), not an off-contract one that
         # would leave an older passing record standing for the shape.
-        from synth_workdir import make_workdir
-
-        def call(cmd):
-            if cmd[1].endswith("peer_torch.py"):
-                return 1
-            work = cmd[cmd.index("--work-dir") + 1]
-            make_workdir(work, shape="glm-5.2", tokens=16, warmup=500, iters=100, forward_ms=0.5)
-            return 0
-
         with tempfile.TemporaryDirectory() as d:
-            args = types.SimpleNamespace(
-                mok_bin="mok", dtype=None, routing="gaussian", warmup=500, iters=100, ceiling_warmup=500,
-                ceiling_iters=200, mok_arg=[], no_backward=False, no_peer=False, no_clocks=True, keep_work=False,
-                work_root=os.path.join(d, "work"), results_dir=os.path.join(d, "results"))
-            with mock.patch.object(run.subprocess, "call", side_effect=call), \
-                    contextlib.redirect_stdout(io.StringIO()):
-                row = run.run_one(args, "glm-5.2", "slice", 2, 16)
-            rec = row["record"]
+            rec = self._run_with_peer(d, lambda work: 1)["record"]
             self.assertFalse(rec["check"]["passes"])
             self.assertEqual(rec["errors"], ["peer_torch.py exited 1"])
             self.assertEqual(records.contract_breaks(rec), [])
