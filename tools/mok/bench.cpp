@@ -196,11 +196,7 @@ int bench_command(const std::vector<std::string>& argv) {
   ProblemArgs pa = parse_problem(args, "qwen3.5-397b-a17b", true);
   args.finish();
   const Problem& p = pa.problem;
-  try {  // (before any work or file, naming the options: the Layer checks it again)
-    config.validate();
-  } catch (const Error& e) {
-    throw Error(with_option_names(e.what()));
-  }
+  naming_options([&] { config.validate(); });  // (before any work or file: the Layer checks it again)
   require(p.precision == Precision::bf16,
           "option --dtype " + std::string(to_string(p.precision)) +
               ": mok bench times the cuda backend, which runs bf16 only so far (mok run --backend cpu runs mxfp8)");
@@ -262,15 +258,7 @@ int bench_command(const std::vector<std::string>& argv) {
   o.active_rank = me;
   o.cuda_device = device;
   o.cuda_stream = stream;
-  Layer layer = [&] {
-    try {
-      return Layer(p, config, o);
-    } catch (const PeerWaitError&) {
-      throw;  // (its own exit status)
-    } catch (const Error& e) {
-      throw Error(with_option_names(e.what()));
-    }
-  }();
+  Layer layer = naming_options([&] { return Layer(p, config, o); });
   DeviceMirror mirror(host, device);
   const auto all_args = mirror.forward_args();
   const std::vector<RankForward> args_dev = distributed ? std::vector<RankForward>{all_args[me]} : all_args;

@@ -194,11 +194,7 @@ ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool /*g
       throw Error("option --swiglu-limit: " + format_number(*limit) + " is outside float's range");
     p.swiglu_limit = f;
   }
-  try {
-    p.validate();
-  } catch (const Error& e) {
-    throw Error(with_option_names(e.what()));
-  }
+  naming_options([&] { p.validate(); });
   return out;
 }
 

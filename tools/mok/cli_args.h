@@ -42,6 +42,20 @@ Repetitions take_repetitions(Args& args, int default_warmup, int default_iters);
 // must be divisible by ep_size (3) [options: --experts or --shape, --ep]".
 std::string with_option_names(const std::string& message);
 
+// Runs `fn` (a validation, a Layer's construction) and returns what it returns; a mok::Error
+// from it comes back with the options that set the fields it names (with_option_names). A
+// PeerWaitError passes unchanged (it has its own exit status).
+template <typename Fn>
+auto naming_options(Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const PeerWaitError&) {
+    throw;
+  } catch (const Error& e) {
+    throw Error(with_option_names(e.what()));
+  }
+}
+
 // The problem described by --shape/--experts/... (see `mok run --help`). Its validation
 // errors name the options (with_option_names).
 struct ProblemArgs {

@@ -123,11 +123,7 @@ int run_command(const std::vector<std::string>& argv) {
   if (auto v = args.take_int("tile-rows")) config.tile_rows = static_cast<int>(*v);
   if (auto v = args.take_int("band")) config.task_band_tiles = static_cast<int>(*v);
   if (args.take_flag("pairs")) config.task_pairs = true;
-  try {  // (before any work or file: the Layer checks it again)
-    config.validate();
-  } catch (const Error& e) {
-    throw Error(with_option_names(e.what()));
-  }
+  naming_options([&] { config.validate(); });  // (before any work or file: the Layer checks it again)
 
   // The save directory is claimed before any work: a run never mixes its tensors with an
   // earlier run's files, and an unwritable path is found before the results exist.
@@ -224,15 +220,7 @@ int run_command(const std::vector<std::string>& argv) {
   }
   const Problem& p = data.problem;
 
-  Layer layer = [&] {
-    try {
-      return Layer(p, config, options);
-    } catch (const PeerWaitError&) {
-      throw;  // (its own exit status)
-    } catch (const Error& e) {
-      throw Error(with_option_names(e.what()));
-    }
-  }();
+  Layer layer = naming_options([&] { return Layer(p, config, options); });
   // TFLOP/s counts the work of every rank this run computes (MoK's per-rank formula).
   const double ranks_computed = options.ep_mode == EpMode::all_ranks ? p.ep_size : 1;
   // The ranks' arguments this process passes: all of them, or its own (distributed).
