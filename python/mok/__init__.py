@@ -313,13 +313,12 @@ def _shared_list(entries, name):
 
 
 def _shared(entries, name, output=False):
-    """Shared-expert (w_gate, w_up, w_down) triples (_shared_list's) -> (count, ctypes array)."""
-    entries = list(entries or [])
+    """_shared_list's (w_gate, w_up, w_down) tuples (None: none) -> (count, ctypes array)."""
+    entries = entries or []
     if len(entries) > _MAX_SHARED:
         raise MokError(f"{name}: at most {_MAX_SHARED} shared experts through the C interface")
     out = (_SharedWeights * _MAX_SHARED)()
-    for s, e in enumerate(entries):
-        g, u, d = _shared_triple(e)
+    for s, (g, u, d) in enumerate(entries):
         n = f"{name}[{s}]"
         out[s] = _SharedWeights(_tensor(g, n + ".w_gate", output), _tensor(u, n + ".w_up", output),
                                 _tensor(d, n + ".w_down", output))
@@ -536,7 +535,7 @@ class Layer:
             array, n, kept = _ranks(ranks, _RankBackward, _BACKWARD_KEYS, fill)
             _check(_lib().mok_layer_backward(self._live(), array, n))
             _written(t for rank in kept for t in [rank.get(key) for key in _GRADIENT_KEYS] +
-                     [w for entry in (rank.get("d_shared") or []) for w in _shared_triple(entry)])
+                     [w for entry in (rank.get("d_shared") or []) for w in entry])
 
     def synchronize(self):
         """Waits for the layer's device work and raises what failed there (no-op on the CPU)."""
