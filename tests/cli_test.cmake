@@ -146,7 +146,8 @@ elseif(MODE STREQUAL "bad_input")
   if(se MATCHES "this build has no CUDA backend")
     message(STATUS "mok bench option checks skipped: this build has no CUDA backend")
   else()
-    expect_refused("Config.minibatch_rows = 7: must be a positive multiple of tile_rows (128) [options: --minibatch"
+    # ... and only options it has: the message names tile_rows, which mok bench cannot set.
+    expect_refused("Config.minibatch_rows = 7: must be a positive multiple of tile_rows (128) [options: --minibatch]"
                    bench --shape tiny --minibatch 7 --work-dir "${WORK}/bench_bad")
     expect_refused("option --exchange-timeout: applies only with --ep-mode distributed"
                    bench --shape tiny --exchange-timeout 5 --work-dir "${WORK}/bench_bad")

@@ -196,7 +196,9 @@ int bench_command(const std::vector<std::string>& argv) {
   ProblemArgs pa = parse_problem(args, "qwen3.5-397b-a17b", true);
   args.finish();
   const Problem& p = pa.problem;
-  naming_options([&] { config.validate(); });  // (before any work or file: the Layer checks it again)
+  // Options of mok run that mok bench does not have: the config's errors must not point at them.
+  static constexpr std::string_view kNotTaken[] = {"--tile-rows", "--threads"};
+  naming_options([&] { config.validate(); }, kNotTaken);  // (before any work or file: the Layer checks it again)
   require(p.precision == Precision::bf16,
           "option --dtype " + std::string(to_string(p.precision)) +
               ": mok bench times the cuda backend, which runs bf16 only so far (mok run --backend cpu runs mxfp8)");
@@ -258,7 +260,7 @@ int bench_command(const std::vector<std::string>& argv) {
   o.active_rank = me;
   o.cuda_device = device;
   o.cuda_stream = stream;
-  Layer layer = naming_options([&] { return Layer(p, config, o); });
+  Layer layer = naming_options([&] { return Layer(p, config, o); }, kNotTaken);
   DeviceMirror mirror(host, device);
   const auto all_args = mirror.forward_args();
   const std::vector<RankForward> args_dev = distributed ? std::vector<RankForward>{all_args[me]} : all_args;

@@ -113,7 +113,7 @@ int resolve_active_rank(const std::optional<std::string>& given, bool slice, con
   }
 }
 
-std::string with_option_names(const std::string& message) {
+std::string with_option_names(const std::string& message, std::span<const std::string_view> options_not_taken) {
   // Field names as the library's messages spell them, and the options that set them.
   static const std::pair<const char*, const char*> kOptions[] = {
       {"num_experts", "--experts or --shape"},
@@ -137,6 +137,7 @@ std::string with_option_names(const std::string& message) {
   };
   std::string named;
   for (const auto& [field, option] : kOptions) {
+    if (std::find(options_not_taken.begin(), options_not_taken.end(), option) != options_not_taken.end()) continue;
     // A whole word: "hidden" must not match inside "hidden_rows", nor "ep_size" in "keep_size".
     for (std::size_t at = message.find(field); at != std::string::npos; at = message.find(field, at + 1)) {
       const std::size_t end = at + std::strlen(field);

@@ -3,7 +3,9 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "mok/mok.h"
@@ -39,20 +41,22 @@ Repetitions take_repetitions(Args& args, int default_warmup, int default_iters);
 
 // `message` (a mok::Error's, naming a Problem, Config or LayerOptions field) with the
 // command-line options that set the fields it names appended, e.g. "Problem.num_experts = 8:
-// must be divisible by ep_size (3) [options: --experts or --shape, --ep]".
-std::string with_option_names(const std::string& message);
+// must be divisible by ep_size (3) [options: --experts or --shape, --ep]". A field set by an
+// option in `options_not_taken` (one the command does not have: mok bench has no --tile-rows)
+// is left unnamed rather than pointing at an option the command would refuse.
+std::string with_option_names(const std::string& message, std::span<const std::string_view> options_not_taken = {});
 
 // Runs `fn` (a validation, a Layer's construction) and returns what it returns; a mok::Error
 // from it comes back with the options that set the fields it names (with_option_names). A
 // PeerWaitError passes unchanged (it has its own exit status).
 template <typename Fn>
-auto naming_options(Fn&& fn) -> decltype(fn()) {
+auto naming_options(Fn&& fn, std::span<const std::string_view> options_not_taken = {}) -> decltype(fn()) {
   try {
     return fn();
   } catch (const PeerWaitError&) {
     throw;
   } catch (const Error& e) {
-    throw Error(with_option_names(e.what()));
+    throw Error(with_option_names(e.what(), options_not_taken));
   }
 }
 
