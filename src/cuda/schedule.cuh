@@ -199,8 +199,9 @@ __device__ __forceinline__ void validate_chunk(const ScheduleParams& p, const St
 #pragma unroll
   for (int i = 0; i < kIdsPerLane; ++i) staged[32 * i + lane] = ids[i];  // (first: frees ids' registers)
   // The chunk's weights, all of them: in a group only the validated rank's are on this GPU
-  // (the others' pointers are null), so a chunk that spans another rank takes the rolled
-  // per-id path, which reads only validated positions.
+  // (the others' entries are stand-ins, the rank's own pointer again: their weights must not
+  // be read), so a chunk that spans another rank takes the rolled per-id path, which reads
+  // only validated positions.
   if (o.src >= 0) {
     float weights[kIdsPerLane];
     load_one_source(p.router_weights, o, lane, 0.0f, weights);  // (one source: no division)
