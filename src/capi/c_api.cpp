@@ -161,6 +161,23 @@ mok::RankWeights weights_of(const CRank& a, const std::string& n) {
           shared_triples<mok::SharedExpertWeights>(a, a.shared, n, n + ".shared")};
 }
 
+// The inverse of capi::c_problem, checking what C's types cannot: the enum, the flag and the
+// shared count (the Problem's own rules are the Layer's to check).
+mok::Problem problem_from(const mok_problem& c) {
+  mok::Problem p;
+  p.num_experts = c.num_experts;
+  p.hidden = c.hidden;
+  p.intermediate = c.intermediate;
+  p.top_k = c.top_k;
+  p.ep_size = c.ep_size;
+  p.tokens_per_rank = c.tokens_per_rank;
+  p.precision = checked_enum<mok::Precision>(c.precision, MOK_PRECISION_MXFP8 + 1, "problem.precision");
+  const int shared = shared_count(c.num_shared, "problem.num_shared");
+  p.shared_intermediate.assign(c.shared_intermediate, c.shared_intermediate + shared);
+  if (checked_flag(c.has_swiglu_limit, "problem.has_swiglu_limit")) p.swiglu_limit = c.swiglu_limit;
+  return p;
+}
+
 mok::Config config_from(const mok_config& c) {
   mok::Config config;
   config.minibatch_rows = c.minibatch_rows;
@@ -244,17 +261,7 @@ int mok_layer_create(const mok_problem* problem, const mok_config* config, const
     *layer = nullptr;  // (first: on any error the caller holds no stale handle)
     require_not_null(problem, "problem");
     require_not_null(options, "options");
-    mok::Problem p;
-    p.num_experts = problem->num_experts;
-    p.hidden = problem->hidden;
-    p.intermediate = problem->intermediate;
-    p.top_k = problem->top_k;
-    p.ep_size = problem->ep_size;
-    p.tokens_per_rank = problem->tokens_per_rank;
-    p.precision = checked_enum<mok::Precision>(problem->precision, MOK_PRECISION_MXFP8 + 1, "problem.precision");
-    const int shared = shared_count(problem->num_shared, "problem.num_shared");
-    p.shared_intermediate.assign(problem->shared_intermediate, problem->shared_intermediate + shared);
-    if (checked_flag(problem->has_swiglu_limit, "problem.has_swiglu_limit")) p.swiglu_limit = problem->swiglu_limit;
+    const mok::Problem p = problem_from(*problem);
     mok::LayerOptions o;
     o.backend = checked_enum<mok::Backend>(options->backend, MOK_BACKEND_CUDA + 1, "options.backend");
     o.ep_mode = checked_enum<mok::EpMode>(options->ep_mode, MOK_DISTRIBUTED + 1, "options.ep_mode");
