@@ -262,6 +262,30 @@ TEST_F(BadInput, CapacityTooSmall) {
   EXPECT_NO_THROW(layer.forward(ok.forward_args()));
 }
 
+// The layer's combine slots are its own memory, which every forward writes: handed back as an
+// argument they are refused like any overlap. A view stays valid across forwards.
+TEST_F(BadInput, CombineSlotsAreNoArgument) {
+  layer_.forward(data_.forward_args());
+  const TensorView slots = layer_.combine_slots(1);  // [T*k = 16, H = 64]
+  const auto first_rows = [&](std::int64_t skip) {
+    return TensorView::contiguous(static_cast<std::uint16_t*>(slots.data) + skip * 64, DType::bf16, {8, 64});
+  };
+  auto args = data_.forward_args();
+  args[0].y = first_rows(8);
+  EXPECT_THAT(forward_error(args), AllOf(HasSubstr("combine_slots(1)"), HasSubstr("y[rank 0]"),
+                                         HasSubstr("must not share bytes")));
+  args = data_.forward_args();
+  args[1].inputs.x = first_rows(0);
+  EXPECT_THAT(forward_error(args), AllOf(HasSubstr("combine_slots(1)"), HasSubstr("x[rank 1]")));
+  // The view taken before shows the next forward's slots, in the same memory.
+  const auto* bits = static_cast<const std::uint16_t*>(slots.data);
+  const std::vector<std::uint16_t> before(bits, bits + slots.numel());
+  const LayerData other = test::make_data(p_, 11, true);
+  layer_.forward(other.forward_args());
+  EXPECT_EQ(layer_.combine_slots(1).data, slots.data);
+  EXPECT_NE(std::vector<std::uint16_t>(bits, bits + slots.numel()), before);
+}
+
 TEST_F(BadInput, CombineSlotsArguments) {
   Layer fresh(p_, test::roomy_config(), test::cpu_options());
   EXPECT_THAT(error_message([&] { fresh.combine_slots(0); }), HasSubstr("no forward"));

@@ -172,7 +172,9 @@ class Layer {
 
   // The combine slots of rank r, bf16 [T*k, H]: slot t*k+j receives the row that
   // expert top_experts[t,j] produced for token t. Exposed for tests and rank_slice runs
-  // (where the slots other ranks would write are filled in advance).
+  // (where the slots other ranks would write are filled in advance). The view is the layer's
+  // own memory, valid for the Layer's life (on the cpu backend, from its first forward on);
+  // each forward rewrites it, so a forward refuses it, or any part of it, as an argument.
   TensorView combine_slots(int rank) const;
 
   struct Impl;

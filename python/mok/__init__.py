@@ -572,7 +572,7 @@ class Layer:
             n = 1
             for d in shape:
                 n *= d
-            if t.device == _CPU:  # (the cpu backend makes new slots at every forward: a copy)
+            if t.device == _CPU:  # (a copy: a numpy view could not keep the layer's memory alive)
                 import numpy as np
                 slots = np.frombuffer((ctypes.c_uint16 * n).from_address(t.data), dtype=np.uint16)
                 return slots.reshape(shape).copy()

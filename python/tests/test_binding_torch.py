@@ -225,6 +225,16 @@ class TorchCuda(unittest.TestCase):
         gc.collect()
         self.assertIsNone(native(), "the layer outlived the last view of its slots")
 
+    def test_a_slot_view_handed_back_as_y_is_refused(self):
+        gpu = [to_torch(r, "cuda") for r in make_inputs(PROBLEM, 19)]
+        with mok.Layer(PROBLEM, backend="cuda") as layer:
+            bad = [dict(r) for r in gpu]
+            bad[0]["y"] = layer.combine_slots(1)[:PROBLEM.tokens_per_rank]
+            with self.assertRaisesRegex(mok.MokError, r"combine_slots\(1\).*must not share bytes"):
+                layer.forward(bad)
+            layer.forward(gpu)  # the refused call launched nothing
+            layer.synchronize()
+
     def test_a_view_kept_on_its_layer_does_not_keep_the_layer(self):
         # The tensor -> view edge is inside torch's storage, unseen by the garbage collector:
         # a view holding its Layer would make an uncollectable cycle here.

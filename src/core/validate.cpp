@@ -154,7 +154,8 @@ void check_routing_rank(const Problem& p, int rank, const std::int32_t* ids, con
 }
 
 void check_forward_args(const Problem& p, const LayerOptions& o, std::span<const RankForward> ranks,
-                        Device dev, std::optional<Placement> placement, int first_rank) {
+                        Device dev, std::optional<Placement> placement, int first_rank,
+                        std::span<const TensorView> combine_slots) {
   check_rank_count(p, o, ranks);
   for (int i = 0; i < static_cast<int>(ranks.size()); ++i) {
     const int r = first_rank + i;  // the rank errors name (ranks[i] is rank first_rank + i)
@@ -183,6 +184,8 @@ void check_forward_args(const Problem& p, const LayerOptions& o, std::span<const
     spans.add_weights(ranks[i].weights, r);
     spans.add(ranks[i].y, rank_name("y", r), true);
   }
+  for (int i = 0; i < static_cast<int>(combine_slots.size()); ++i)
+    spans.add(combine_slots[i], "the layer's combine_slots(" + std::to_string(first_rank + i) + ")", true);
   spans.require_outputs_apart();
 }
 

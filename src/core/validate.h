@@ -29,8 +29,12 @@ struct Placement {
 // router_weights) on its device, aligned to its 4-byte elements.
 // `first_rank`: the rank ranks[0] is, for the names errors give (a distributed process
 // passes its own rank only).
+// `combine_slots`: the layer's own combine slots here, rank first_rank + i's at i (empty
+// before they exist). The forward writes and reads them, so no argument may share their
+// bytes: a combine_slots() view handed back as x or y is refused, as an overlap is.
 void check_forward_args(const Problem& p, const LayerOptions& o, std::span<const RankForward> ranks,
-                        Device device, std::optional<Placement> placement = std::nullopt, int first_rank = 0);
+                        Device device, std::optional<Placement> placement = std::nullopt, int first_rank = 0,
+                        std::span<const TensorView> combine_slots = {});
 void check_backward_args(const Problem& p, const LayerOptions& o, std::span<const RankBackward> ranks,
                          Device device);
 

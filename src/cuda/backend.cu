@@ -641,8 +641,12 @@ class CudaBackend final : public BackendImpl {
   void enqueue_forward(std::span<const RankForward> ranks) {
     // x rows and weights move with bulk copies and TMA, y is written in 16-byte stores (a
     // misaligned one would fault and lose the context): all on this layer's device, aligned.
+    // (The slots here: this rank's in a group, every rank's on one GPU.)
+    std::vector<TensorView> slots;
+    for (int r = group_ ? first_rank_ : 0; r < (group_ ? first_rank_ + 1 : problem_.ep_size); ++r)
+      slots.push_back(combine_slots(r));
     check_forward_args(problem_, options_, ranks, Device::cuda, Placement{options_.cuda_device, 16},
-                       group_ ? first_rank_ : 0);
+                       group_ ? first_rank_ : 0, slots);
     const CallArgs& a = call_args(ranks);
     const Problem& p = problem_;
     const int T = p.tokens_per_rank, H = p.hidden;

@@ -17,7 +17,9 @@ class CpuBackend final : public BackendImpl {
   }
 
   void forward(std::span<const RankForward> ranks) override {
-    check_forward_args(problem_, {}, ranks, Device::cpu);
+    std::vector<TensorView> slots;
+    for (int r = 0; r < static_cast<int>(combine_.size()); ++r) slots.push_back(combine_slots(r));
+    check_forward_args(problem_, {}, ranks, Device::cpu, std::nullopt, 0, slots);
     std::vector<RankInputs> inputs;
     for (int r = 0; r < problem_.ep_size; ++r) {
       check_routing_rank(problem_, r, ranks[r].inputs.top_experts.as<const std::int32_t>(),
@@ -25,7 +27,15 @@ class CpuBackend final : public BackendImpl {
       inputs.push_back(ranks[r].inputs);
     }
     const auto scheds = schedule(inputs);
-    ref::forward(problem_, pool_, ranks, scheds, &combine_);
+    std::vector<ref::SlotBuffer> fresh;
+    ref::forward(problem_, pool_, ranks, scheds, &fresh);
+    // Into the slots the first forward made, so that a combine_slots() view stays valid for
+    // the layer's life (as on the cuda backend), showing the latest forward's slots.
+    if (combine_.empty()) {
+      combine_ = std::move(fresh);
+    } else {
+      for (std::size_t r = 0; r < fresh.size(); ++r) std::copy(fresh[r].begin(), fresh[r].end(), combine_[r].begin());
+    }
   }
 
   void backward(std::span<const RankBackward> ranks) override {

@@ -1420,6 +1420,40 @@ TEST(GpuErrors, MisalignedXOrYIsAClearError) {
   EXPECT_NO_THROW(layer.synchronize());
 }
 
+// The layer's combine slots are written by every forward (in a rank slice, the active rank
+// writes the other ranks'): a combine_slots() view handed back as y or x is refused before
+// any launch, naming the slots.
+TEST(GpuErrors, ACombineSlotsViewIsNoArgument) {
+  MOK_REQUIRE_GPU();
+  const Problem p = make_problem(16, 256, 128, 4, {}, 2, 64);  // slots [T*k = 256, H]
+  const LayerData host = make_data(p, "gaussian");
+  LayerOptions o;
+  o.backend = Backend::cuda;
+  o.ep_mode = EpMode::rank_slice;
+  o.active_rank = 0;
+  Layer layer(p, Config{}, o);
+  DeviceMirror mirror(host, 0);
+  const auto args = mirror.forward_args();
+  for (int owner = 0; owner < 2; ++owner) {
+    TensorView rows = layer.combine_slots(owner);
+    rows.shape[0] = p.tokens_per_rank;  // its first T rows: y's shape
+    auto as_y = args, as_x = args;
+    as_y[0].y = rows;
+    as_x[1].inputs.x = rows;
+    const std::string slots = "combine_slots(" + std::to_string(owner) + ")";
+    for (const auto* bad : {&as_y, &as_x}) {
+      try {
+        layer.forward(*bad);
+        ADD_FAILURE() << "expected " << slots << " as an argument to be refused";
+      } catch (const Error& e) {
+        EXPECT_THAT(e.what(), ::testing::AllOf(::testing::HasSubstr(slots), ::testing::HasSubstr("must not share")));
+      }
+    }
+  }
+  EXPECT_NO_THROW(layer.forward(args));  // the refused calls launched nothing
+  EXPECT_NO_THROW(layer.synchronize());
+}
+
 // The megakernel's environment knobs are read when the layer is built: a malformed value is
 // an error naming the variable, never silently the default.
 TEST(GpuErrors, MalformedEnvironmentKnobIsAClearError) {
