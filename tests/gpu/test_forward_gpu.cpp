@@ -928,6 +928,34 @@ class StreamGate {
   std::thread opener_;
 };
 
+// A Layer on its own non-blocking stream and `count` device copies of one host data set
+// (Gaussian routing), their outputs poisoned: tensor sets with distinct pointers, for the
+// argument-slot tests. All are allocated up front (cudaMalloc may synchronise, which those
+// tests must not see once the stream is held behind a StreamGate).
+struct TensorSets {
+  LayerData host;
+  OwnedStream stream;
+  std::unique_ptr<Layer> layer;  // (declared after the stream: destroyed before it)
+  std::vector<std::unique_ptr<DeviceMirror>> sets;
+  TensorSets(const Problem& p, int count) : host(make_data(p, "gaussian")) {
+    LayerOptions o;
+    o.backend = Backend::cuda;
+    o.cuda_stream = stream;
+    layer = std::make_unique<Layer>(p, Config{}, o);
+    for (int i = 0; i < count; ++i) {
+      sets.push_back(std::make_unique<DeviceMirror>(host, 0));
+      sets.back()->poison_outputs();
+    }
+  }
+  void forward(int i) { layer->forward(sets[i]->forward_args()); }
+  // Set i's outputs, copied back (the host data with them).
+  LayerData outputs(int i) const {
+    LayerData got = host;
+    sets[i]->copy_outputs_to(got);
+    return got;
+  }
+};
+
 // One forward of problem `p` (Gaussian routing) captured into a graph by a Layer on its own
 // non-blocking stream, with the eager y of the same data to compare replays with.
 struct CapturedSetup {
@@ -1069,24 +1097,9 @@ TEST(GpuGraph, ASecondCaptureOfASetFirstSeenInACaptureReplaysFirst) {
 // host copy under that upload or refusing the capture.
 TEST(GpuGraph, ACaptureAfterEightTensorSetsTakesTheLeastRecentlyUsedSlot) {
   MOK_REQUIRE_GPU();
-  const Problem p = make_problem(16, 256, 128, 4, {128}, 2, 64);
-  const LayerData host = make_data(p, "gaussian");
-  const std::vector<std::uint16_t> eager = global_y(run_gpu_all_ranks(host).data);
-  OwnedStream stream;
-  LayerOptions o;
-  o.backend = Backend::cuda;
-  o.cuda_stream = stream;
-  auto layer = std::make_unique<Layer>(p, Config{}, o);
-  std::vector<std::unique_ptr<DeviceMirror>> sets;
-  for (int i = 0; i < 20; ++i) {  // (allocated up front: cudaMalloc may synchronise)
-    sets.push_back(std::make_unique<DeviceMirror>(host, 0));
-    sets.back()->poison_outputs();
-  }
-  auto expect_y = [&](int i, const std::string& what) {
-    LayerData got = host;
-    sets[i]->copy_outputs_to(got);
-    expect_same_bits(global_y(got), eager, what);
-  };
+  TensorSets ts(make_problem(16, 256, 128, 4, {128}, 2, 64), 20);
+  const std::vector<std::uint16_t> eager = global_y(run_gpu_all_ranks(ts.host).data);
+  auto expect_y = [&](int i, const std::string& what) { expect_same_bits(global_y(ts.outputs(i)), eager, what); };
   struct Graphs {  // (destroyed on every way out)
     cudaGraph_t first = nullptr, second = nullptr;
     ~Graphs() {
@@ -1096,11 +1109,11 @@ TEST(GpuGraph, ACaptureAfterEightTensorSetsTakesTheLeastRecentlyUsedSlot) {
   } graphs;
 
   // Ten sets eagerly, then a capture with an eleventh.
-  for (int i = 0; i < 10; ++i) layer->forward(sets[i]->forward_args());
-  layer->synchronize();
-  graphs.first = capture_forward(*layer, stream, sets[10]->forward_args());
+  for (int i = 0; i < 10; ++i) ts.forward(i);
+  ts.layer->synchronize();
+  graphs.first = capture_forward(*ts.layer, ts.stream, ts.sets[10]->forward_args());
   ASSERT_NE(graphs.first, nullptr);
-  ASSERT_NO_FATAL_FAILURE(replay_graph(graphs.first, stream, *layer, 3));
+  ASSERT_NO_FATAL_FAILURE(replay_graph(graphs.first, ts.stream, *ts.layer, 3));
   expect_y(10, "the graph captured after 10 eager tensor sets");
   for (int i = 0; i < 10; ++i) expect_y(i, "eager tensor set " + std::to_string(i));
 
@@ -1108,25 +1121,25 @@ TEST(GpuGraph, ACaptureAfterEightTensorSetsTakesTheLeastRecentlyUsedSlot) {
   // uploads behind it. A capture with a new set must wait for the gate, which opens 1 s from
   // now; a capture that did not wait returns long before.
   {
-    StreamGate gate(stream);
+    StreamGate gate(ts.stream);
     ASSERT_TRUE(gate.queued());
-    for (int i = 11; i < 18; ++i) layer->forward(sets[i]->forward_args());
+    for (int i = 11; i < 18; ++i) ts.forward(i);
     ASSERT_FALSE(gate.is_open()) << "an eager forward waited for the gate";
     gate.open_after(std::chrono::seconds(1));
-    graphs.second = capture_forward(*layer, stream, sets[18]->forward_args());
+    graphs.second = capture_forward(*ts.layer, ts.stream, ts.sets[18]->forward_args());
     const bool gate_passed = gate.is_open();
     gate.join_opener();
     ASSERT_NE(graphs.second, nullptr);
     EXPECT_TRUE(gate_passed) << "a capture rewrote a slot whose upload was still queued";
     EXPECT_FALSE(gate.timed_out());
   }
-  layer->synchronize();
+  ts.layer->synchronize();
   for (int i = 11; i < 18; ++i) expect_y(i, "eager tensor set " + std::to_string(i) + " queued behind the gate");
 
   // Both graphs replay, each writing its own y.
-  sets[10]->poison_outputs();
-  ASSERT_NO_FATAL_FAILURE(replay_graph(graphs.second, stream, *layer, 2));
-  ASSERT_NO_FATAL_FAILURE(replay_graph(graphs.first, stream, *layer, 1));
+  ts.sets[10]->poison_outputs();
+  ASSERT_NO_FATAL_FAILURE(replay_graph(graphs.second, ts.stream, *ts.layer, 2));
+  ASSERT_NO_FATAL_FAILURE(replay_graph(graphs.first, ts.stream, *ts.layer, 1));
   expect_y(18, "the graph captured while an upload was queued");
   expect_y(10, "the first graph, replayed after the second capture");
 }
@@ -1138,50 +1151,35 @@ TEST(GpuGraph, ACaptureAfterEightTensorSetsTakesTheLeastRecentlyUsedSlot) {
 // forward would read the new set's pointers.
 TEST(GpuArgSlots, ANewTensorSetWaitsOnlyForItsSlotsLastUpload) {
   MOK_REQUIRE_GPU();
-  const Problem p = make_problem(16, 256, 128, 4, {128}, 2, 64);
-  const LayerData host = make_data(p, "gaussian");
-  OwnedStream stream;
-  LayerOptions o;
-  o.backend = Backend::cuda;
-  o.cuda_stream = stream;
-  auto layer = std::make_unique<Layer>(p, Config{}, o);
   constexpr int kWarm = 9, kBlocked = 10;  // (the slots: 8)
-  std::vector<std::unique_ptr<DeviceMirror>> sets;
-  for (int i = 0; i < kWarm + kBlocked; ++i) {  // (allocated up front: cudaMalloc may synchronise)
-    sets.push_back(std::make_unique<DeviceMirror>(host, 0));
-    sets.back()->poison_outputs();
-  }
-  for (int i = 0; i < kWarm; ++i) layer->forward(sets[i]->forward_args());
-  layer->synchronize();
+  TensorSets ts(make_problem(16, 256, 128, 4, {128}, 2, 64), kWarm + kBlocked);
+  for (int i = 0; i < kWarm; ++i) ts.forward(i);
+  ts.layer->synchronize();
 
   // The stream waits behind the gate. A forward that waited for the stream where it should
   // not would wait for the gate, which only this thread opens afterwards: the gate then gives
   // up (timed_out) and the test fails, whatever the host's speed.
   {
-    StreamGate gate(stream);
+    StreamGate gate(ts.stream);
     ASSERT_TRUE(gate.queued());
     // The first 8 new sets take slots whose uploads were done before the gate: no waiting.
-    for (int i = kWarm; i < kWarm + 8; ++i) layer->forward(sets[i]->forward_args());
+    for (int i = kWarm; i < kWarm + 8; ++i) ts.forward(i);
     ASSERT_FALSE(gate.timed_out()) << "a forward evicting a slot uploaded long ago waited for the stream";
     // The next ones take slots uploaded behind the gate: they must wait for it, which opens
     // 1 s from now (a forward that did not wait returns long before).
     gate.open_after(std::chrono::seconds(1));
-    for (int i = kWarm + 8; i < kWarm + kBlocked; ++i) layer->forward(sets[i]->forward_args());
+    for (int i = kWarm + 8; i < kWarm + kBlocked; ++i) ts.forward(i);
     const bool gate_passed = gate.is_open();
     gate.join_opener();
-    layer->synchronize();
+    ts.layer->synchronize();
     EXPECT_TRUE(gate_passed) << "a forward rewrote a slot whose upload was still queued";
     EXPECT_FALSE(gate.timed_out());
   }
 
-  LayerData first = host;
-  sets[0]->copy_outputs_to(first);
-  expect_close(first, run_reference(host), Precision::bf16, "the first tensor set");
-  for (int i = 1; i < kWarm + kBlocked; ++i) {
-    LayerData got = host;
-    sets[i]->copy_outputs_to(got);
-    expect_same_bits(global_y(got), global_y(first), "tensor set " + std::to_string(i) + " vs the first");
-  }
+  const LayerData first = ts.outputs(0);
+  expect_close(first, run_reference(ts.host), Precision::bf16, "the first tensor set");
+  for (int i = 1; i < kWarm + kBlocked; ++i)
+    expect_same_bits(global_y(ts.outputs(i)), global_y(first), "tensor set " + std::to_string(i) + " vs the first");
 }
 
 // A Layer on GPU 1 called from a thread whose current device is 0: every call runs on the
