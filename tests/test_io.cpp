@@ -17,6 +17,7 @@
 namespace mok {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using test::error_message;
 using test::TempDir;
@@ -305,6 +306,9 @@ TEST(ProblemJson, ParseErrorsNameTheSourceAndTheKey) {
       {replace("[32]", "[32abc]"), "shared_intermediate"},                 // a partial number
       {replace("\"swiglu_limit\": null", "\"swiglu_limit\": 1.5x"), "swiglu_limit"},
       {replace("\"swiglu_limit\": null", "\"swiglu_limit\": nan"), "swiglu_limit"},
+      // Beyond float's range: refused as written, not validated as the 0 or inf it would become.
+      {replace("\"swiglu_limit\": null", "\"swiglu_limit\": 1e-50"), "1e-50 is outside float's range"},
+      {replace("\"swiglu_limit\": null", "\"swiglu_limit\": 1e300"), "1e+300 is outside float's range"},
   };
   for (const auto& [text, key] : bad) {
     const std::string msg = error_message([&] { io::problem_from_json(text, "src.json"); });
@@ -383,9 +387,46 @@ TEST(LayerIo, ForwardOnlyLoadNeedsNoDy) {
   EXPECT_FALSE(std::filesystem::exists(dir.path() / "rank0" / "dy.npy"));
   LayerData back = io::load_layer_data(dir.str(), false);
   EXPECT_TRUE(back.ranks[0].dy.empty());
-  // Asking for the backward needs dy: the error names the missing file.
+  // Asking for the backward needs dy: the error names the missing file and the way out.
   const std::string msg = error_message([&] { io::load_layer_data(dir.str(), true); });
-  EXPECT_THAT(msg, HasSubstr("dy.npy"));
+  EXPECT_THAT(msg, AllOf(HasSubstr("dy.npy"), HasSubstr("load it with --pass forward")));
+}
+
+// A problem.json that describes less than the directory holds (fewer ranks, fewer shared
+// experts) is refused: loading it would run another problem than the one saved.
+TEST(LayerIo, LoadRefusesFilesBeyondTheProblem) {
+  TempDir dir("layer");
+  const Problem p = test::make_problem(4, 32, 32, 2, {32}, 2, 4);  // 2 local experts per rank
+  io::save_layer_data(dir.str(), test::make_data(p, 2, false));
+  const std::string pj = (dir.path() / "problem.json").string();
+  Problem one_rank = p;  // the same files' sizes, for rank 0 only
+  one_rank.num_experts = 2;
+  one_rank.ep_size = 1;
+  write_file(pj, io::problem_to_json(one_rank));
+  EXPECT_THAT(error_message([&] { io::load_layer_data(dir.str(), false); }),
+              AllOf(HasSubstr("rank1"), HasSubstr("ep_size is 1"), HasSubstr("another problem")));
+  Problem no_shared = p;
+  no_shared.shared_intermediate.clear();
+  write_file(pj, io::problem_to_json(no_shared));
+  EXPECT_THAT(error_message([&] { io::load_layer_data(dir.str(), false); }),
+              AllOf(HasSubstr("shared0_w_gate.npy"), HasSubstr("0 shared expert(s)")));
+  write_file(pj, io::problem_to_json(p));
+  EXPECT_NO_THROW(io::load_layer_data(dir.str(), false));
+}
+
+// Whether a file is there: nothing there is false; something that is not a file, or a path
+// whose status cannot be read, is a named error (not std::filesystem's exception).
+TEST(Npy, RegularFileAtNamesWhatIsThere) {
+  TempDir dir("at");
+  EXPECT_FALSE(npy::regular_file_at(dir.file("nope.npy"), "ctx"));
+  EXPECT_FALSE(npy::regular_file_at(dir.file("no_dir/nope.npy"), "ctx"));
+  write_file(dir.file("f.npy"), "x");
+  EXPECT_TRUE(npy::regular_file_at(dir.file("f.npy"), "ctx"));
+  EXPECT_THAT(error_message([&] { npy::regular_file_at(dir.str(), "ctx"); }),
+              AllOf(HasSubstr("ctx: "), HasSubstr("is not a regular file")));
+  const std::string too_long = dir.file(std::string(5000, 'a') + ".npy");  // (ENAMETOOLONG, even as root)
+  EXPECT_THAT(error_message([&] { npy::regular_file_at(too_long, "ctx"); }),
+              AllOf(HasSubstr("ctx: "), HasSubstr("cannot be read")));
 }
 
 TEST(LayerIo, LoadErrorsNameTheFile) {

@@ -3,6 +3,7 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 
@@ -73,6 +74,14 @@ std::string exact_number(double value) {
   char text[64];
   const auto done = std::to_chars(text, text + sizeof text, value);  // (shortest round trip)
   return std::string(text, done.ptr);
+}
+
+float to_float_in_range(double value, const std::string& what) {
+  auto outside = [&] { return Error(what + ": " + format_number(value) + " is outside float's range"); };
+  if (!(std::fabs(value) <= std::numeric_limits<float>::max())) throw outside();  // (before converting)
+  const float f = static_cast<float>(value);
+  if (f == 0.0f && value != 0.0) throw outside();
+  return f;
 }
 
 std::string format_number(double value) {

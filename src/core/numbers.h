@@ -21,6 +21,11 @@ double parse_finite(const std::string& text, const std::string& what);
 enum class DecimalRead { ok, not_a_number, out_of_range };
 DecimalRead read_decimal(const std::string& text, double& value);
 
+// `value` (finite) as a float. One beyond float's range, which the conversion would make inf
+// or 0 (or, past FLT_MAX, leave undefined), is an error "<what>: <value> is outside float's
+// range": refused as written, never judged as what it would have become.
+float to_float_in_range(double value, const std::string& what);
+
 // The shortest decimal text that reads back as exactly `value` (1.2, 0.25, 1.23456789):
 // what a spec records so that parsing it again gives the same run.
 std::string exact_number(double value);

@@ -153,7 +153,8 @@ Problem problem_from_json(const std::string& json, const std::string& source) {
   }
   const std::string limit = json_value(text, "swiglu_limit", source);
   if (limit != "null") {
-    p.swiglu_limit = static_cast<float>(parse_finite(limit, source + ": \"swiglu_limit\" (a number or null)"));
+    const std::string what = source + ": \"swiglu_limit\"";
+    p.swiglu_limit = to_float_in_range(parse_finite(limit, what + " (a number or null)"), what);
   }
   try {
     p.validate();
@@ -236,35 +237,51 @@ void save_layer_data(const std::string& dir, const LayerData& data) {
 }
 
 LayerData load_layer_data(const std::string& dir, const bool with_backward) {
+  const std::string context = "--load " + dir;
   const fs::path pj = fs::path(dir) / "problem.json";
-  std::error_code ec;
-  if (!fs::exists(pj, ec)) throw Error("--load " + dir + ": no problem.json in that directory");
-  if (!fs::is_regular_file(pj, ec)) throw Error("--load " + dir + ": " + pj.string() + " is not a file");
+  if (!npy::regular_file_at(pj.string(), context)) throw Error(context + ": no problem.json in that directory");
   std::ifstream in(pj);
   if (!in) throw Error("--load " + dir + ": " + pj.string() + " cannot be read (permissions?)");
   std::stringstream text;
   text << in.rdbuf();
   const Problem p = problem_from_json(text.str(), pj.string());
 
+  // A rank's file, which must be there. dy is only in a save that ran a backward.
+  auto required_file = [&](int r, const std::string& name) {
+    const fs::path f = rank_dir(dir, r) / (name + ".npy");
+    if (npy::regular_file_at(f.string(), context)) return f.string();
+    if (name == "dy")
+      throw Error(context + ": missing " + f.string() + ": --pass backward and both need dy, which a save made " +
+                  "with --pass forward does not hold (load it with --pass forward)");
+    throw Error(context + ": missing " + f.string());
+  };
+
   // Before anything is allocated: the files that pin every size problem.json gives (T, H, k,
   // E/R, I, each shared width, and R through the last rank's directory) must have those
-  // sizes, so a problem.json that does not describe the files is reported at once rather
-  // than after allocating (or running out of memory on) what it claims.
+  // sizes, and no rank or shared expert beyond them may be there, so a problem.json that does
+  // not describe the files is reported at once rather than after allocating (or running out
+  // of memory on) what it claims, or by running a smaller problem than the files hold.
   {
     const std::int64_t T = p.tokens_per_rank, H = p.hidden, k = p.top_k, I = p.intermediate;
     const std::int64_t local = p.num_experts / p.ep_size;
     auto pin = [&](int r, const std::string& name, const std::vector<std::int64_t>& shape) {
-      const fs::path f = rank_dir(dir, r) / (name + ".npy");
-      if (!fs::exists(f)) throw Error("--load " + dir + ": missing " + f.string());
-      npy::check_shape(f.string(), shape);
+      npy::check_shape(required_file(r, name), shape);
     };
     for (int r : {0, p.ep_size - 1}) {
       pin(r, "x", {T, H});
       pin(r, "top_experts", {T, k});
     }
     pin(0, "w_gate", {local, I, H});
-    for (std::size_t s = 0; s < p.shared_intermediate.size(); ++s)
-      pin(0, "shared" + std::to_string(s) + "_w_gate", {p.shared_intermediate[s], H});
+    const std::size_t S = p.shared_intermediate.size();
+    for (std::size_t s = 0; s < S; ++s) pin(0, "shared" + std::to_string(s) + "_w_gate", {p.shared_intermediate[s], H});
+    const fs::path extra_rank = rank_dir(dir, p.ep_size) / "x.npy";
+    if (npy::regular_file_at(extra_rank.string(), context))
+      throw Error(context + ": " + extra_rank.string() + " is there, but problem.json's ep_size is " +
+                  std::to_string(p.ep_size) + ": the files hold another problem");
+    const fs::path extra_shared = rank_dir(dir, 0) / ("shared" + std::to_string(S) + "_w_gate.npy");
+    if (npy::regular_file_at(extra_shared.string(), context))
+      throw Error(context + ": " + extra_shared.string() + " is there, but problem.json's shared_intermediate lists " +
+                  std::to_string(S) + " shared expert(s): the files hold another problem");
   }
 
   require_host_memory(layer_data_host_bytes(p, with_backward), "--load " + dir + " (" + p.describe() + ")");
@@ -285,15 +302,13 @@ LayerData load_layer_data(const std::string& dir, const bool with_backward) {
       const bool is_input = std::find(inputs.begin(), inputs.end(), e.name) != inputs.end() ||
                             (e.name.rfind("shared", 0) == 0 && e.name.find("_d_") == std::string::npos);
       if (!is_input || e.tensor->empty()) continue;
-      const fs::path f = rank_dir(dir, r) / (e.name + ".npy");
-      if (!fs::exists(f)) throw Error("--load " + dir + ": missing " + f.string());
-      *e.tensor = npy::load(f.string(), e.tensor->dtype(), e.tensor->shape());
+      *e.tensor = npy::load(required_file(r, e.name), e.tensor->dtype(), e.tensor->shape());
     }
     try {
       check_routing_rank(p, r, data.ranks[r].top_experts.data<std::int32_t>(),
                          data.ranks[r].router_weights.data<float>());
     } catch (const Error& e) {
-      throw Error("--load " + dir + " (" + (rank_dir(dir, r) / "top_experts.npy").string() + ", router_weights.npy): " +
+      throw Error(context + " (" + (rank_dir(dir, r) / "top_experts.npy").string() + ", router_weights.npy): " +
                   e.what());
     }
   }

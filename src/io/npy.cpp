@@ -1,6 +1,7 @@
 #include "io/npy.h"
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -148,6 +149,16 @@ Header read_header(const std::string& path) {
   Header h = HeaderParser(header, path).parse();
   h.data_offset = prefix + header_len;
   return h;
+}
+
+bool regular_file_at(const std::string& path, const std::string& context) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (st.type() == fs::file_type::not_found) return false;
+  if (ec) throw Error(context + ": " + path + " cannot be read: " + ec.message());
+  if (st.type() != fs::file_type::regular) throw Error(context + ": " + path + " is not a regular file");
+  return true;
 }
 
 void save(const std::string& path, const HostTensor& tensor) {

@@ -25,6 +25,11 @@ Header read_header(const std::string& path);
 // load gives): a file's size can be checked before the tensor is allocated.
 void check_shape(const std::string& path, const std::vector<std::int64_t>& expect_shape);
 
+// Whether a regular file is at `path` (false: nothing there). Something else there, or a
+// status that cannot be read (a directory without permission), is a mok::Error starting with
+// `context` and naming the path, never std::filesystem's exception.
+bool regular_file_at(const std::string& path, const std::string& context);
+
 void save(const std::string& path, const HostTensor& tensor);
 
 // Loads `path` as a tensor of `dtype`. If `expect_shape` is non-empty the file's shape

@@ -59,12 +59,12 @@ Routing routing_from_files(const Problem& p, const RoutingSpec& spec) {
   const std::int64_t N = std::int64_t(p.ep_size) * p.tokens_per_rank;
   const fs::path dir(spec.path);
   const std::string top_path = (dir / "top_experts.npy").string();
-  if (!fs::exists(top_path))
-    throw Error("routing file:" + spec.path + ": no top_experts.npy in that directory");
+  const std::string context = "routing file:" + spec.path;
+  if (!npy::regular_file_at(top_path, context)) throw Error(context + ": no top_experts.npy in that directory");
   const HostTensor top = npy::load(top_path, DType::i32, {N, p.top_k});
   HostTensor w;
   const std::string w_path = (dir / "router_weights.npy").string();
-  const bool has_weights = fs::exists(w_path);
+  const bool has_weights = npy::regular_file_at(w_path, context);
   if (has_weights) w = npy::load(w_path, DType::f32, {N, p.top_k});
   Routing r;
   const std::int64_t per = std::int64_t(p.tokens_per_rank) * p.top_k;

@@ -188,12 +188,7 @@ ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool /*g
   }
   p.precision = precision_from_string(args.take_or("dtype", "bf16"));
   if (auto limit = args.take_double("swiglu-limit")) {
-    // The layer keeps it as a float: a value that does not survive the conversion is refused
-    // as written, not validated as the 0 or inf it would become.
-    const float f = static_cast<float>(*limit);
-    if (!std::isfinite(f) || (f == 0.0f && *limit != 0.0))
-      throw Error("option --swiglu-limit: " + format_number(*limit) + " is outside float's range");
-    p.swiglu_limit = f;
+    p.swiglu_limit = to_float_in_range(*limit, "option --swiglu-limit");  // (the layer keeps a float)
   }
   naming_options([&] { p.validate(); });
   return out;

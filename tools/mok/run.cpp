@@ -167,7 +167,8 @@ int run_command(const std::vector<std::string>& argv) {
       for (int r = 0; r < ep_size; ++r) {
         if (my_rank >= 0 && r != my_rank) continue;
         const std::string f = *expect_dir + "/rank" + std::to_string(r) + "/y.npy";
-        if (!std::filesystem::is_regular_file(f)) throw Error("option --expect " + *expect_dir + ": no file " + f);
+        if (!npy::regular_file_at(f, "option --expect " + *expect_dir))
+          throw Error("option --expect " + *expect_dir + ": no file " + f);
         try {
           expected_y[r] = npy::load(f, DType::bf16, {problem.tokens_per_rank, problem.hidden});
         } catch (const Error& e) {
