@@ -6,6 +6,7 @@
 #include <nccl_device/core.h>
 #include <nccl_device/impl/comm__types.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <cstdio>
@@ -163,6 +164,17 @@ struct EpGroup::Impl {
   GroupEnvironment env;
   Limits limits;
   ncclComm_t comm = nullptr;  // null once aborted
+  // Every symmetric buffer allocated and not yet freed: the group frees what a caller that
+  // threw before free_symmetric left (a constructor failing after its first allocation).
+  std::vector<SymmetricBuffer> symmetric;
+
+  // Deregisters `b`'s window (while the communicator lives: an abort took the windows with
+  // it) and frees its memory.
+  void release(const SymmetricBuffer& b) const {
+    const NcclApi& nccl = NcclApi::get();
+    if (b.window && comm) nccl.CommWindowDeregister(comm, static_cast<ncclWindow_t>(b.window));
+    if (b.local) nccl.MemFree(b.local);
+  }
 };
 
 EpGroup::EpGroup(const GroupEnvironment& env, Limits limits) : impl_(std::make_unique<Impl>()) {
@@ -209,6 +221,14 @@ EpGroup::EpGroup(const GroupEnvironment& env, Limits limits) : impl_(std::make_u
   // (A rank that read an earlier job's id takes rank 0's new one here.)
   if (env.world_size > 1) rendezvous.arrive_and_wait_for_all(id.internal, sizeof(id.internal), limits.start_ms);
   ncclResult_t init = nccl.CommInitRank(&impl_->comm, env.world_size, id, env.rank);
+  // From here a throw leaves a communicator that no destructor would reach (this one never
+  // finished): abort it on the way out.
+  struct AbortUnlessFormed {
+    EpGroup* group;
+    ~AbortUnlessFormed() {
+      if (group) group->abort_communicator();
+    }
+  } abort_unless_formed{this};
   // (NCCL_COMM_BLOCKING=1 above makes the call blocking; should a library still answer "in
   // progress", the communicator is waited for: the id may be removed only once it exists.)
   const auto init_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(limits.start_ms);
@@ -241,12 +261,14 @@ EpGroup::EpGroup(const GroupEnvironment& env, Limits limits) : impl_(std::make_u
     throw Error("EP group: only " + std::to_string(lsa_size) + " of " + std::to_string(env.world_size) +
                 " ranks are reachable by load/store from rank " + std::to_string(env.rank) +
                 "; mok's NCCL provider needs one NVLink domain (the network path, GIN, is not built)");
+  abort_unless_formed.group = nullptr;
 }
 
 EpGroup::~EpGroup() {
   // Destroying a communicator waits for the peers (it is collective in effect); while an
   // error unwinds (this rank failed, the others may not have), it is aborted instead.
   if (std::uncaught_exceptions() > 0) abort_communicator();
+  for (const SymmetricBuffer& b : impl_->symmetric) impl_->release(b);
   const NcclApi& nccl = NcclApi::get();
   if (impl_->comm) nccl.CommDestroy(impl_->comm);
 }
@@ -268,15 +290,18 @@ void EpGroup::check_same_everywhere(const std::string& what, const std::string& 
   if (fingerprint.size() >= kBytes) throw Error("EP group: fingerprint of " + what + " too long");
   std::vector<char> mine(kBytes, 0), all(kBytes * size(), 0);
   std::memcpy(mine.data(), fingerprint.data(), fingerprint.size());
-  char *d_mine = nullptr, *d_all = nullptr;
-  check_cuda(cudaMalloc(&d_mine, kBytes), "cudaMalloc");
-  check_cuda(cudaMalloc(&d_all, kBytes * size()), "cudaMalloc");
-  check_cuda(cudaMemcpy(d_mine, mine.data(), kBytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-  all_gather(d_mine, d_all, kBytes, nullptr);
+  struct Scratch {  // (freed on every way out)
+    char* p = nullptr;
+    ~Scratch() {
+      if (p) cudaFree(p);
+    }
+  } d_mine, d_all;
+  check_cuda(cudaMalloc(&d_mine.p, kBytes), "cudaMalloc");
+  check_cuda(cudaMalloc(&d_all.p, kBytes * size()), "cudaMalloc");
+  check_cuda(cudaMemcpy(d_mine.p, mine.data(), kBytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  all_gather(d_mine.p, d_all.p, kBytes, nullptr);
   wait(nullptr, "checking that every rank has the same " + what, impl_->limits.start_ms);
-  check_cuda(cudaMemcpy(all.data(), d_all, all.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
-  cudaFree(d_mine);
-  cudaFree(d_all);
+  check_cuda(cudaMemcpy(all.data(), d_all.p, all.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
   const std::string first(all.data());
   for (int r = 1; r < size(); ++r) {
     const std::string other(all.data() + r * kBytes);
@@ -291,18 +316,22 @@ SymmetricBuffer EpGroup::alloc_symmetric(std::size_t bytes) {
   SymmetricBuffer b;
   b.bytes = (bytes + NCCL_WIN_REQUIRED_ALIGNMENT - 1) / NCCL_WIN_REQUIRED_ALIGNMENT * NCCL_WIN_REQUIRED_ALIGNMENT;
   check_nccl(nccl.MemAlloc(&b.local, b.bytes), "ncclMemAlloc");
+  impl_->symmetric.push_back(b);  // (first: a failed registration leaves it to the group to free)
   ncclWindow_t win = nullptr;
   check_nccl(nccl.CommWindowRegister(impl_->comm, b.local, b.bytes, &win, NCCL_WIN_COLL_SYMMETRIC),
              "ncclCommWindowRegister");
   b.window = win;
+  impl_->symmetric.back().window = win;
   return b;
 }
 
 void EpGroup::free_symmetric(SymmetricBuffer& b) {
-  const NcclApi& nccl = NcclApi::get();
-  // (After an abort the windows went with the communicator; only the memory is freed.)
-  if (b.window && impl_->comm) nccl.CommWindowDeregister(impl_->comm, static_cast<ncclWindow_t>(b.window));
-  if (b.local) nccl.MemFree(b.local);
+  auto& kept = impl_->symmetric;
+  const auto it = std::find_if(kept.begin(), kept.end(), [&](const SymmetricBuffer& k) { return k.local == b.local; });
+  if (it != kept.end()) {  // (else freed already, or never allocated here)
+    impl_->release(*it);
+    kept.erase(it);
+  }
   b = SymmetricBuffer{};
 }
 
