@@ -1307,6 +1307,15 @@ class CudaBackend final : public BackendImpl {
     // A rank that fails while its peers carry on may have NCCL kernels on its stream waiting
     // for them; the frees below would wait for those: abort the communicator first.
     if (group_ && std::uncaught_exceptions() > 0) group_->abort_communicator();
+    // Otherwise the frees wait for the queued work, whose all-gathers a peer that failed and
+    // stays alive never joins: wait for it here first, within the group's limit, which aborts
+    // the communicator when it runs out (a destructor reports nothing; the reason is logged).
+    if (group_ && !group_->communicator_aborted()) {
+      try {
+        wait_for_stream("destroying the layer");
+      } catch (const std::exception&) {
+      }
+    }
     for (auto e : phase_events_) cudaEventDestroy(e);
     if (phase_trap_) cudaFreeHost(phase_trap_);
     if (group_) {
