@@ -295,6 +295,17 @@ __device__ __forceinline__ void store_loop(const ForwardParams& p, const Compute
 // next task: gate/up tiles cost 4x a down tile), hands each index to the consumers through
 // a small ring, waits for the task's inputs and streams its operand tiles with TMA.
 __device__ __forceinline__ void producer_loop(const ForwardParams& p, const ComputeSmem& sm, int num_tasks) {
+  // This thread issues every TMA load of the CTA. The maps live in an argument slot that a
+  // host copy rewrites when another tensor set takes it (backend.cu, call_args): acquire
+  // every map a task may name before the first load.
+  for (int d = 0; d < p.num_ranks; ++d) {
+    const RankMaps& m = p.maps[d];
+    for (const CUtensorMap* map : {&m.ring, &m.act, &m.x_staged, &m.w_gate, &m.w_up, &m.w_down})
+      sm90::tensormap_acquire_after_host_write(map);
+    for (int s = 0; s < p.num_shared; ++s)
+      for (const CUtensorMap* map : {&m.shared_w_gate[s], &m.shared_w_up[s], &m.shared_w_down[s], &m.shared_act[s]})
+        sm90::tensormap_acquire_after_host_write(map);
+  }
   const PairRole pr = pair_role(p);
   const int num_items = pr.on ? num_tasks / 2 : num_tasks;
   RingPosition<kStages> stage;

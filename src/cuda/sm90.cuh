@@ -110,6 +110,15 @@ __device__ __forceinline__ void mbar_wait_cluster(std::uint64_t* bar, std::uint3
 }
 
 // ---- TMA -------------------------------------------------------------------------------
+// Orders this thread's later TMA reads of `map` (the tensormap proxy) after writes to it by
+// the generic proxy anywhere in the system, a host copy included. A tensor map in global
+// memory that the host rewrites between launches needs it before its first use in a kernel
+// (CUDA Programming Guide, tensor maps in global memory: acquire at .sys scope after a host
+// copy); without it TMA may read the map's earlier contents.
+__device__ __forceinline__ void tensormap_acquire_after_host_write(const CUtensorMap* map) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.sys [%0], 128;" ::"l"(map) : "memory");
+}
+
 __device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
 }
