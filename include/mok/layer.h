@@ -15,7 +15,9 @@
 //     one rank (a bad argument, say) leaves the group out of step, since its peers went on:
 //     that rank's communicator is aborted at once, its later forwards, backwards and
 //     synchronizes throw naming the first error, and destroying its Layer waits for nobody
-//     (build a new Layer to go on); abandon_group does the same on request. A
+//     (build a new Layer to go on, and drop the CUDA graphs captured with this one: their
+//     all-gathers and peer pointers belong to the aborted communicator); abandon_group does
+//     the same on request. A
 //     device-side failure (Layer::synchronize) reaches every rank through the group's
 //     barrier instead: the group stays in step and the next forward runs.
 //
