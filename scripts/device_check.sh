@@ -67,6 +67,14 @@ if [ $RUN_TESTS = 1 ]; then
   grep -E "^\[check\]|^\[graph\]" "$OUT/gpu_tests.log" > "$OUT/gpu_checks.txt" || true
   note "gpu tests: rc=$rc, $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/gpu_tests.log" | tr '\n' ' ') in $(( $(date +%s) - start )) s"
   grep -E "^\[  FAILED  \]" "$OUT/gpu_tests.log" | head -20
+  # A skip is a failure here (no GPU seen, say), but for tests that need what one machine may
+  # lack: a second GPU (GpuDevices) and NCCL (GpuGroup: the group section runs and requires them).
+  skipped=$(grep -E '^\[  SKIPPED \] [A-Za-z]' "$OUT/gpu_tests.log" | sed -E 's/^\[  SKIPPED \] ([^ ]+).*/\1/' |
+    grep -vE '^(GpuDevices|GpuGroup)\.' | sort -u | tr '\n' ' ')
+  if [ -n "$skipped" ]; then
+    note "gpu tests: FAILED: skipped here, where they must run: $skipped"
+    FAILED=1
+  fi
   if [ $rc != 0 ] && [ -z "${MOK_STORE_WARP:-}" ]; then
     # Diagnosis: do the failures follow the store warp (the default) or not?
     timeout 170 env MOK_STORE_WARP=0 "$BIN/mok_gpu_tests" --gtest_filter="$GTEST_FILTER" \

@@ -159,7 +159,7 @@ class TorchCuda(unittest.TestCase):
             with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
                 z.backward()
             with torch.inference_mode():
-                served = [dict(r, y=torch.empty_like(r["y"])) for r in gpu]
+                served = [dict(r, y=torch.full_like(r["y"], float("nan"))) for r in gpu]
                 layer.forward(served)
             layer.synchronize()
             for a, b in zip(gpu, served):
@@ -183,6 +183,12 @@ class TorchCuda(unittest.TestCase):
         native = weakref.ref(layer._native)
         slots = layer.combine_slots(active)
         slots.copy_(pushed_to_1)
+        # The rows the active rank computes for itself: NaN, so that y matches only if the slice
+        # computed them (the copy above holds them from the virtual run).
+        experts_per_rank = PROBLEM.num_experts // PROBLEM.ep_size
+        own = torch.from_numpy(ranks[active]["top_experts"].reshape(-1) // experts_per_rank == active).to("cuda")
+        self.assertTrue(bool(own.any()), "the active rank routes no token to its own experts")
+        slots[own] = float("nan")
         torch.cuda.synchronize()
         layer.forward(sliced)
         layer.synchronize()

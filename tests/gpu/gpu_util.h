@@ -25,7 +25,8 @@ struct GpuRun {
 };
 
 
-// Runs the CUDA forward `repeats` times (all ranks here) and returns the last result.
+// Runs the CUDA forward `repeats` times (all ranks here; every call but the last back to back,
+// then y poisoned again) and returns the last call's result.
 GpuRun run_gpu_all_ranks(const LayerData& host, const Config& config = {}, int repeats = 1);
 
 // CPU reference forward of all ranks.
@@ -34,10 +35,20 @@ LayerData run_reference(const LayerData& host, const Config& config = {});
 // Concatenates every rank's y in rank order (the global batch's output).
 std::vector<std::uint16_t> global_y(const LayerData& data);
 
+// Every rank's y within MoK's bar of the reference's (both with the same ranks, none empty).
 void expect_close(const LayerData& gpu, const LayerData& ref, Precision precision, const std::string& what);
 
 // Two global outputs (global_y) are the same size and bit for bit equal; `what` names the pair.
+// `want` must hold no poison (0xffff, an output's bits before any forward wrote it): two
+// unwritten outputs would otherwise compare equal.
 void expect_same_bits(const std::vector<std::uint16_t>& got, const std::vector<std::uint16_t>& want,
                       const std::string& what);
+
+// Zeroes every rank's y on the device (DeviceMirror poisons outputs with NaN when it is made):
+// then a y that is all NaN after a failed forward shows that the forward poisoned it.
+void zero_y(const DeviceMirror& mirror);
+
+// Every element of every rank's y in `data` is NaN.
+void expect_all_y_nan(const LayerData& data, const std::string& what);
 
 }  // namespace mok::test

@@ -109,6 +109,7 @@ struct ForwardCase {
   std::vector<int> shared;
   int ep, tokens;
   std::string routing;
+  int min_empty_experts = 0;  // experts the routing must leave without rows (checked first)
 };
 
 void PrintTo(const ForwardCase& c, std::ostream* os) { *os << c.name; }
@@ -120,6 +121,13 @@ TEST_P(GpuForward, MatchesReference) {
   const auto& c = GetParam();
   const Problem p = make_problem(c.E, c.H, c.I, c.k, c.shared, c.ep, c.tokens);
   const LayerData host = make_data(p, c.routing);
+  if (c.min_empty_experts > 0) {
+    std::vector<int> rows(c.E, 0);
+    for (const auto& r : host.ranks)
+      for (std::int64_t i = 0; i < r.top_experts.numel(); ++i) ++rows[r.top_experts.data<std::int32_t>()[i]];
+    ASSERT_GE(std::count(rows.begin(), rows.end(), 0), c.min_empty_experts)
+        << c.name << ": the routing leaves too few experts without rows for the case to show anything";
+  }
   const Config config = config_for(c.routing);
   const GpuRun gpu = run_gpu_all_ranks(host, config);
   const LayerData ref = run_reference(host, config);
@@ -134,9 +142,11 @@ INSTANTIATE_TEST_SUITE_P(
         ForwardCase{"small_ep8", 16, 512, 256, 4, {256}, 8, 128, "gaussian"},
         ForwardCase{"two_shared_partial_tiles", 8, 320, 192, 2, {192, 64}, 2, 200, "gaussian"},
         ForwardCase{"k1", 16, 256, 128, 1, {128}, 2, 256, "gaussian"},
-        ForwardCase{"k_max", 16, 256, 128, 16, {}, 2, 64, "gaussian"},
+        ForwardCase{"k_equals_experts", 16, 256, 128, 16, {}, 2, 64, "gaussian"},
+        ForwardCase{"k_max_255", 256, 256, 128, 255, {128}, 2, 16, "gaussian"},  // (kMaxTopK)
         ForwardCase{"one_expert_gets_every_row", 16, 256, 128, 1, {}, 2, 300, "hot:1.0:3"},
-        ForwardCase{"hot_expert_empty_experts", 32, 256, 128, 4, {128}, 4, 200, "hot:0.9:7"},
+        ForwardCase{"hot_expert", 32, 256, 128, 4, {128}, 4, 200, "hot:0.9:7"},
+        ForwardCase{"zipf_empty_experts", 64, 256, 128, 2, {128}, 2, 100, "zipf:2.5", 16},
         ForwardCase{"all_tokens_to_one_rank", 16, 256, 128, 4, {128}, 4, 200, "worst:2"},
         ForwardCase{"tokens_not_tile_multiple", 16, 512, 256, 4, {256}, 2, 77, "gaussian"},
         ForwardCase{"qwen3_30b_a3b_ep1", 128, 2048, 768, 8, {}, 1, 2048, "gaussian"},
@@ -249,6 +259,11 @@ TEST_P(GpuRankSlice, RowsAndOutputMatchReference) {
   for (std::size_t i = 0; i < slot_elems; ++i) pattern[i] = num::bf16_from_float(rng::normal(kSeed, 99, i));
   ASSERT_EQ(cudaMemcpy(layer.combine_slots(c.active).data, pattern.data(), slot_elems * 2, cudaMemcpyHostToDevice),
             cudaSuccess);
+  // The other ranks' slots, which the active rank writes: NaN, so a row it never pushed fails.
+  for (int r = 0; r < R; ++r)
+    if (r != c.active) {
+      ASSERT_EQ(cudaMemset(layer.combine_slots(r).data, 0xff, slot_elems * 2), cudaSuccess);
+    }
   layer.forward(mirror.forward_args());
   layer.synchronize();
   LayerData gpu = host;
@@ -619,7 +634,11 @@ std::int64_t expected_half_tile_tasks(const Problem& p, const ScheduleStats& s) 
 
 void expect_half_tiles_match_whole(const std::string& name, const LayerData& host, const Config& config) {
   const Problem& problem = host.problem;
-  const GpuRun half = run_gpu_all_ranks(host, config);
+  GpuRun half;
+  {
+    ScopedEnv on("MOK_HALF_TILES", "1");  // (whatever the environment says)
+    half = run_gpu_all_ranks(host, config);
+  }
   GpuRun whole;
   {
     ScopedEnv off("MOK_HALF_TILES", "0");
@@ -734,7 +753,11 @@ TEST_P(GpuStoreWarp, BitwiseEqualToConsumerStoresAndMatchReference) {
   MOK_REQUIRE_GPU();
   const auto& c = GetParam();
   const LayerData host = make_data(c.problem, c.routing);
-  const GpuRun with_warp = run_gpu_all_ranks(host, c.config);
+  GpuRun with_warp;
+  {
+    ScopedEnv on("MOK_STORE_WARP", "1");  // (whatever the environment says: device_check reruns with 0)
+    with_warp = run_gpu_all_ranks(host, c.config);
+  }
   std::vector<std::uint16_t> consumers;
   {
     ScopedEnv off("MOK_STORE_WARP", "0");
@@ -1055,7 +1078,8 @@ TEST(GpuGraph, CapturedTensorsKeepTheirSlotThroughManyEagerTensorSets) {
   for (std::size_t i = 0; i < others.size(); ++i) {
     LayerData other = cs.host;
     others[i]->copy_outputs_to(other);
-    EXPECT_TRUE(std::isnan(num::bf16_to_float(other.ranks[0].y.data<std::uint16_t>()[0])))
+    const auto y = global_y(other);
+    EXPECT_EQ(std::count(y.begin(), y.end(), std::uint16_t{0xffff}), static_cast<std::ptrdiff_t>(y.size()))
         << "the replay wrote eager tensor set " << i << "'s y";
   }
 }
@@ -1242,6 +1266,7 @@ TEST(GpuErrors, ExpertIdOutOfRangeIsReportedAndPoisonsOutput) {
   o.backend = Backend::cuda;
   Layer layer(p, Config{}, o);
   DeviceMirror mirror(host, 0);
+  zero_y(mirror);
   layer.forward(mirror.forward_args());
   try {
     layer.synchronize();
@@ -1250,7 +1275,7 @@ TEST(GpuErrors, ExpertIdOutOfRangeIsReportedAndPoisonsOutput) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("top_experts[rank 1][token 5, slot 2] = 16"));
   }
   mirror.copy_outputs_to(host);
-  EXPECT_TRUE(std::isnan(num::bf16_to_float(host.ranks[0].y.data<std::uint16_t>()[0])));
+  expect_all_y_nan(host, "after an expert id out of range");
   // The error was reported once; a valid call afterwards works.
   LayerData good = make_data(p, "gaussian");
   DeviceMirror mirror2(good, 0);
@@ -1373,6 +1398,7 @@ TEST(GpuGroup, ADeviceErrorLeavesTheGroupInStepAndUsable) {
   host.ranks[0].top_experts.data<std::int32_t>()[1 * 4 + 1] = 16;
   Layer layer(p, Config{}, group_of_one());
   DeviceMirror mirror(host, 0);
+  zero_y(mirror);
   layer.forward(mirror.forward_args());
   EXPECT_THAT([&] { layer.synchronize(); },
               ::testing::ThrowsMessage<Error>(::testing::HasSubstr("top_experts[rank 0][token 1, slot 1] = 16")));
@@ -1506,6 +1532,7 @@ TEST_P(GpuRoutingErrors, NameRankTokenAndSlot) {
   o.backend = Backend::cuda;
   Layer layer(p, Config{}, o);
   DeviceMirror mirror(host, 0);
+  zero_y(mirror);
   layer.forward(mirror.forward_args());
   try {
     layer.synchronize();
@@ -1514,7 +1541,7 @@ TEST_P(GpuRoutingErrors, NameRankTokenAndSlot) {
     EXPECT_THAT(e.what(), ::testing::AllOf(::testing::HasSubstr(c.where), ::testing::HasSubstr(c.what)));
   }
   mirror.copy_outputs_to(host);
-  EXPECT_TRUE(std::isnan(num::bf16_to_float(host.ranks[0].y.data<std::uint16_t>()[0])));
+  expect_all_y_nan(host, c.where);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -1587,6 +1614,7 @@ TEST(GpuRoutingErrorsRandom, EveryBadEntryIsNamedWhereverItSits) {
                std::to_string(s) + "]: must be finite";
       }
       DeviceMirror mirror(host, 0);
+      zero_y(mirror);
       layer.forward(mirror.forward_args());
       try {
         layer.synchronize();
@@ -1595,7 +1623,7 @@ TEST(GpuRoutingErrorsRandom, EveryBadEntryIsNamedWhereverItSits) {
         EXPECT_THAT(e.what(), ::testing::HasSubstr(want)) << "k=" << k;
       }
       mirror.copy_outputs_to(host);
-      EXPECT_TRUE(std::isnan(num::bf16_to_float(host.ranks[rank].y.data<std::uint16_t>()[0]))) << "k=" << k;
+      expect_all_y_nan(host, "k=" + std::to_string(k) + ", " + want);
     }
     // And clean ids pass (no repeat found where there is none).
     DeviceMirror mirror(clean, 0);
@@ -1648,6 +1676,7 @@ TEST(GpuErrors, CapacityTooSmallIsAnErrorNotADrop) {
   o.backend = Backend::cuda;
   Layer layer(p, c, o);
   DeviceMirror mirror(host, 0);
+  zero_y(mirror);
   layer.forward(mirror.forward_args());
   try {
     layer.synchronize();
@@ -1657,7 +1686,7 @@ TEST(GpuErrors, CapacityTooSmallIsAnErrorNotADrop) {
   }
   LayerData out = host;
   mirror.copy_outputs_to(out);
-  for (const auto& r : out.ranks) EXPECT_TRUE(std::isnan(num::bf16_to_float(r.y.data<std::uint16_t>()[0])));
+  expect_all_y_nan(out, "after a capacity overflow");
 }
 
 TEST(GpuErrors, AlignmentRuleIsNamed) {
