@@ -334,8 +334,8 @@ def main(argv=None):
     ap.add_argument("--routing", default="gaussian",
                     help="gaussian | zipf[:s] | hot[:f[:e]] | worst[:r] | file:DIR (passed to mok bench)")
     checks.add_timing_options(ap)
-    ap.add_argument("--mok-bin", default=os.path.join(REPO_ROOT, "build", "bin", "mok"),
-                    help="the mok binary (a command line: split like a shell would)")
+    ap.add_argument("--mok-bin", default=shlex.quote(os.path.join(REPO_ROOT, "build", "bin", "mok")),
+                    help="the mok binary (a command line: split like a shell would, so quote a path with blanks)")
     ap.add_argument("--mok-arg", action="append", default=[], help="extra argument(s) for mok bench; repeatable")
     ap.add_argument("--work-root", default=os.path.join(BENCH_DIR, "work"))
     ap.add_argument("--results-dir", default=records.RESULTS_DIR)

@@ -36,10 +36,17 @@ else
   tool=$bindir/cuobjdump
 fi
 
-elves=$("$tool" --list-elf "$BIN/mok" 2> /dev/null)  # (not piped into grep -q: pipefail and SIGPIPE)
-if ! grep -q sm_90a <<< "$elves"; then
-  echo "sass: skipped: $BIN/mok holds no sm_90a code (mok was built without the CUDA backend)"
+[ -f "$BIN/mok" ] || { echo "sass: FAILED: no $BIN/mok"; exit 1; }
+# (Not piped into grep -q: pipefail and SIGPIPE.) Only cuobjdump's own "no device code" is a
+# build without the CUDA backend; any other failure of the tool is a failure of the check.
+elves=$("$tool" --list-elf "$BIN/mok" 2>&1); elves_rc=$?
+if grep -q "does not contain device code" <<< "$elves"; then
+  echo "sass: skipped: $BIN/mok holds no device code (mok was built without the CUDA backend)"
   exit 3
+fi
+if [ $elves_rc != 0 ] || ! grep -q sm_90a <<< "$elves"; then
+  echo "sass: FAILED: $tool --list-elf $BIN/mok (exit $elves_rc) lists no sm_90a code: $(head -c 300 <<< "$elves")"
+  exit 1
 fi
 "$tool" --dump-sass -fun "$KERNEL" "$BIN/mok" > "$OUT/megakernel.sass" 2>&1
 usage=$("$tool" --dump-resource-usage "$BIN/mok" 2>&1 | grep -A1 "$KERNEL" | tail -1)

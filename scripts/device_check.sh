@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The one script that checks mok on a GPU machine: builds (or uses prebuilt binaries), checks
-# the SASS for HGMMA and the compiler's register/spill report, runs the GPU tests, the
-# compute-sanitizer memcheck and racecheck on a small shape, then the benchmarks.
-# Full logs go to $OUT (default ./device-out); a short table is printed last.
+# the SASS for HGMMA and the compiler's register/spill report, runs the GPU tests, the NCCL
+# group of this machine's GPUs, the Python binding with PyTorch CUDA tensors, the benchmarks
+# (--bench), then compute-sanitizer's memcheck, racecheck and synccheck on small shapes.
+# Full logs go to $OUT (default ./device-out); a short table is printed last. It runs from
+# the repository root whatever the current directory (--bin and $OUT are taken from there;
+# paths among the --bench arguments are read from the repository root).
 #
 #   scripts/device_check.sh [--bin DIR] [--skip-tests] [--skip-sanitizer] [--bench ARGS...]
 #
@@ -33,9 +36,24 @@ while [ $# -gt 0 ]; do
     *) echo "device_check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+[ -n "$BIN" ] && BIN=$(realpath -m "$BIN")
+OUT=$(realpath -m "$OUT"); FINAL_OUT=$(realpath -m "$FINAL_OUT")
+cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
+# --pack: the summary and every log in one file (also when a step ends the script early).
+write_pack() {
+  [ $PACK = 1 ] || return 0
+  {
+    printf '%s\n' "${summary[@]}"
+    for f in gpu.txt build.log ptxas.txt gpu_checks.txt gpu_tests.log gpu_tests_store_warp_off.log binding.log group.log \
+      group_tests.log bench.log sanitizer_memcheck.log sanitizer_racecheck.log sanitizer_group.log \
+      sanitizer_group_synccheck.log; do
+      [ -f "$OUT/$f" ] && { echo; echo "######## $f"; tail -c 200000 "$OUT/$f"; }
+    done
+  } > "$FINAL_OUT/device_log.txt"
+}
 FAILED=0  # any failing step makes the script exit 1 (after every step has run)
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
@@ -47,7 +65,7 @@ if [ -z "$BIN" ]; then
      ninja -C build > "$OUT/build.log" 2>&1; then
     note "build: ok in $(( $(date +%s) - start )) s"
   else
-    note "build: FAILED (see build.log)"; tail -30 "$OUT/build.log"; printf '%s\n' "${summary[@]}"; exit 1
+    note "build: FAILED (see build.log)"; tail -30 "$OUT/build.log"; write_pack; printf '%s\n' "${summary[@]}"; exit 1
   fi
   BIN=build/bin
   grep -E "registers|spill" "$OUT/build.log" > "$OUT/ptxas.txt" || true
@@ -70,11 +88,14 @@ if [ $RUN_TESTS = 1 ]; then
   # A skip is a failure here (no GPU seen, say), but for tests that need what one machine may
   # lack: a second GPU (GpuDevices) and NCCL (GpuGroup: the group section runs and requires them).
   skipped=$(grep -E '^\[  SKIPPED \] [A-Za-z]' "$OUT/gpu_tests.log" | sed -E 's/^\[  SKIPPED \] ([^ ]+).*/\1/' |
-    grep -vE '^(GpuDevices|GpuGroup)\.' | sort -u | tr '\n' ' ')
-  if [ -n "$skipped" ]; then
-    note "gpu tests: FAILED: skipped here, where they must run: $skipped"
+    sort -u)
+  must_run=$(grep -vE '^(GpuDevices|GpuGroup)\.' <<< "$skipped" | tr '\n' ' ')
+  if [ -n "${must_run// /}" ]; then
+    note "gpu tests: FAILED: skipped here, where they must run: $must_run"
     FAILED=1
   fi
+  allowed=$(grep -E '^GpuDevices\.' <<< "$skipped" | tr '\n' ' ')
+  [ -z "${allowed// /}" ] || note "gpu tests: skipped for want of a second GPU: $allowed"
   if [ $rc != 0 ] && [ -z "${MOK_STORE_WARP:-}" ]; then
     # Diagnosis: do the failures follow the store warp (the default) or not?
     timeout 170 env MOK_STORE_WARP=0 "$BIN/mok_gpu_tests" --gtest_filter="$GTEST_FILTER" \
@@ -164,12 +185,20 @@ if [ $RUN_TESTS = 1 ]; then
 fi
 
 if [ ${#BENCH_ARGS[@]} -gt 0 ]; then
-  PYTHONUNBUFFERED=1 timeout ${BENCH_TIMEOUT:-400} python3 bench/run.py --mok-bin "$BIN/mok" "${BENCH_ARGS[@]}" 2>&1 | tee "$OUT/bench.log"
+  PYTHONUNBUFFERED=1 timeout ${BENCH_TIMEOUT:-400} python3 bench/run.py --mok-bin "$(printf %q "$BIN/mok")" "${BENCH_ARGS[@]}" 2>&1 | tee "$OUT/bench.log"
   brc=${PIPESTATUS[0]}
   [ $brc = 0 ] || FAILED=1
   note "bench: rc=$brc"
 fi
 
+if [ $RUN_SAN = 1 ] && ! command -v compute-sanitizer > /dev/null; then
+  if [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
+    export PATH=$PATH:/usr/local/cuda/bin
+  else
+    note "compute-sanitizer: FAILED: not found (PATH, /usr/local/cuda/bin); --skip-sanitizer to go without"
+    FAILED=1
+  fi
+fi
 if [ $RUN_SAN = 1 ] && command -v compute-sanitizer > /dev/null; then
   for tool in ${SANITIZERS:-memcheck racecheck}; do
     timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/mok" run --backend cuda --shape tiny \
@@ -203,15 +232,7 @@ if [ $RUN_SAN = 1 ] && command -v compute-sanitizer > /dev/null; then
   fi
 fi
 
-if [ $PACK = 1 ]; then
-  {
-    printf '%s\n' "${summary[@]}"
-    for f in gpu.txt ptxas.txt gpu_checks.txt gpu_tests.log gpu_tests_store_warp_off.log binding.log group.log group_tests.log bench.log \
-      sanitizer_memcheck.log sanitizer_racecheck.log sanitizer_group.log sanitizer_group_synccheck.log; do
-      [ -f "$OUT/$f" ] && { echo; echo "######## $f"; tail -c 200000 "$OUT/$f"; }
-    done
-  } > "$FINAL_OUT/device_log.txt"
-fi
+write_pack
 echo
 echo "==== summary ===="
 printf '%s\n' "${summary[@]}"

@@ -110,7 +110,7 @@ if [ "$gpus" -ge 2 ]; then
 fi
 
 if [ $BENCH = 1 ]; then
-  PYTHONUNBUFFERED=1 timeout ${BENCH_TIMEOUT:-500} python3 bench/run.py --mok-bin "$BIN/mok" --launch "$gpus" \
+  PYTHONUNBUFFERED=1 timeout ${BENCH_TIMEOUT:-500} python3 bench/run.py --mok-bin "$(printf %q "$BIN/mok")" --launch "$gpus" \
     --shapes qwen3.5-397b-a17b --tokens 2048 --results-dir "$OUT/results" --work-root "$work/bw" > "$OUT/bench.log" 2>&1
   rc=$?
   [ $rc = 0 ] || FAILED=1

@@ -11,11 +11,24 @@ scripts/setup.sh
 # needed. Exit 3: mok was built without the CUDA backend (no nvcc here), nothing to check.
 rc=0; scripts/check_sass.sh build/bin build/sass || rc=$?
 [ $rc = 0 ] || [ $rc = 3 ] || exit 1
-if [ ! -x .venv-bench/bin/python ]; then
+# The venv holds exactly bench/requirements.txt's pins, or is made again (a failed install, or
+# pins changed since, would otherwise stay).
+if ! cmp -s bench/requirements.txt .venv-bench/installed-requirements.txt; then
+  rm -rf .venv-bench
   python3 -m venv .venv-bench
   .venv-bench/bin/pip install -q -r bench/requirements.txt
+  cp bench/requirements.txt .venv-bench/installed-requirements.txt
 fi
-.venv-bench/bin/python -m unittest discover -s bench/tests 2>&1 | tail -5
+# A suite's skips are listed with their reasons; a failing suite prints its whole log.
+unittests() {  # NAME LOG ARGS...: python -m unittest ARGS in the venv
+  local name=$1 log=$2; shift 2
+  if ! .venv-bench/bin/python -m unittest "$@" -v > "$log" 2>&1; then
+    cat "$log"; echo "test: $name FAILED"; return 1
+  fi
+  grep -E " \.\.\. skipped" "$log" || true
+  echo "test: $name: $(tail -1 "$log")"
+}
+unittests "bench/tests" build/bench_tests.log discover -s bench/tests
 # python/mok, the binding through build/lib/libmok.so, on the CPU backend with numpy; its
 # PyTorch CUDA test skips here, saying why (scripts/device_check.sh runs it on a GPU).
-MOK_LIBRARY=build/lib/libmok.so .venv-bench/bin/python -m unittest discover -s python/tests -v 2>&1 | tail -4
+MOK_LIBRARY=build/lib/libmok.so unittests "python/tests" build/python_tests.log discover -s python/tests

@@ -8,6 +8,7 @@ import glob
 import io
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,7 @@ import run
 RUN_PY = os.path.join(helpers.BENCH_DIR, "run.py")
 PEER_PY = os.path.join(helpers.BENCH_DIR, "peer_torch.py")
 FAKE_MOK = os.path.join(helpers.TESTS_DIR, "fake_mok.py")
+FAKE_MOK_CMD = shlex.join([sys.executable, FAKE_MOK])  # (--mok-bin is split like a shell would)
 
 FAKE_TORCH = {
     "missing": "raise ImportError('simulated: no torch here')\n",
@@ -191,7 +193,7 @@ class EndToEnd(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             results = os.path.join(d, "results")
             args = ["--shapes", "glm-5.2,qwen3-30b-a3b,mixtral-8x7b", "--tokens", "64", "--no-peer",
-                    "--warmup", "0", "--iters", "1", "--mok-bin", f"{sys.executable} {FAKE_MOK}",
+                    "--warmup", "0", "--iters", "1", "--mok-bin", FAKE_MOK_CMD,
                     "--work-root", os.path.join(d, "work"), "--results-dir", results]
             r = run_with_fake_torch("cuda", args, {"FAKE_MOK_FAIL_SHAPE": "qwen3-30b-a3b"})
             # One run failed: exit non-zero, the others still produced records.
@@ -221,7 +223,7 @@ class EndToEnd(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             results = os.path.join(d, "results")
             args = ["--launch", "3", "--shapes", "qwen3.5-397b-a17b", "--tokens", "64", "--no-peer",
-                    "--warmup", "0", "--iters", "5", "--mok-bin", f"{sys.executable} {FAKE_MOK}",
+                    "--warmup", "0", "--iters", "5", "--mok-bin", FAKE_MOK_CMD,
                     "--work-root", os.path.join(d, "work"), "--results-dir", results]
             r = run_with_fake_torch("cuda", args)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
@@ -240,7 +242,7 @@ class EndToEnd(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             results = os.path.join(d, "results")
             args = ["--launch", "2", "--shapes", "qwen3.5-397b-a17b", "--tokens", "64", "--warmup", "0",
-                    "--iters", "2", "--mok-bin", f"{sys.executable} {FAKE_MOK}",
+                    "--iters", "2", "--mok-bin", FAKE_MOK_CMD,
                     "--work-root", os.path.join(d, "work"), "--results-dir", results]
             r = run_with_fake_torch("cuda", args)
             self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
@@ -254,7 +256,7 @@ class EndToEnd(unittest.TestCase):
     def test_failed_mok_check_is_recorded(self):
         with tempfile.TemporaryDirectory() as d:
             results = os.path.join(d, "results")
-            args = ["--shapes", "glm-5.2", "--tokens", "64", "--no-peer", "--mok-bin", f"{sys.executable} {FAKE_MOK}",
+            args = ["--shapes", "glm-5.2", "--tokens", "64", "--no-peer", "--mok-bin", FAKE_MOK_CMD,
                     "--work-root", os.path.join(d, "work"), "--results-dir", results]
             r = run_with_fake_torch("cuda", args, {"FAKE_MOK_CHECK_FAIL_SHAPE": "glm-5.2"})
             self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
@@ -268,7 +270,7 @@ class EndToEnd(unittest.TestCase):
     def test_mok_bench_exiting_non_zero_after_its_json_fails_the_record(self):
         with tempfile.TemporaryDirectory() as d:
             results = os.path.join(d, "results")
-            args = ["--shapes", "glm-5.2", "--tokens", "64", "--no-peer", "--mok-bin", f"{sys.executable} {FAKE_MOK}",
+            args = ["--shapes", "glm-5.2", "--tokens", "64", "--no-peer", "--mok-bin", FAKE_MOK_CMD,
                     "--work-root", os.path.join(d, "work"), "--results-dir", results, "--no-clocks"]
             r = run_with_fake_torch("cuda", args, {"FAKE_MOK_EXIT_SHAPE": "glm-5.2"})
             self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
@@ -329,7 +331,7 @@ class EndToEnd(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             results = os.path.join(d, "results")
             args = ["--shapes", "glm-5.2,mixtral-8x7b", "--tokens", "64", "--no-peer", "--mok-bin",
-                    f"{sys.executable} {FAKE_MOK}", "--work-root", os.path.join(d, "work"), "--results-dir", results,
+                    FAKE_MOK_CMD, "--work-root", os.path.join(d, "work"), "--results-dir", results,
                     "--no-clocks"]
             r = run_with_fake_torch("cuda", args, {"FAKE_MOK_BUILD_COMMIT": "0123456789ab",
                                                    "MOK_BENCH_COMMIT": "fedcba9876", "MOK_BENCH_DIRTY": "0"})
@@ -353,7 +355,7 @@ class EndToEnd(unittest.TestCase):
         os.makedirs(bin_dir)
         os.symlink(os.path.join(helpers.TESTS_DIR, "fake_nvidia_smi.py"), os.path.join(bin_dir, "nvidia-smi"))
         results = os.path.join(d, "results")
-        args = ["--shapes", "glm-5.2", "--tokens", "64", "--no-peer", "--mok-bin", f"{sys.executable} {FAKE_MOK}",
+        args = ["--shapes", "glm-5.2", "--tokens", "64", "--no-peer", "--mok-bin", FAKE_MOK_CMD,
                 "--work-root", os.path.join(d, "work"), "--results-dir", results, "--clock-period-ms", "5",
                 *extra_args]
         env = {"PATH": bin_dir + os.pathsep + os.environ["PATH"], "FAKE_MOK_TIMED_S": "0.3",
