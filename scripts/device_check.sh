@@ -10,7 +10,9 @@
 #   scripts/device_check.sh [--bin DIR] [--skip-tests] [--skip-sanitizer] [--bench ARGS...]
 #
 # --bin DIR   use prebuilt binaries in DIR (mok, mok_gpu_tests) instead of building; the
-#             library python/mok loads is DIR/../lib/libmok.so
+#             library python/mok loads is DIR/../lib/libmok.so. (Building here needs
+#             GoogleTest's CMake package, which a machine without a package registry may
+#             lack: then build elsewhere, sm_90a, and carry the binaries.)
 # --pack      leave one combined log ($OUT/device_log.txt) plus $OUT/results/ (the device
 #             tool brings back at most 8 files)
 # --bench ... run bench/run.py with these arguments (after the tests, before the sanitizers)
