@@ -10,8 +10,9 @@
 #
 # cuobjdump: $CUOBJDUMP, else the one on PATH or in /usr/local/cuda/bin, else the pinned wheels
 # of scripts/requirements-sass.txt in .venv-sass (installed on first use). Prints one line
-# "sass: ..."; exits 1 when a check fails, 3 when BIN_DIR/mok holds no sm_90a code (built
-# without the CUDA backend), 0 otherwise.
+# "sass: ..."; exits 3 when BIN_DIR/mok holds no device code at all (built without the CUDA
+# backend), 1 when a check fails (device code without sm_90a, or cuobjdump failing, included),
+# 0 otherwise.
 set -uo pipefail
 BIN=$(realpath -m "${1:?usage: scripts/check_sass.sh BIN_DIR [OUT_DIR]}")
 OUT=$(realpath -m "${2:-$BIN/../sass}")

@@ -49,7 +49,7 @@ write_pack() {
   [ $PACK = 1 ] || return 0
   {
     printf '%s\n' "${summary[@]}"
-    for f in gpu.txt build.log ptxas.txt gpu_checks.txt gpu_tests.log gpu_tests_store_warp_off.log binding.log group.log \
+    for f in gpu.txt cmake.log build.log ptxas.txt gpu_checks.txt gpu_tests.log gpu_tests_store_warp_off.log binding.log group.log \
       group_tests.log bench.log sanitizer_memcheck.log sanitizer_racecheck.log sanitizer_group.log \
       sanitizer_group_synccheck.log; do
       [ -f "$OUT/$f" ] && { echo; echo "######## $f"; tail -c 200000 "$OUT/$f"; }
@@ -67,7 +67,9 @@ if [ -z "$BIN" ]; then
      ninja -C build > "$OUT/build.log" 2>&1; then
     note "build: ok in $(( $(date +%s) - start )) s"
   else
-    note "build: FAILED (see build.log)"; tail -30 "$OUT/build.log"; write_pack; printf '%s\n' "${summary[@]}"; exit 1
+    note "build: FAILED (see cmake.log, build.log)"
+    tail -30 "$OUT/build.log" 2> /dev/null || tail -30 "$OUT/cmake.log"
+    write_pack; printf '%s\n' "${summary[@]}"; exit 1
   fi
   BIN=build/bin
   grep -E "registers|spill" "$OUT/build.log" > "$OUT/ptxas.txt" || true
@@ -115,7 +117,7 @@ fi
 # synccheck below both require it (keep the count equal to those tests).
 GROUP_TESTS_PASSED='^\[  PASSED  \] 3 tests'
 if [ $RUN_TESTS = 1 ]; then
-  source "$(dirname "$0")/group_env.sh"
+  source scripts/group_env.sh  # (from the repository root, where the script runs)
   gpus=$group_gpus
   group_dir=$(mktemp -d)
   start=$(date +%s)

@@ -11,6 +11,8 @@
 #include <random>
 #include <vector>
 
+#include "core/numbers.h"
+#include "mok/error.h"
 #include "mok/problem.h"
 #include "numerics/mxfp8.h"
 #include "numerics/numerics.h"
@@ -371,6 +373,23 @@ TEST(Swiglu, ClampAndPlain) {
     EXPECT_TRUE(std::isnan(swiglu(nan, 0.5f, limit))) << "limit " << limit;
     EXPECT_TRUE(std::isnan(swiglu(0.5f, nan, limit))) << "limit " << limit;
   }
+}
+
+// A double kept as a float: up to FLT_MAX plus half an ulp it rounds to a float (FLT_MAX at the
+// top); beyond, and below the smallest subnormal's half, it is refused as written.
+TEST(Numbers, ToFloatInRangeRefusesOnlyWhatCannotBeAFloat) {
+  EXPECT_EQ(mok::to_float_in_range(3.4028235e38, "x"), FLT_MAX);  // (FLT_MAX as usually written)
+  EXPECT_EQ(mok::to_float_in_range(-0x1.fffffep127, "x"), -FLT_MAX);
+  EXPECT_EQ(mok::to_float_in_range(0x1.fffffefffffffp127, "x"), FLT_MAX);  // (just under the half ulp)
+  EXPECT_EQ(mok::to_float_in_range(0.0, "x"), 0.0f);
+  EXPECT_EQ(mok::to_float_in_range(1e-45, "x"), std::numeric_limits<float>::denorm_min());
+  for (const double bad : {0x1.ffffffp127, 3.5e38, -1e300, 1e-50, -1e-50})
+    try {
+      mok::to_float_in_range(bad, "x");
+      ADD_FAILURE() << bad << " was taken";
+    } catch (const mok::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("is outside float's range"), std::string::npos) << e.what();
+    }
 }
 
 }  // namespace

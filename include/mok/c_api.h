@@ -106,8 +106,9 @@ int mok_problem_from_shape(const char* name, int32_t ep_size, int32_t tokens_per
  * caller's error. */
 int mok_layer_create(const mok_problem* problem, const mok_config* config, const mok_options* options,
                      mok_layer** layer);
-/* Destroys it; NULL is ignored. In MOK_DISTRIBUTED mode this is collective (it waits for
- * the peers, at most the group's wait limit, then aborts), as mok::Layer's destructor is. */
+/* Destroys it; NULL is ignored. In MOK_DISTRIBUTED mode this is collective, as mok::Layer's
+ * destructor is: it waits for its queued work at most the group's wait limit (then aborts the
+ * communicator); the communicator's own teardown then waits for the peers. */
 void mok_layer_destroy(mok_layer* layer);
 /* Destroys it after a failure on this rank, as mok::Layer is destroyed while an exception
  * propagates: a distributed group's communicator is aborted (mok_layer_abandon_group), so

@@ -9,9 +9,10 @@
 //     this process holds one rank (its tensors are the only entry of `ranks`) and reaches the
 //     others over NVLink through NCCL symmetric memory (CUDA backend only). Constructing and
 //     destroying such a Layer are collective: every rank does both. A rank that gives up on
-//     its peers throws mok::PeerWaitError; a destroy waits for the queued work at most the
-//     group's wait limit, then aborts the communicator (saying so on stderr); a Layer
-//     destroyed while an exception propagates aborts it at once instead of waiting. A forward that throws on
+//     its peers throws mok::PeerWaitError; a destroy waits for its queued work at most the
+//     group's wait limit, then aborts the communicator (saying so on stderr), and otherwise
+//     tears it down with the peers; a Layer destroyed while an exception propagates aborts
+//     it at once instead of waiting. A forward that throws on
 //     one rank (a bad argument, say) leaves the group out of step, since its peers went on:
 //     that rank's communicator is aborted at once, its later forwards, backwards and
 //     synchronizes throw naming the first error, and destroying its Layer waits for nobody

@@ -369,9 +369,10 @@ void EpGroup::wait_until_done(const std::function<int()>& query, const std::stri
     if ((async != ncclSuccess && async != ncclInProgress) || late) {
       const std::string message =
           "EP group: rank " + std::to_string(rank()) + " stopped while " + what + ": " +
-          (late ? "not done after " + std::to_string(limit_ms / 1000) +
-                      " s, the group's wait limit (a peer rank died or hangs, and `mok launch` names it; or this "
-                      "stream held more work than that limit allows)"
+          (late ? "not done within " +
+                      (limit_ms % 1000 == 0 ? std::to_string(limit_ms / 1000) + " s" : std::to_string(limit_ms) + " ms") +
+                      " (a peer rank died or hangs, and `mok launch` names it; or this stream held more work than "
+                      "that)"
                 : std::string("NCCL error ") + nccl.GetErrorString(async));
       // Said before the abort: tearing down a communicator whose peers are gone can itself
       // block, and the launcher's log must hold this rank's reason either way.

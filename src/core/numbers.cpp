@@ -77,8 +77,10 @@ std::string exact_number(double value) {
 }
 
 float to_float_in_range(double value, const std::string& what) {
-  auto outside = [&] { return Error(what + ": " + format_number(value) + " is outside float's range"); };
-  if (!(std::fabs(value) <= std::numeric_limits<float>::max())) throw outside();  // (before converting)
+  auto outside = [&] { return Error(what + ": " + exact_number(value) + " is outside float's range"); };
+  // Past FLT_MAX plus half an ulp the conversion is undefined (or inf); up to it, FLT_MAX.
+  constexpr double kRoundsToMax = 0x1.ffffffp127;
+  if (!(std::fabs(value) < kRoundsToMax)) throw outside();  // (before converting)
   const float f = static_cast<float>(value);
   if (f == 0.0f && value != 0.0) throw outside();
   return f;
