@@ -298,7 +298,18 @@ int bench_command(const std::vector<std::string>& argv) {
     for (std::int64_t r = 0; r < N; ++r)
       if (row_at[r].src_rank == me) std::copy_n(&rows_ref[r * H], H, &combine_local[std::size_t(row_at[r].slot) * H]);
   }
-  BENCH_CUDA(cudaMemcpy(layer.combine_slots(me).data, combine_local.data(), slot_elems * 2, cudaMemcpyHostToDevice));
+  // The slots mok and the peer start from: the rows of this rank's own tokens NaN, so that
+  // each side's rows and y are checked on the rows it placed itself (reference rows put there
+  // beforehand would pass for a forward that never wrote them); the other ranks' slots hold
+  // what they would push. combine_local keeps the reference rows, for y_ref.
+  std::vector<std::int64_t> row_slot(static_cast<std::size_t>(N), -1);
+  ref::SlotBuffer start_slots = combine_local;
+  for (std::int64_t r = 0; r < N; ++r)
+    if (row_at[r].src_rank == me) {
+      row_slot[r] = row_at[r].slot;
+      std::fill_n(&start_slots[std::size_t(row_at[r].slot) * H], H, std::uint16_t{0x7fc0});
+    }
+  BENCH_CUDA(cudaMemcpy(layer.combine_slots(me).data, start_slots.data(), slot_elems * 2, cudaMemcpyHostToDevice));
 
   // ---- timing ----
   // Timed like the peers (bench/peer_torch.py), see core/device_timer.h. In a group,
@@ -441,17 +452,10 @@ int bench_command(const std::vector<std::string>& argv) {
     npy::save(path(bench_file_name(BenchFile::kRowExpert)), tensor_from(DType::i32, {N}, row_expert.data()));
     npy::save(path(bench_file_name(BenchFile::kRowWeight)), tensor_from(DType::f32, {N}, row_weight.data()));
     // The peer writes the rows of this rank's own tokens into their slots itself, as mok does:
-    // row_slot names each row's slot (-1: another rank's token), and those slots are NaN in
-    // the file, so the peer's y is checked on the rows it computed.
-    std::vector<std::int64_t> row_slot(static_cast<std::size_t>(N), -1);
-    ref::SlotBuffer peer_slots = combine_local;
-    for (std::int64_t r = 0; r < N; ++r)
-      if (row_at[r].src_rank == me) {
-        row_slot[r] = row_at[r].slot;
-        std::fill_n(&peer_slots[std::size_t(row_at[r].slot) * H], H, std::uint16_t{0x7fc0});
-      }
+    // row_slot names each row's slot (-1: another rank's token), and the file holds the
+    // start_slots mok had (those slots NaN), so the peer's y is checked on the rows it computed.
     npy::save(path(bench_file_name(BenchFile::kRowSlot)), tensor_from(DType::i64, {N}, row_slot.data()));
-    npy::save(path(bench_file_name(BenchFile::kCombineLocal)), tensor_from(DType::bf16, {std::int64_t(T) * k, H}, peer_slots.data()));
+    npy::save(path(bench_file_name(BenchFile::kCombineLocal)), tensor_from(DType::bf16, {std::int64_t(T) * k, H}, start_slots.data()));
     npy::save(path(bench_file_name(BenchFile::kRowsRef)), tensor_from(DType::bf16, {N, H}, rows_ref.data()));
     HostTensor dy(DType::bf16, {T, H});
     for (std::int64_t i = 0; i < dy.numel(); ++i)
