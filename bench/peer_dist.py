@@ -209,7 +209,7 @@ def main(argv=None):
               "world_size": world,
               "peer": "pytorch + NCCL: all_to_all_single dispatch (counts, rows, expert ids), argsort permute, "
                       "torch._grouped_mm x2, SwiGLU, unpermute, all_to_all_single combine, shared experts, "
-                      "weighted sum (bf16)",
+                      "weighted sum as one bmm (bf16)",
               "peer_precision": "bf16",
               "timing": {"warmup": args.warmup, "iters": args.iters,
                          "median": "sorted[n//2] over iterations of the slowest rank's CUDA-event time"},

@@ -113,10 +113,11 @@ def shared_out(x, w13s, w2s, width, limit):
 
 
 def local_y(x_local, shared, router_weights, combine_local, limit):
-    """y of the local tokens: the router-weighted combine slots plus the shared experts, summed
-    in fp32 -> bf16. The weighting is one batched GEMM over each token's k slots ([1,k] x [k,H],
-    bf16 in, fp32 accumulation): it reads the slots once, where an elementwise product in fp32
-    made and re-read [T,k,H] fp32 tensors."""
+    """y of the local tokens: the router-weighted combine slots plus the shared experts. The
+    weighting is one batched GEMM over each token's k slots ([1,k] x [k,H]: weights rounded to
+    bf16, fp32 accumulation, bf16 out), which reads the slots once, where an elementwise
+    product in fp32 made and re-read [T,k,H] fp32 tensors; that sum, in fp32, plus the shared
+    experts' outputs, rounded to bf16 (two roundings where mok has one: within the bar)."""
     import torch
     T, k = router_weights.shape
     weights = router_weights.to(combine_local.dtype).unsqueeze(1)

@@ -492,7 +492,7 @@ def markdown(recs, plots, out_dir, repeats=None, off_contract=None):
              "shared experts), which for shapes without a shared expert is below MoK's count (MoK's formula "
              "counts T shared rows they do not have: k+1 over k too high); "
              "speedup = PyTorch pipeline ms / mok ms (the eager pipeline of bench/peer_torch.py: no CUDA "
-             "graphs, no torch.compile; peers before stop 34's review combined in fp32 elementwise and "
+             "graphs, no torch.compile; peers before a93cc1c combined in fp32 elementwise and "
              "synchronised on bincount, so their speedups are higher than today's peer gives); "
              "speedup at ceiling = PyTorch pipeline ms over the "
              "time the rank's performed FLOPs take at the dense bf16 GEMM rate measured in the same run "

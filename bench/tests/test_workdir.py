@@ -53,7 +53,9 @@ def numpy_pipeline(doc, a):
     slots = f32(a["combine_local"]).copy()
     own = a["row_slot"] >= 0
     slots[a["row_slot"][own]] = out[own]
-    acc = (a["router_weights"][..., None] * slots.reshape(T, k, H)).sum(1)
+    # The weighting: bf16 weights, the sum rounded to bf16 (one bmm), then fp32 with the shared.
+    w = workdir.round_bf16(a["router_weights"].astype(np.float32))
+    acc = workdir.round_bf16((w[..., None] * slots.reshape(T, k, H)).sum(1))
     x_local = f32(a["x_local"])
     for s, width in zip(a["shared"], widths):
         w13s = np.concatenate([f32(s["w_gate"]), f32(s["w_up"])], axis=0)

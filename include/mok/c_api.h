@@ -127,9 +127,9 @@ int mok_layer_forward(mok_layer* layer, const mok_rank_forward* ranks, int32_t n
 int mok_layer_backward(mok_layer* layer, const mok_rank_backward* ranks, int32_t num_ranks);
 int mok_layer_synchronize(mok_layer* layer);
 /* mok::Layer::combine_slots: rank `rank`'s combine slots, bf16 [T*k, H], in the layer's
- * memory; a rank slice's other ranks' rows are written here. On the cuda backend the memory
- * lasts as long as the layer; the cpu backend makes new slots at every forward, so there
- * the view lasts until the next forward. */
+ * memory; a rank slice's other ranks' rows are written here. On either backend the memory
+ * lasts as long as the layer (on the cpu backend, from its first forward on). Each forward
+ * rewrites it, so a forward refuses it, or any part of it, as an argument. */
 int mok_layer_combine_slots(const mok_layer* layer, int32_t rank, mok_tensor* slots);
 /* The config the layer runs with, the library's choices filled in. */
 int mok_layer_config(const mok_layer* layer, mok_config* config);

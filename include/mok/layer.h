@@ -144,8 +144,8 @@ class Layer {
   // `ranks` holds all R ranks (all_ranks mode), all R ranks' inputs with the active
   // rank's weights and outputs (rank_slice mode), or this process's rank only (distributed).
   // On the CUDA backend the call is asynchronous on the stream given in the options: the host
-  // does not wait for the device (a new tensor set waits only while the host is 8 sets ahead
-  // of the stream). It captures into a CUDA graph; the 8 tensor sets seen last are kept ready
+  // does not wait for the device (a new tensor set waits only while the host is as many new
+  // sets ahead of the stream as there are slots no CUDA graph captured: 8 with none). It captures into a CUDA graph; the 8 tensor sets seen last are kept ready
   // (their pointers and tensor maps uploaded), and the sets graphs captured stay reserved for
   // their replays (a capture with a new set takes the slot of the least recently used set no
   // graph captured, as an eager call does).

@@ -267,7 +267,7 @@ int bench_command(const std::vector<std::string>& argv) {
 
   // ---- reference: this rank's rows (its experts, every source), its shared experts ----
   // A group's ranks compute it after timing (so they meet at the layer's bootstrap together);
-  // one GPU needs it first: the slice's slots for its own tokens are pre-filled from it.
+  // one GPU needs it first: combine_local (y_ref's slots) takes the own tokens' rows from it.
   ref::ThreadPool pool(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world));
   std::vector<const std::int32_t*> tops;
   for (const auto& r : host.ranks) tops.push_back(r.top_experts.data<std::int32_t>());
