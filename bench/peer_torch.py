@@ -221,6 +221,34 @@ def check_forward(work, tol):
     return res
 
 
+def profile_forward(work, iters):
+    """Where one forward of the pipeline spends its time: torch.profiler over `iters` forwards
+    (after one untimed forward; outside every timing): on the GPU each kernel's device time and
+    launches per forward, on the CPU each operator's self time; most first, the first 25, and
+    the total over every entry."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    on_gpu = work.x_all.is_cuda
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    work.forward()
+    sync()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with profile(activities=activities) as prof:
+        for _ in range(iters):
+            work.forward()
+        sync()
+    rows = []
+    for e in prof.key_averages():
+        if on_gpu and e.device_type != torch.autograd.DeviceType.CUDA:
+            continue  # (on the GPU: kernels only; the CPU side is the launches)
+        us = e.self_device_time_total if on_gpu else e.self_cpu_time_total
+        if us > 0:
+            rows.append({"name": e.key[:160], "us_per_forward": us / iters, "calls_per_forward": e.count / iters})
+    rows.sort(key=lambda r: -r["us_per_forward"])
+    return {"iters": iters, "what": "GPU kernels' device time" if on_gpu else "CPU operators' self time",
+            "total_us_per_forward": sum(r["us_per_forward"] for r in rows), "top": rows[:25]}
+
+
 def time_grouped_gemms(work, warmup, iters):
     """The two grouped GEMMs alone, on rows already permuted by expert."""
     import torch
@@ -354,6 +382,11 @@ def measure_peer(work, args, result, attempt):
             result["skipped"][part] = reason
         return False
     result["forward"] = attempt("forward", lambda: time_cuda(work.forward, args.warmup, args.iters))
+    if args.profile:  # (a diagnosis: a profiler that fails is noted, the record stands)
+        try:
+            result["profile"] = profile_forward(work, args.profile)
+        except Exception as exc:
+            result["profile"] = {"error": f"{type(exc).__name__}: {exc}"}
     gg = attempt("grouped_gemms", lambda: time_grouped_gemms(work, args.warmup, args.iters))
     if gg:
         result.update(gg)
@@ -414,9 +447,13 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=1, help="seed of the routed rows' upstream gradient")
     ap.add_argument("--no-backward", action="store_true")
     ap.add_argument("--no-ceilings", action="store_true")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after the timed forwards, profile N more (torch.profiler) into peer.json's 'profile'")
     args = ap.parse_args(argv)
     if args.iters < 1 or args.warmup < 0 or args.ceiling_iters < 1 or args.ceiling_warmup < 0:
         ap.error("--iters/--ceiling-iters must be >= 1 and the warm-ups >= 0")
+    if args.profile < 0:
+        ap.error("--profile must be >= 0 (0: no profile)")
     ready, why = cuda_ready()
     if not ready:
         print(f"peer_torch.py: no CUDA GPU ({why}); the PyTorch peer runs on the device only", file=sys.stderr)

@@ -129,9 +129,12 @@ def option_errors(args):
     for opt, value, least in (("--iters", args.iters, 1), ("--warmup", args.warmup, 0),
                               ("--ceiling-iters", args.ceiling_iters, 1), ("--ceiling-warmup", args.ceiling_warmup, 0),
                               ("--tokens", args.tokens, 1), ("--ep", args.ep, 1), ("--launch", args.launch, 1),
-                              ("--repeat", args.repeat, 1), ("--clock-period-ms", args.clock_period_ms, 1)):
+                              ("--repeat", args.repeat, 1), ("--clock-period-ms", args.clock_period_ms, 1),
+                              ("--profile-peer", args.profile_peer, 0)):
         if value is not None and value < least:
             errors.append(f"{opt} must be >= {least} (got {value})")
+    if args.profile_peer and args.launch:
+        errors.append("--profile-peer profiles the one-process peer (peer_torch.py), not --launch's")
     return errors
 
 
@@ -169,6 +172,8 @@ def peer_command(args, work, ep_mode=None, ep=None):
         str(args.iters), "--ceiling-warmup", str(args.ceiling_warmup), "--ceiling-iters", str(args.ceiling_iters)]
     if args.no_backward and ep_mode != "distributed":
         cmd.append("--no-backward")
+    if args.profile_peer and ep_mode != "distributed":
+        cmd += ["--profile", str(args.profile_peer)]
     return cmd
 
 
@@ -342,6 +347,9 @@ def main(argv=None):
     ap.add_argument("--keep-work", action="store_true", help="keep each work directory (large .npy files)")
     ap.add_argument("--no-backward", action="store_true", help="skip the peer's backward timing")
     ap.add_argument("--no-peer", action="store_true", help="record mok alone (no PyTorch peer)")
+    ap.add_argument("--profile-peer", type=int, default=0, metavar="N",
+                    help="profile N forwards of the PyTorch peer after its timing (torch.profiler; in the "
+                         "record's peers.pytorch_pipeline.profile; not with --launch)")
     ap.add_argument("--no-clocks", action="store_true",
                     help="do not sample the GPU's clock and power with nvidia-smi (the record's clocks are null)")
     ap.add_argument("--clock-period-ms", type=int, default=gpu_clocks.DEFAULT_PERIOD_MS,

@@ -48,6 +48,20 @@ class PeerOnCpu(unittest.TestCase):
                 self.assertFalse(checks.passes(st, tol), st)
                 self.assertGreater(st["non_finite"], 0)
 
+    def test_the_profile_lists_where_a_forward_goes(self):
+        with tempfile.TemporaryDirectory() as d:
+            make_workdir(d)
+            doc, arrays = workdir.load_work(d)
+            prof = self.peer.profile_forward(self.peer.Work(doc, arrays, "cpu"), 2)
+        self.assertEqual((prof["iters"], prof["what"]), (2, "CPU operators' self time"))
+        self.assertTrue(prof["top"], prof)
+        names = [r["name"] for r in prof["top"]]
+        self.assertTrue(any("grouped_mm" in n for n in names), names)  # (the pipeline's GEMMs ran)
+        self.assertTrue(all(r["us_per_forward"] > 0 and r["calls_per_forward"] > 0 for r in prof["top"]))
+        self.assertEqual([r["us_per_forward"] for r in prof["top"]],
+                         sorted((r["us_per_forward"] for r in prof["top"]), reverse=True))
+        self.assertGreaterEqual(prof["total_us_per_forward"], sum(r["us_per_forward"] for r in prof["top"]) - 1e-6)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -136,12 +136,17 @@ class Plan(unittest.TestCase):
         cmd = run.mok_command(args, "qwen3.5-397b-a17b", "distributed", 8, 2048, "/w")
         self.assertEqual(cmd[:11], ["build/bin/mok", "launch", "-n", "8", "--timeout", str(run.LAUNCH_TIMEOUT_S),
                                     "--", "build/bin/mok", "bench", "--shape", "qwen3.5-397b-a17b"])
-        args.ceiling_warmup, args.ceiling_iters, args.no_backward = 1, 2, True
+        args.ceiling_warmup, args.ceiling_iters, args.no_backward, args.profile_peer = 1, 2, True, 3
         peer = run.peer_command(args, "/w", "distributed", 8)
         self.assertEqual(peer[:7], ["build/bin/mok", "launch", "-n", "8", "--timeout", str(run.LAUNCH_TIMEOUT_S),
                                     "--"])
         self.assertTrue(peer[8].endswith("peer_dist.py"))
         self.assertNotIn("--no-backward", peer)
+        self.assertNotIn("--profile", peer)
+        peer = run.peer_command(args, "/w", "slice", 64)
+        self.assertTrue(peer[1].endswith("peer_torch.py"))
+        self.assertIn("--no-backward", peer)
+        self.assertEqual(peer[peer.index("--profile") + 1], "3")
 
 
 class Options(unittest.TestCase):
@@ -158,8 +163,9 @@ class Options(unittest.TestCase):
     def test_zero_is_refused_not_the_default(self):
         for opt in ("--tokens", "--ep", "--launch", "--ceiling-iters", "--iters", "--repeat"):
             self.refused([opt, "0"], f"{opt} must be >= 1 (got 0)")
-        for opt in ("--ceiling-warmup", "--warmup"):
+        for opt in ("--ceiling-warmup", "--warmup", "--profile-peer"):
             self.refused([opt, "-1"], f"{opt} must be >= 0 (got -1)")
+        self.refused(["--launch", "2", "--profile-peer", "5"], "--profile-peer profiles the one-process peer")
 
     def test_options_that_do_not_apply_are_refused(self):
         self.refused(["--shapes", "glm-5.2", "--sweep-tokens", "512"], "--sweep-tokens applies only with --sweep", 1)
@@ -295,7 +301,8 @@ class EndToEnd(unittest.TestCase):
 
         args = types.SimpleNamespace(
             mok_bin="mok", dtype=None, routing="gaussian", warmup=500, iters=100, ceiling_warmup=500,
-            ceiling_iters=200, mok_arg=[], no_backward=False, no_peer=False, no_clocks=True, keep_work=False,
+            ceiling_iters=200, mok_arg=[], no_backward=False, profile_peer=0, no_peer=False, no_clocks=True,
+            keep_work=False,
             work_root=os.path.join(d, "work"), results_dir=os.path.join(d, "results"))
         with mock.patch.object(run.subprocess, "call", side_effect=call), \
                 contextlib.redirect_stdout(io.StringIO()):
