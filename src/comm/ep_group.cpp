@@ -316,13 +316,19 @@ SymmetricBuffer EpGroup::alloc_symmetric(std::size_t bytes) {
   SymmetricBuffer b;
   b.bytes = (bytes + NCCL_WIN_REQUIRED_ALIGNMENT - 1) / NCCL_WIN_REQUIRED_ALIGNMENT * NCCL_WIN_REQUIRED_ALIGNMENT;
   check_nccl(nccl.MemAlloc(&b.local, b.bytes), "ncclMemAlloc");
-  impl_->symmetric.push_back(b);  // (first: a failed registration leaves it to the group to free)
-  ncclWindow_t win = nullptr;
-  check_nccl(nccl.CommWindowRegister(impl_->comm, b.local, b.bytes, &win, NCCL_WIN_COLL_SYMMETRIC),
-             "ncclCommWindowRegister");
-  b.window = win;
-  impl_->symmetric.back().window = win;
+  impl_->symmetric.push_back(b);
   return b;
+}
+
+void EpGroup::register_window(SymmetricBuffer& b) {
+  auto& kept = impl_->symmetric;
+  const auto it = std::find_if(kept.begin(), kept.end(), [&](const SymmetricBuffer& k) { return k.local == b.local; });
+  if (it == kept.end() || b.window != nullptr)
+    throw Error("EP group: register_window: not a buffer of this group's alloc_symmetric, or registered already");
+  ncclWindow_t win = nullptr;
+  check_nccl(NcclApi::get().CommWindowRegister(impl_->comm, b.local, b.bytes, &win, NCCL_WIN_COLL_SYMMETRIC),
+             "ncclCommWindowRegister");
+  b.window = it->window = win;
 }
 
 void EpGroup::free_symmetric(SymmetricBuffer& b) {

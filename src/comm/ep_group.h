@@ -62,7 +62,13 @@ class EpGroup {
   // any kernel runs.
   void check_same_everywhere(const std::string& what, const std::string& fingerprint);
 
+  // This rank's memory for a symmetric buffer (local: no window yet). The group keeps track
+  // of it until free_symmetric (and frees what a failed caller left).
   SymmetricBuffer alloc_symmetric(std::size_t bytes);
+  // Collective: every rank registers its buffer as one window, in the same order. NCCL waits
+  // for every rank here without a limit, so call it only after a bounded meeting of all ranks
+  // (check_same_everywhere) past every step that can fail on one rank alone.
+  void register_window(SymmetricBuffer& buffer);
   void free_symmetric(SymmetricBuffer& buffer);
 
   // Stream-ordered all-gather (stream = a cudaStream_t): recv[r] = rank r's send. It is also

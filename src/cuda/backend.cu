@@ -1004,6 +1004,13 @@ class CudaBackend final : public BackendImpl {
     if (group_) {
       combine_sym_ = group_->alloc_symmetric(combine_bytes);
       x_sym_ = group_->alloc_symmetric(static_cast<std::size_t>(T) * H * 2);
+      // Registering the windows is collective, and NCCL waits there for every rank without a
+      // limit: a rank that failed on its own since the last meeting (out of memory, say) would
+      // leave the others waiting for good. So the ranks meet first where the wait is bounded
+      // (a missing rank makes it a PeerWaitError within the start-up limit).
+      group_->check_same_everywhere("readiness to register the shared windows", "ready");
+      group_->register_window(combine_sym_);
+      group_->register_window(x_sym_);
       workspace_bytes_ += combine_sym_.bytes + x_sym_.bytes;
       DeviceBuffer peers(2 * R * sizeof(void*));
       Launch(dim3(ceil_div(R, 256)), dim3(256), 0, stream_)("peer_pointers_kernel", peer_pointers_kernel,
