@@ -135,6 +135,8 @@ def option_errors(args):
             errors.append(f"{opt} must be >= {least} (got {value})")
     if args.profile_peer and args.launch:
         errors.append("--profile-peer profiles the one-process peer (peer_torch.py), not --launch's")
+    if args.profile_peer and args.no_peer:
+        errors.append("--profile-peer profiles the peer, which --no-peer leaves out")
     return errors
 
 

@@ -166,6 +166,7 @@ class Options(unittest.TestCase):
         for opt in ("--ceiling-warmup", "--warmup", "--profile-peer"):
             self.refused([opt, "-1"], f"{opt} must be >= 0 (got -1)")
         self.refused(["--launch", "2", "--profile-peer", "5"], "--profile-peer profiles the one-process peer")
+        self.refused(["--no-peer", "--profile-peer", "5"], "--profile-peer profiles the peer, which --no-peer")
 
     def test_options_that_do_not_apply_are_refused(self):
         self.refused(["--shapes", "glm-5.2", "--sweep-tokens", "512"], "--sweep-tokens applies only with --sweep", 1)

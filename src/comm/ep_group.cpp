@@ -323,7 +323,7 @@ SymmetricBuffer EpGroup::alloc_symmetric(std::size_t bytes) {
 void EpGroup::register_window(SymmetricBuffer& b) {
   auto& kept = impl_->symmetric;
   const auto it = std::find_if(kept.begin(), kept.end(), [&](const SymmetricBuffer& k) { return k.local == b.local; });
-  if (it == kept.end() || b.window != nullptr)
+  if (it == kept.end() || it->window != nullptr)
     throw Error("EP group: register_window: not a buffer of this group's alloc_symmetric, or registered already");
   ncclWindow_t win = nullptr;
   check_nccl(NcclApi::get().CommWindowRegister(impl_->comm, b.local, b.bytes, &win, NCCL_WIN_COLL_SYMMETRIC),

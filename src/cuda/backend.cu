@@ -1008,8 +1008,10 @@ class CudaBackend final : public BackendImpl {
       // limit: a rank that failed on its own since the last meeting (out of memory, say) would
       // leave the others waiting for good. So the ranks meet first where the wait is bounded
       // (a missing rank makes it a PeerWaitError within the start-up limit).
+      // (And again between the two: a registration can fail on one rank alone too.)
       group_->check_same_everywhere("readiness to register the shared windows", "ready");
       group_->register_window(combine_sym_);
+      group_->check_same_everywhere("the first shared window registered", "ready");
       group_->register_window(x_sym_);
       workspace_bytes_ += combine_sym_.bytes + x_sym_.bytes;
       DeviceBuffer peers(2 * R * sizeof(void*));
