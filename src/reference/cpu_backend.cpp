@@ -27,15 +27,9 @@ class CpuBackend final : public BackendImpl {
       inputs.push_back(ranks[r].inputs);
     }
     const auto scheds = schedule(inputs);
-    std::vector<ref::SlotBuffer> fresh;
-    ref::forward(problem_, pool_, ranks, scheds, &fresh);
-    // Into the slots the first forward made, so that a combine_slots() view stays valid for
-    // the layer's life (as on the cuda backend), showing the latest forward's slots.
-    if (combine_.empty()) {
-      combine_ = std::move(fresh);
-    } else {
-      for (std::size_t r = 0; r < fresh.size(); ++r) std::copy(fresh[r].begin(), fresh[r].end(), combine_[r].begin());
-    }
+    // (In place after the first forward: a combine_slots() view stays valid for the layer's
+    // life, as on the cuda backend, showing the latest forward's slots.)
+    ref::forward(problem_, pool_, ranks, scheds, &combine_);
   }
 
   void backward(std::span<const RankBackward> ranks) override {

@@ -204,7 +204,17 @@ void forward(const Problem& p, ThreadPool& pool, std::span<const RankForward> ra
   const std::int64_t T = p.tokens_per_rank, H = p.hidden, k = p.top_k;
 
   // Dispatch + routed experts + combine: every slot is written exactly once.
-  std::vector<SlotBuffer> combine(R, SlotBuffer(static_cast<std::size_t>(T * k * H), 0));
+  const std::size_t slot_elems = static_cast<std::size_t>(T * k * H);
+  std::vector<SlotBuffer> local;
+  std::vector<SlotBuffer>& combine = combine_out != nullptr ? *combine_out : local;
+  const bool in_place =
+      combine.size() == static_cast<std::size_t>(R) &&
+      std::all_of(combine.begin(), combine.end(), [&](const SlotBuffer& c) { return c.size() == slot_elems; });
+  if (in_place) {
+    for (SlotBuffer& c : combine) std::fill(c.begin(), c.end(), std::uint16_t{0});
+  } else {
+    combine.assign(R, SlotBuffer(slot_elems, 0));
+  }
   for (int d = 0; d < R; ++d) routed_forward_rank(p, pool, scheds[d], d, ranks, combine);
 
   for (int r = 0; r < R; ++r) {
@@ -212,7 +222,6 @@ void forward(const Problem& p, ThreadPool& pool, std::span<const RankForward> ra
     combine_epilogue_rank(p, pool, shared_out, combine[r], ranks[r].inputs.router_weights.as<const float>(),
                           ranks[r].y.as<std::uint16_t>());
   }
-  if (combine_out) *combine_out = std::move(combine);
 }
 
 namespace {

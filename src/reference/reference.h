@@ -43,7 +43,9 @@ void combine_epilogue_rank(const Problem& problem, ThreadPool& pool, const std::
                            const SlotBuffer& combine, const float* router_weights, std::uint16_t* y);
 
 // Full forward of all ranks (ranks.size() == R) under their schedules (one per rank, from
-// build_all_schedules). If `combine_out` is given, it receives every rank's combine slots.
+// build_all_schedules). If `combine_out` is given, it receives every rank's combine slots,
+// written in place when it already holds R buffers of the slots' size (so views of them stay
+// valid from one forward to the next: the cpu backend's combine_slots()).
 void forward(const Problem& problem, ThreadPool& pool, std::span<const RankForward> ranks,
              std::span<const RankSchedule> schedules, std::vector<SlotBuffer>* combine_out = nullptr);
 
