@@ -557,6 +557,10 @@ class CudaBackend final : public BackendImpl {
     require(max_tasks < (1ll << 31), "problem: up to " + std::to_string(max_tasks) +
                                          " compute tasks per forward; the cuda backend's task list takes fewer than 2^31");
     allocate();
+    // The combine slots here (this rank's in a group, every rank's on one GPU), which no
+    // forward's argument may overlap: made once, they never move.
+    for (int r = group_ ? first_rank_ : 0; r < (group_ ? first_rank_ + 1 : p.ep_size); ++r)
+      own_combine_slots_.push_back(combine_slots(r));
     // The limit belongs to the kernel, not to this Layer: set it to what any Layer may need, so
     // a later, smaller Layer cannot lower it under an earlier one.
     for (const int chunk : {kScheduleChunkSmall, kScheduleChunkLarge}) {
@@ -641,12 +645,8 @@ class CudaBackend final : public BackendImpl {
   void enqueue_forward(std::span<const RankForward> ranks) {
     // x rows and weights move with bulk copies and TMA, y is written in 16-byte stores (a
     // misaligned one would fault and lose the context): all on this layer's device, aligned.
-    // (The slots here: this rank's in a group, every rank's on one GPU.)
-    std::vector<TensorView> slots;
-    for (int r = group_ ? first_rank_ : 0; r < (group_ ? first_rank_ + 1 : problem_.ep_size); ++r)
-      slots.push_back(combine_slots(r));
     check_forward_args(problem_, options_, ranks, Device::cuda, Placement{options_.cuda_device, 16},
-                       group_ ? first_rank_ : 0, slots);
+                       group_ ? first_rank_ : 0, own_combine_slots_);
     const CallArgs& a = call_args(ranks);
     const Problem& p = problem_;
     const int T = p.tokens_per_rank, H = p.hidden;
@@ -1293,6 +1293,7 @@ class CudaBackend final : public BackendImpl {
 
   DeviceBuffer counters_, error_, group_errors_, tasks_, pulls_, task_counts_, combine_of_dev_, plans_dev_, zero_row_;
   std::vector<DeviceBuffer> combine_, rank_buffers_;
+  std::vector<TensorView> own_combine_slots_;  // views of the slots above (or combine_sym_.local)
   std::vector<RankPlan> plans_host_;
   std::vector<RankMaps> fixed_maps_;
   std::list<CallArgs> cache_;
