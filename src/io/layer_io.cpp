@@ -241,7 +241,7 @@ LayerData load_layer_data(const std::string& dir, const bool with_backward) {
   const fs::path pj = fs::path(dir) / "problem.json";
   if (!npy::regular_file_at(pj.string(), context)) throw Error(context + ": no problem.json in that directory");
   std::ifstream in(pj);
-  if (!in) throw Error("--load " + dir + ": " + pj.string() + " cannot be read (permissions?)");
+  if (!in) throw Error(context + ": " + pj.string() + " cannot be read (permissions?)");
   std::stringstream text;
   text << in.rdbuf();
   const Problem p = problem_from_json(text.str(), pj.string());
@@ -284,7 +284,7 @@ LayerData load_layer_data(const std::string& dir, const bool with_backward) {
                   std::to_string(S) + " shared expert(s): the files hold another problem");
   }
 
-  require_host_memory(layer_data_host_bytes(p, with_backward), "--load " + dir + " (" + p.describe() + ")");
+  require_host_memory(layer_data_host_bytes(p, with_backward), context + " (" + p.describe() + ")");
   // Shapes come from a freshly made LayerData of the same problem (which also allocates and
   // poisons the outputs); its generated values are then replaced by the files'.
   Routing placeholder;
