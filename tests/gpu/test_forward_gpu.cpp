@@ -1455,12 +1455,9 @@ TEST(GpuErrors, MisalignedXOrYIsAClearError) {
     auto bad = args;
     TensorView& t = std::string(which) == "x[rank 0]" ? bad[0].inputs.x : bad[0].y;
     t.data = static_cast<char*>(shifted) + 2;
-    try {
-      layer.forward(bad);
-      ADD_FAILURE() << "expected an alignment error for " << which;
-    } catch (const Error& e) {
-      EXPECT_THAT(e.what(), ::testing::AllOf(::testing::HasSubstr(which), ::testing::HasSubstr("16-byte aligned")));
-    }
+    EXPECT_THAT([&] { layer.forward(bad); },
+                ::testing::ThrowsMessage<Error>(
+                    ::testing::AllOf(::testing::HasSubstr(which), ::testing::HasSubstr("16-byte aligned"))));
   }
   cudaFree(shifted);
   EXPECT_NO_THROW(layer.forward(args));  // the refused calls launched nothing
@@ -1488,14 +1485,10 @@ TEST(GpuErrors, ACombineSlotsViewIsNoArgument) {
     as_y[0].y = rows;
     as_x[1].inputs.x = rows;
     const std::string slots = "combine_slots(" + std::to_string(owner) + ")";
-    for (const auto* bad : {&as_y, &as_x}) {
-      try {
-        layer.forward(*bad);
-        ADD_FAILURE() << "expected " << slots << " as an argument to be refused";
-      } catch (const Error& e) {
-        EXPECT_THAT(e.what(), ::testing::AllOf(::testing::HasSubstr(slots), ::testing::HasSubstr("must not share")));
-      }
-    }
+    for (const auto* bad : {&as_y, &as_x})
+      EXPECT_THAT([&] { layer.forward(*bad); },
+                  ::testing::ThrowsMessage<Error>(
+                      ::testing::AllOf(::testing::HasSubstr(slots), ::testing::HasSubstr("must not share"))));
   }
   EXPECT_NO_THROW(layer.forward(args));  // the refused calls launched nothing
   EXPECT_NO_THROW(layer.synchronize());
