@@ -78,6 +78,15 @@ def swiglu(h, width, limit):
     return F.silu(g) * u
 
 
+def expert_offsets(sorted_expert, num_local):
+    """Each local expert's end offset in rows sorted by expert ([num_local] int32, as
+    _grouped_mm takes them), on the device: bincount on CUDA reads the ids' min and max back to
+    the host (two synchronisations a forward), and nothing here needs the counts on the host."""
+    import torch
+    ends = torch.arange(1, num_local + 1, device=sorted_expert.device, dtype=sorted_expert.dtype)
+    return torch.searchsorted(sorted_expert, ends).to(torch.int32)
+
+
 def routed_rows(x_recv, row_expert, w13, w2, num_local, width, limit, into=None):
     """Expert outputs of the received rows, in arrival order ([N, H] bf16, not weighted).
 
@@ -90,11 +99,7 @@ def routed_rows(x_recv, row_expert, w13, w2, num_local, width, limit, into=None)
     import torch
     order = torch.argsort(row_expert, stable=True)
     x_perm = x_recv.index_select(0, order)
-    # Each expert's end offset in the sorted rows, on the device: bincount on CUDA reads the
-    # ids' min and max back to the host (two synchronisations a forward), and _grouped_mm
-    # takes device offsets, so nothing here needs the counts on the host.
-    ends = torch.arange(1, num_local + 1, device=row_expert.device, dtype=row_expert.dtype)
-    offs = torch.searchsorted(row_expert.index_select(0, order), ends).to(torch.int32)
+    offs = expert_offsets(row_expert.index_select(0, order), num_local)
     h = torch._grouped_mm(x_perm, w13.transpose(-2, -1), offs=offs)
     a = swiglu(h, width, limit)
     o = torch._grouped_mm(a, w2.transpose(-2, -1), offs=offs)
@@ -256,7 +261,7 @@ def time_grouped_gemms(work, warmup, iters):
     import torch
     order = torch.argsort(work.row_expert, stable=True)
     x_perm = work.x_all.index_select(0, work.row_source.index_select(0, order)).contiguous()
-    offs = torch.cumsum(torch.bincount(work.row_expert, minlength=work.E_loc), 0).to(torch.int32)
+    offs = expert_offsets(work.row_expert.index_select(0, order), work.E_loc)
     w13t, w2t = work.w13.transpose(-2, -1), work.w2.transpose(-2, -1)
     a_perm = swiglu(torch._grouped_mm(x_perm, w13t, offs=offs), work.I, work.limit).contiguous()
 
