@@ -360,6 +360,22 @@ TEST(GroupErrors, APeersDeviceErrorIsNamedWithItsRankAndWhat) {
                                HasSubstr("(and 2 other ranks")));
 }
 
+// A forward whose schedule saw the group being aborted names the rank and says that it kept
+// off the peers and poisoned its output (the GPU side: GpuErrors.AnAbandonedGroups...).
+TEST(GroupErrors, AnAbandonedForwardSaysItTouchedNoPeer) {
+  using namespace mok::cuda;
+  DeviceError e{};
+  e.code = kGroupAbandoned;
+  e.rank = 3;
+  EXPECT_THAT(describe_device_error(e, 512, 8),
+              ::testing::AllOf(HasSubstr("rank 3's EP group was being aborted"), HasSubstr("touched no peer memory"),
+                               HasSubstr("poisoned with NaN")));
+  std::vector<DeviceError> gathered(4, DeviceError{});
+  gathered[3] = e;
+  EXPECT_THAT(describe_peer_errors(gathered, 0, 512, 8).value(),
+              HasSubstr("rank 3 of the EP group recorded a device error: rank 3's EP group was being aborted"));
+}
+
 // MOK_NCCL_LIBRARY set for one test, restored after it.
 class NcclLibrary : public ::testing::Test {
  protected:

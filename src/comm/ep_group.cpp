@@ -164,6 +164,7 @@ struct EpGroup::Impl {
   GroupEnvironment env;
   Limits limits;
   ncclComm_t comm = nullptr;  // null once aborted
+  std::function<void()> before_abort;  // (set_before_abort; may be empty)
   // Every symmetric buffer allocated and not yet freed: the group frees what a caller that
   // threw before free_symmetric left (a constructor failing after its first allocation).
   std::vector<SymmetricBuffer> symmetric;
@@ -275,9 +276,12 @@ EpGroup::~EpGroup() {
 
 void EpGroup::abort_communicator() {
   if (impl_->comm == nullptr) return;
+  if (impl_->before_abort) impl_->before_abort();
   NcclApi::get().CommAbort(impl_->comm);
   impl_->comm = nullptr;
 }
+
+void EpGroup::set_before_abort(std::function<void()> hook) { impl_->before_abort = std::move(hook); }
 
 bool EpGroup::communicator_aborted() const { return impl_->comm == nullptr; }
 

@@ -88,8 +88,11 @@ class EpGroup {
                       const std::function<void()>& check = {});
 
   // Aborts the communicator now (idempotent): NCCL work waiting on peers returns, so the
-  // process can free its memory and exit. The group is unusable after it.
+  // process can free its memory and exit. The group is unusable after it. The abort unmaps
+  // the peers' windows: the before-abort hook runs first, every time (wait()'s own abort
+  // included), so that kernels still queued can learn to keep off them.
   void abort_communicator();
+  void set_before_abort(std::function<void()> hook);
   bool communicator_aborted() const;
 
  private:

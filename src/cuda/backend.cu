@@ -10,6 +10,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <exception>
 #include <cstddef>
 #include <cstdio>
@@ -19,6 +21,7 @@
 #include <list>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include <nccl.h>
 #include <nccl_device/core.h>
@@ -171,14 +174,49 @@ unsigned phase_wait_units(std::uint64_t timeout_ns) {
 }
 
 // MOK_TEST_FAULT=lose_staging_read: a deliberate lost arrival, for the test that proves a
-// stuck phase wait is reported rather than hung. Anything else set is an error.
+// stuck phase wait is reported rather than hung. =abandoned_group: the layer starts with its
+// abandoned word set, as an aborting group's is, for the test that proves a forward then
+// touches no other rank's memory (in any EP mode). Anything else set is an error.
 int test_fault_from_env() {
   const char* name = tuning_env_name(TuningEnv::kTestFault);
   const char* env = std::getenv(name);
   if (env == nullptr || *env == '\0') return kNoFault;
   if (std::string(env) == "lose_staging_read") return kFaultLoseStagingRead;
-  throw Error(std::string(name) + " = '" + env + "': must be lose_staging_read (or unset)");
+  if (std::string(env) == "abandoned_group") return kFaultAbandonedGroup;
+  throw Error(std::string(name) + " = '" + env + "': must be lose_staging_read or abandoned_group (or unset)");
 }
+
+// How long an abort first waits for the layer's stream (CudaBackend::drain_before_abort).
+constexpr int kAbortDrainMs = 2000;
+
+// One int in host-mapped memory, which the host may write while kernels run and the device
+// reads at system scope (ld_relaxed_sys). Unallocated until allocate(); freed with its owner.
+class HostMappedFlag {
+ public:
+  HostMappedFlag() = default;
+  HostMappedFlag(const HostMappedFlag&) = delete;
+  HostMappedFlag& operator=(const HostMappedFlag&) = delete;
+  ~HostMappedFlag() {
+    if (host_ != nullptr) cudaFreeHost(host_);
+  }
+  void allocate() {
+    MOK_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_), sizeof(int), cudaHostAllocMapped));
+    *host_ = 0;
+    MOK_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_), host_, 0));
+  }
+  // Sets the word (no-op unallocated); the fence orders the store before whatever the caller
+  // does next (an abort, a query of the stream).
+  void raise() const {
+    if (host_ == nullptr) return;
+    *static_cast<volatile int*>(host_) = 1;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+  const int* device() const { return device_; }  // nullptr unallocated
+
+ private:
+  int* host_ = nullptr;
+  int* device_ = nullptr;
+};
 
 // A tuning knob's integer: 0 (the library's default) when unset or empty, else parsed and
 // required to be in [0, hi]; anything else is an error naming the variable.
@@ -620,7 +658,28 @@ class CudaBackend final : public BackendImpl {
     std::fprintf(stderr, "mok: rank %d: %s; aborting its NCCL communicator (the group may be out of step)\n",
                  group_->rank(), group_abort_reason_.c_str());
     std::fflush(stderr);
+    drain_before_abort();
     group_->abort_communicator();
+  }
+
+  // The abort unmaps the peers' memory, which a megakernel reads and writes. One queued behind
+  // this point reads the abandoned word (raised here) in its schedule and touches no peer
+  // (kGroupAbandoned). One that read it earlier may be running: it depends on no peer and
+  // ends within milliseconds, but the stream as a whole may never drain (an all-gather waiting
+  // for a dead peer), so the wait is bounded (kAbortDrainMs) and the abort follows regardless.
+  // (A capturing stream runs nothing of the capture and may not be queried: not waited for.)
+  void drain_before_abort() const {
+    abandoned_.raise();
+    try {
+      const RelaxedCaptureMode relaxed;
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(stream_, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone) return;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kAbortDrainMs);
+      while (cudaStreamQuery(stream_) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    } catch (const std::exception&) {
+      // (The abort goes ahead: this wait only narrows the window in which a fault can hit.)
+    }
   }
 
   // (Every abort goes through abort_group_after, a wait that gave up included: the reason says.)
@@ -691,6 +750,7 @@ class CudaBackend final : public BackendImpl {
     sp.capacity_rows = capacity_;
     sp.plans = plans_dev_.as<RankPlan>();
     sp.error = error_.as<DeviceError>();
+    sp.abandoned = abandoned_.device();
     if (group_) {
       // Every rank's ids, gathered; each rank validates its own. The all-gather is also the
       // barrier after staging: no rank pulls rows before every rank has staged its x.
@@ -982,6 +1042,13 @@ class CudaBackend final : public BackendImpl {
     group_errors_ = track(DeviceBuffer(group_errors_bytes));
     MOK_CUDA_CHECK(cudaMemset(error_.as<void>(), 0, sizeof(DeviceError)));
     MOK_CUDA_CHECK(cudaMemset(group_errors_.as<void>(), 0, group_errors_bytes));
+    if (group_ || test_fault_ == kFaultAbandonedGroup) {
+      abandoned_.allocate();
+      // Every abort of the communicator raises the word first, the group's own included (a
+      // wait that gave up on the peers): forwards queued behind it then touch no peer.
+      if (group_) group_->set_before_abort([flag = &abandoned_] { flag->raise(); });
+      if (test_fault_ == kFaultAbandonedGroup) abandoned_.raise();
+    }
     if (cudaHostAlloc(reinterpret_cast<void**>(&phase_trap_), sizeof(PhaseWaitTrap), cudaHostAllocMapped) ==
         cudaSuccess) {
       *phase_trap_ = PhaseWaitTrap{};
@@ -1298,6 +1365,10 @@ class CudaBackend final : public BackendImpl {
   std::vector<RankMaps> fixed_maps_;
   std::list<CallArgs> cache_;
   std::vector<ArgSlot> slots_;
+  // ScheduleParams::abandoned, raised before this rank's group is aborted (allocated in a
+  // group, or for MOK_TEST_FAULT=abandoned_group). Declared before group_, whose before-abort
+  // hook raises it: the group is destroyed first.
+  HostMappedFlag abandoned_;
   // Distributed mode only (the destructor frees the symmetric buffers while the group lives).
   std::unique_ptr<comm::EpGroup> group_;
   // Why this rank aborted its group's communicator (abort_group_after); empty while it has
@@ -1316,7 +1387,10 @@ class CudaBackend final : public BackendImpl {
     }
     // A rank that fails while its peers carry on may have NCCL kernels on its stream waiting
     // for them; the frees below would wait for those: abort the communicator first.
-    if (group_ && std::uncaught_exceptions() > 0) group_->abort_communicator();
+    if (group_ && std::uncaught_exceptions() > 0 && !group_->communicator_aborted()) {
+      drain_before_abort();
+      group_->abort_communicator();
+    }
     // Otherwise the frees wait for the queued work, whose all-gathers a peer that failed and
     // stays alive never joins: wait for it here first, within the group's limit, which aborts
     // the communicator when it runs out (a destructor reports nothing; the reason is logged).

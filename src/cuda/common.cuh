@@ -70,6 +70,13 @@ __device__ __forceinline__ int ld_volatile(const int* p) {
   return v;
 }
 
+// A word the host writes while kernels run (host-mapped memory): system scope, never cached.
+__device__ __forceinline__ int ld_relaxed_sys(const int* p) {
+  int v;
+  asm volatile("ld.relaxed.sys.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // Release-add at GPU scope: every write this thread made (and, after a CTA barrier, its
 // CTA made) is visible to whoever acquires the new value.
 __device__ __forceinline__ void red_release_gpu_add(int* p, int v) {

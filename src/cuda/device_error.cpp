@@ -39,6 +39,11 @@ std::string describe_device_error(const DeviceError& e, int T, int k) {
         << e.value << " rows by its chunk counts but a different total (were the schedule counters zeroed before "
         << "the count kernel?); the forward's output was poisoned with NaN";
       break;
+    case kGroupAbandoned:
+      s << "rank " << e.rank << "'s EP group was being aborted when this forward's schedule ran (an earlier error "
+        << "or abandon_group): the forward touched no peer memory, did no routed work, and its output was poisoned "
+        << "with NaN";
+      break;
     default:
       s << "device error code " << e.code;
   }

@@ -17,6 +17,7 @@ enum DeviceErrorCode : int {
   kCapacityExceeded = 4,     // rank, value = padded rows needed, index = capacity
   kWaitTimeout = 5,          // rank, where = which wait, index = the item waited for, value = seen
   kScheduleMismatch = 6,     // rank, index = local expert, value = its rows by the chunk counts (a bug, not bad input)
+  kGroupAbandoned = 7,       // rank: its EP group was being aborted when the schedule ran (no routed work was done)
 };
 
 enum WaitSite : int {

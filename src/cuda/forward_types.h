@@ -101,6 +101,7 @@ struct RankPlan {
 enum TestFault : int {
   kNoFault = 0,
   kFaultLoseStagingRead = 1,  // the store warp never says it has read the staging tile
+  kFaultAbandonedGroup = 2,   // the layer's abandoned word is set from the start (any EP mode)
 };
 
 // Everything the megakernel reads, by value (__grid_constant__).

@@ -53,6 +53,11 @@ struct ScheduleParams {
   int capacity_rows;
   RankPlan* plans;                    // [num_ranks]
   DeviceError* error;
+  // Host-mapped; nonzero once the host is aborting this rank's EP group, whose abort unmaps
+  // the peers' memory (nullptr: not a group). Read by the count kernel, whose error makes the
+  // plan list no routed work: a forward queued behind the abort touches no peer (backend.cu,
+  // abandon_before_abort).
+  const int* abandoned;
 };
 
 // The id stream in chunks of kChunk ids, one warp per chunk. A destination expert
@@ -336,6 +341,9 @@ __global__ void __launch_bounds__(kScheduleThreads, schedule_blocks_per_sm(kChun
   wait_previous_kernel();
   allow_next_kernel_launch();
   extern __shared__ int count_smem[];
+  // (Loaded first, used last: the host-memory read's latency hides behind the counting.)
+  const bool watch = p.abandoned != nullptr && blockIdx.x == 0 && threadIdx.x == 0;
+  const int abandoned = watch ? ld_relaxed_sys(p.abandoned) : 0;
   const int E = p.local_experts, Q = p.num_ranks * E;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunk = static_cast<int>(blockIdx.x) * kScheduleWarps + warp;
@@ -368,6 +376,8 @@ __global__ void __launch_bounds__(kScheduleThreads, schedule_blocks_per_sm(kChun
     for (int w = 0; w < kScheduleWarps; ++w) n += count_smem[w * count_warp_ints(Q, kChunk) + q];
     if (n != 0) atomicAdd(&p.plans[q / E].expert_rows[q % E], n);
   }
+  // Before the plan reads the error (the scatter+plan kernel waits for this grid).
+  if (abandoned != 0) report_error(p.error, kGroupAbandoned, p.first_rank, 0, 0, 0);
 }
 
 constexpr int kOffsetsThreads = 256;

@@ -1437,6 +1437,34 @@ TEST(GpuGroup, ADeviceErrorLeavesTheGroupInStepAndUsable) {
   expect_close(good, run_reference(good), Precision::bf16, "group of one after a device error");
 }
 
+// Forwards still queued when a group is abandoned read the peers' memory, which the abort
+// unmaps: the abort first waits (bounded) for the stream, and forwards queued behind it see the
+// abandoned word and keep off the peers. No fault: the device is still usable afterwards, and
+// a new Layer on it matches the reference. (In a group of one nothing waits for a peer, so the
+// wait drains every forward here; the word's side is GpuErrors.AnAbandonedGroups...)
+TEST(GpuGroup, AbandoningWithForwardsQueuedDoesNotFault) {
+  MOK_REQUIRE_GROUP();
+  const GroupOfOneEnv launched;
+  const Problem p = make_problem(16, 256, 128, 4, {}, 1, 1024);
+  LayerData host = make_data(p, "gaussian");
+  DeviceMirror mirror(host, 0);
+  const auto args = mirror.forward_args();
+  auto layer = std::make_unique<Layer>(p, Config{}, group_of_one());
+  for (int i = 0; i < 16; ++i) layer->forward(args);
+  layer->abandon_group("forwards were still queued");
+  EXPECT_TRUE(layer->group_aborted());
+  layer.reset();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "the device faulted after the abort";
+  LayerOptions o;
+  o.backend = Backend::cuda;
+  Layer fresh(p, Config{}, o);
+  mirror.poison_outputs();
+  fresh.forward(args);
+  fresh.synchronize();
+  mirror.copy_outputs_to(host);
+  expect_close(host, run_reference(host), Precision::bf16, "a new layer after abandoning one with forwards queued");
+}
+
 TEST(GpuErrors, MisalignedXOrYIsAClearError) {
   MOK_REQUIRE_GPU();
   // Rows move with bulk copies and TMA, y with 16-byte stores: both must be 16-byte aligned,
@@ -1680,6 +1708,49 @@ TEST(GpuErrorsDeathTest, LostArrivalInsideACtaTimesOutAndNamesTheWait) {
         std::_Exit(code);
       },
       ::testing::ExitedWithCode(3), "a wait inside the megakernel timed out after [0-9]+ ms");
+}
+
+// A layer whose group is being aborted (its abandoned word raised; MOK_TEST_FAULT raises it
+// from the start, in any EP mode) keeps off every other rank's memory, which the abort
+// unmaps: its schedule records kGroupAbandoned and plans no routed work, so no row is pulled
+// from or pushed to another rank; y is NaN and synchronize says why, on every forward. In a
+// rank slice the other ranks' combine slots stand for the peers' memory: their bits stay.
+TEST(GpuErrors, AnAbandonedGroupsForwardTouchesNoOtherRanksMemory) {
+  MOK_REQUIRE_GPU();
+  const ScopedEnv fault("MOK_TEST_FAULT", "abandoned_group");
+  const int active = 1;
+  const Problem p = make_problem(16, 256, 128, 4, {}, 4, 256);
+  const LayerData host = make_data(p, "gaussian", kSeed, active);
+  LayerOptions o;
+  o.backend = Backend::cuda;
+  o.ep_mode = EpMode::rank_slice;
+  o.active_rank = active;
+  Layer layer(p, Config{}, o);
+  DeviceMirror mirror(host, 0);
+  const std::size_t slot_bytes = static_cast<std::size_t>(p.tokens_per_rank) * p.top_k * p.hidden * 2;
+  for (int r = 0; r < p.ep_size; ++r) ASSERT_EQ(cudaMemset(layer.combine_slots(r).data, 0x5a, slot_bytes), cudaSuccess);
+  for (int call = 0; call < 2; ++call) {
+    zero_y(mirror);
+    layer.forward(mirror.forward_args());
+    EXPECT_THAT([&] { layer.synchronize(); },
+                ::testing::ThrowsMessage<Error>(::testing::AllOf(::testing::HasSubstr("was being aborted"),
+                                                                 ::testing::HasSubstr("touched no peer memory"))))
+        << "call " << call;
+    LayerData out = host;
+    mirror.copy_outputs_to(out);
+    const TensorView y = out.ranks[active].y.view();
+    ASSERT_GT(y.numel(), 0);
+    const auto* bits = static_cast<const std::uint16_t*>(y.data);
+    EXPECT_EQ(std::count_if(bits, bits + y.numel(), [](std::uint16_t b) { return !std::isnan(num::bf16_to_float(b)); }), 0)
+        << "call " << call << ": the active rank's y kept numbers";
+    for (int r = 0; r < p.ep_size; ++r) {
+      std::vector<unsigned char> slots(slot_bytes);
+      ASSERT_EQ(cudaMemcpy(slots.data(), layer.combine_slots(r).data, slot_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(std::count(slots.begin(), slots.end(), static_cast<unsigned char>(0x5a)),
+                static_cast<std::ptrdiff_t>(slot_bytes))
+          << "call " << call << ": rank " << r << "'s combine slots were written";
+    }
+  }
 }
 
 TEST(GpuErrors, CapacityTooSmallIsAnErrorNotADrop) {
