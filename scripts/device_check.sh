@@ -114,8 +114,11 @@ fi
 # one work directory (the second run must clear the first's files). NCCL's search path and
 # the GPU count: scripts/group_env.sh.
 # What gtest prints when every GpuGroup test (tests/gpu) ran and passed: the group section and
-# synccheck below both require it (keep the count equal to those tests).
-GROUP_TESTS_PASSED='^\[  PASSED  \] 3 tests'
+# synccheck below both require it. The count comes from the binary's own list, so a test added
+# there is required here too (none listed: nothing can match, and both steps fail).
+group_test_count=$("$BIN/mok_gpu_tests" --gtest_list_tests --gtest_filter='GpuGroup.*' 2> /dev/null | grep -c '^  ')
+[ "${group_test_count:-0}" -gt 0 ] || group_test_count=none
+GROUP_TESTS_PASSED="^\[  PASSED  \] $group_test_count tests\?\."
 if [ $RUN_TESTS = 1 ]; then
   source scripts/group_env.sh  # (from the repository root, where the script runs)
   gpus=$group_gpus

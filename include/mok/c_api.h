@@ -90,6 +90,7 @@ int mok_c_abi_version(void);
 /* The message of this thread's last failed call ("" when none failed yet). */
 const char* mok_last_error(void);
 int mok_cuda_available(void);
+/* Fills *config with the library's defaults; NULL is ignored. */
 void mok_default_config(mok_config* config);
 
 /* The named shapes (MoK's four, the single-GPU ones, test shapes): the name at `index`,
@@ -100,8 +101,9 @@ const char* mok_shape_name(int32_t index);
  * that breaks a rule (E not a multiple of ep_size, say) is an error naming it. */
 int mok_problem_from_shape(const char* name, int32_t ep_size, int32_t tokens_per_rank, mok_problem* problem);
 
-/* Builds a layer (mok::Layer's constructor; collective in MOK_DISTRIBUTED mode). *layer is
- * set to NULL first, so it holds no stale handle after an error. Calls on one layer from
+/* Builds a layer (mok::Layer's constructor; collective in MOK_DISTRIBUTED mode); `config`
+ * NULL: the library's defaults. *layer is set to NULL first, so it holds no stale handle
+ * after an error. Calls on one layer from
  * several threads run one at a time; destroying a layer while another thread calls it is the
  * caller's error. */
 int mok_layer_create(const mok_problem* problem, const mok_config* config, const mok_options* options,
@@ -121,7 +123,8 @@ void mok_layer_destroy_after_error(mok_layer* layer);
 int mok_layer_abandon_group(mok_layer* layer, const char* why);
 /* mok::Layer::group_aborted, into *aborted (1 or 0). */
 int mok_layer_group_aborted(const mok_layer* layer, int32_t* aborted);
-/* mok::Layer::forward / backward over `num_ranks` entries (mok::Layer's rules on which);
+/* mok::Layer::forward / backward (backward: the cpu backend only, for now) over `num_ranks` entries
+ * (mok::Layer's rules on which);
  * num_ranks is checked against the layer before any entry of `ranks` is read. */
 int mok_layer_forward(mok_layer* layer, const mok_rank_forward* ranks, int32_t num_ranks);
 int mok_layer_backward(mok_layer* layer, const mok_rank_backward* ranks, int32_t num_ranks);

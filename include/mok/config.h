@@ -1,5 +1,6 @@
 // mok: how the layer is run (tuning), kept apart from what it computes (Problem).
-// Zero means "the library chooses" from the problem and the GPU; resolve() fills them in.
+// Zero means "the library chooses" from the problem and the GPU; a Layer's config() holds
+// the values it chose.
 #pragma once
 #include <string>
 

@@ -150,6 +150,8 @@ class Layer {
   // their replays (a capture with a new set takes the slot of the least recently used set no
   // graph captured, as an eager call does).
   void forward(std::span<const RankForward> ranks);
+  // The backward pass: built on the cpu backend (the reference); the cuda backend throws
+  // mok::Error saying it is not built yet.
   void backward(std::span<const RankBackward> ranks);
 
   // The schedule statistics of the last call, per rank held here (forces a sync on CUDA).

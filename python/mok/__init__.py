@@ -24,6 +24,7 @@ The library is found at $MOK_LIBRARY, else in the repository's build directories
 (build/lib, build-cuda/lib).
 """
 import atexit
+import copy
 import ctypes
 import operator
 import os
@@ -163,6 +164,15 @@ def _check(status):
 _INT32_MAX = 2**31 - 1
 
 
+def _c_string(value, name):
+    """`value` as the bytes of a C string, or MokError naming `name` when it holds a NUL
+    character (C would end the string there and silently drop the rest)."""
+    text = str(value)
+    if "\0" in text:
+        raise MokError(f"{name} = {text!r}: holds a NUL character, where the C interface would cut it short")
+    return text.encode()
+
+
 def _int32(value, name):
     """`value` (an int, or an integer scalar such as numpy's) as a C int32, or MokError naming
     `name` (ctypes would wrap it silently)."""
@@ -209,7 +219,7 @@ class Problem:
         """A named shape (shapes()) at `ep_size` ranks of `tokens_per_rank` tokens (0: the
         shape's own, e.g. EP-64 and 2048 tokens for MoK's shapes)."""
         p = _Problem()
-        _check(_lib().mok_problem_from_shape(str(name).encode(), _int32(ep_size, "ep_size"),
+        _check(_lib().mok_problem_from_shape(_c_string(name, "name"), _int32(ep_size, "ep_size"),
                                              _int32(tokens_per_rank, "tokens_per_rank"), ctypes.byref(p)))
         precision = {v: k for k, v in _PRECISIONS.items()}[p.precision]
         return cls(p.num_experts, p.hidden, p.intermediate, p.top_k,
@@ -217,6 +227,9 @@ class Problem:
                    p.swiglu_limit if p.has_swiglu_limit else None)
 
     def _c(self):
+        if isinstance(self.shared_intermediate, (str, bytes)) or not hasattr(self.shared_intermediate, "__len__"):
+            raise MokTypeError(f"Problem.shared_intermediate = {self.shared_intermediate!r}: a list of the shared "
+                               "experts' widths (empty: none)")
         if len(self.shared_intermediate) > _MAX_SHARED:
             raise MokError(f"Problem.shared_intermediate: at most {_MAX_SHARED} shared experts through the C "
                            f"interface, got {len(self.shared_intermediate)}")
@@ -228,7 +241,13 @@ class Problem:
         for s, w in enumerate(self.shared_intermediate):
             p.shared_intermediate[s] = _int32(w, f"Problem.shared_intermediate[{s}]")
         if self.swiglu_limit is not None:
-            p.has_swiglu_limit, p.swiglu_limit = 1, float(self.swiglu_limit)
+            try:
+                if isinstance(self.swiglu_limit, (bool, str, bytes)):
+                    raise TypeError
+                limit = float(self.swiglu_limit)
+            except (TypeError, ValueError):
+                raise MokError(f"Problem.swiglu_limit = {self.swiglu_limit!r}: must be a number or None") from None
+            p.has_swiglu_limit, p.swiglu_limit = 1, limit
         return p
 
 
@@ -252,8 +271,14 @@ def _tensor(a, name, output=False):
         if a.dtype not in kinds:
             raise MokTypeError(f"{name}: numpy dtype {a.dtype} is not one mok takes (uint16 bf16 bit patterns, "
                                "float32, int32, int64)")
+        if isinstance(a, np.ma.MaskedArray):
+            raise MokTypeError(f"{name}: a masked array, whose mask the layer would ignore; pass a plain array "
+                               "(np.ma.filled(a, value), or a.data to use the masked entries as they are)")
         if any(s % a.itemsize for s in a.strides):
             raise MokTypeError(f"{name}: strides {a.strides} are not whole elements")
+        if not a.flags.aligned:
+            raise MokError(f"{name}: the data is not aligned to its {a.itemsize}-byte elements (np.frombuffer with "
+                           "an odd offset, say); pass an aligned copy (a.copy())")
         if output and not a.flags.writeable:
             raise MokError(f"{name}: the layer writes this output, and the array is read-only")
         t.data, t.dtype, t.device = a.ctypes.data, kinds[a.dtype], _CPU
@@ -264,6 +289,15 @@ def _tensor(a, name, output=False):
         if a.dtype not in kinds:
             raise MokTypeError(f"{name}: torch dtype {a.dtype} is not one mok takes (bfloat16, float32, int32, "
                                "int64)")
+        if a.layout != torch.strided:
+            raise MokTypeError(f"{name}: a {a.layout} tensor; mok takes dense (strided) tensors (.to_dense())")
+        if a.is_neg() or a.is_conj():
+            raise MokError(f"{name}: a lazily negated or conjugated view, whose memory holds other numbers; pass "
+                           ".resolve_neg() / .resolve_conj() of it")
+        if output and a.requires_grad:
+            raise MokError(f"{name}: the layer writes this output in place, outside autograd, and it requires "
+                           "grad (its gradient would be wrong); pass a tensor that does not (torch.empty, or "
+                           ".detach() of it)")
         t.data, t.dtype = a.data_ptr(), kinds[a.dtype]
         if a.device.type == "cuda":
             t.device, t.device_index = _CUDA, a.device.index or 0
@@ -477,6 +511,9 @@ class Layer:
         if cuda_stream is not None and (isinstance(cuda_stream, bool) or not isinstance(cuda_stream, int)):
             raise MokTypeError(f"cuda_stream = {cuda_stream!r}: a cudaStream_t handle as an int (e.g. "
                                "torch.cuda.current_stream().cuda_stream) or None")
+        if cuda_stream is not None and not 0 <= cuda_stream < 2**(8 * ctypes.sizeof(ctypes.c_void_p)):
+            raise MokError(f"cuda_stream = {cuda_stream!r}: a cudaStream_t handle is an address, in [0, "
+                           f"2**{8 * ctypes.sizeof(ctypes.c_void_p)}) (0 or None: the default stream)")
         if backend not in _BACKENDS:
             raise MokError(f"backend = {backend!r}: must be one of {sorted(_BACKENDS)}")
         if ep_mode not in _EP_MODES:
@@ -499,7 +536,7 @@ class Layer:
             setattr(c, key, value)
         options = _Options(_BACKENDS[backend], _EP_MODES[ep_mode], _int32(active_rank, "active_rank"),
                            _int32(cpu_threads, "cpu_threads"), _int32(cuda_device, "cuda_device"), cuda_stream)
-        self.problem = problem
+        self._problem = copy.deepcopy(problem)  # (the caller's object may change; the layer's does not)
         _drain_parked()
         handle = ctypes.c_void_p()
         _check(lib.mok_layer_create(ctypes.byref(problem._c()), ctypes.byref(c), ctypes.byref(options),
@@ -549,7 +586,12 @@ class Layer:
         time): it cannot interrupt one. Without a group (other modes, the cpu backend) nothing
         changes."""
         with self._lock:
-            _check(_lib().mok_layer_abandon_group(self._live(), None if why is None else str(why).encode()))
+            _check(_lib().mok_layer_abandon_group(self._live(), None if why is None else _c_string(why, "why")))
+
+    @property
+    def problem(self):
+        """The Problem the layer was built with (a copy: changing it changes nothing)."""
+        return copy.deepcopy(self._problem)
 
     @property
     def group_aborted(self):

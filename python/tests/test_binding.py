@@ -290,6 +290,38 @@ class Errors(unittest.TestCase):
             with self.assertRaisesRegex(mok.MokError, r"ranks\[0\]\.d_shared: 0 entries for 1 shared experts"):
                 layer.backward([dict(b, d_shared=[])])
 
+    def test_inputs_the_c_interface_would_misread_are_refused(self):
+        ranks = make_inputs(SMALL, 11)
+        with mok.Layer(SMALL) as layer:
+            # A masked array's mask would be ignored; a misaligned array read through a float*.
+            masked = dict(ranks[0], x=np.ma.masked_array(ranks[0]["x"], mask=True))
+            with self.assertRaisesRegex(mok.MokTypeError, r"ranks\[0\]\.x: a masked array"):
+                layer.forward([masked, ranks[1]])
+            raw = np.zeros(ranks[1]["router_weights"].nbytes + 1, np.uint8)
+            odd = np.frombuffer(raw.data, np.float32, count=ranks[1]["router_weights"].size, offset=1)
+            odd = odd.reshape(ranks[1]["router_weights"].shape)
+            self.assertFalse(odd.flags.aligned)
+            with self.assertRaisesRegex(mok.MokError, r"ranks\[1\]\.router_weights: the data is not aligned"):
+                layer.forward([ranks[0], dict(ranks[1], router_weights=odd)])
+            # A NUL would end the C string early and drop the rest silently.
+            with self.assertRaisesRegex(mok.MokError, r"why = 'a\\x00b': holds a NUL character"):
+                layer.abandon_group("a\0b")
+            # The layer's problem is its own: changing the returned one changes nothing.
+            seen = layer.problem
+            seen.tokens_per_rank = 999
+            self.assertEqual(layer.problem.tokens_per_rank, SMALL.tokens_per_rank)
+        with self.assertRaisesRegex(mok.MokError, r"name = 'qwen3-30b-a3b\\x00x': holds a NUL character"):
+            mok.Problem.from_shape("qwen3-30b-a3b\0x")
+        with self.assertRaisesRegex(mok.MokError, r"Problem.swiglu_limit = 'x': must be a number or None"):
+            mok.Layer(mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=2, tokens_per_rank=16,
+                                  swiglu_limit="x"))
+        with self.assertRaisesRegex(mok.MokTypeError, r"Problem.shared_intermediate = 5: a list"):
+            mok.Layer(mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=2, tokens_per_rank=16,
+                                  shared_intermediate=5))
+        for stream in (-1, 2**64, 2**70):
+            with self.assertRaisesRegex(mok.MokError, rf"cuda_stream = {stream}: a cudaStream_t handle is an address"):
+                mok.Layer(SMALL, cuda_stream=stream)
+
     def test_ranks_from_a_generator_live_through_the_call(self):
         ranks = make_inputs(SMALL, 16)
         with mok.Layer(SMALL) as layer:

@@ -72,6 +72,30 @@ def group_of_one_env():
                 os.environ[k] = v
 
 
+class TorchCpu(unittest.TestCase):
+    """What the binding refuses in torch tensors, on the cpu backend (no GPU needed)."""
+
+    @classmethod
+    def setUpClass(cls):
+        if torch is None:
+            raise unittest.SkipTest("PyTorch is not installed: torch binding test skipped")
+
+    def test_tensors_the_layer_would_misread_or_write_behind_autograd_are_refused(self):
+        ranks = [to_torch(r, "cpu") for r in make_inputs(PROBLEM, 14)]
+        with mok.Layer(PROBLEM) as layer:
+            layer.forward(ranks)  # (the tensors as made are taken)
+            # An output that requires grad: written in place outside autograd, its gradient would be wrong.
+            graded = torch.zeros_like(ranks[0]["y"]).requires_grad_()
+            with self.assertRaisesRegex(mok.MokError, r"ranks\[0\]\.y: .* requires grad"):
+                layer.forward([dict(ranks[0], y=graded), ranks[1]])
+            self.assertFalse(graded.detach().any(), "a refused call wrote y")
+            # Memory that holds other numbers than the tensor's: a sparse tensor, a lazy negation.
+            with self.assertRaisesRegex(mok.MokTypeError, r"ranks\[1\]\.router_weights: a torch.sparse_coo tensor"):
+                layer.forward([ranks[0], dict(ranks[1], router_weights=ranks[1]["router_weights"].to_sparse())])
+            with self.assertRaisesRegex(mok.MokError, r"ranks\[0\]\.x: a lazily negated"):
+                layer.forward([dict(ranks[0], x=torch._neg_view(ranks[0]["x"])), ranks[1]])
+
+
 class TorchCuda(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
