@@ -86,7 +86,7 @@ int launch_command(const std::vector<std::string>& argv) {
   const auto dash = std::find(argv.begin(), argv.end(), "--");
   if (std::find(argv.begin(), dash, "--help") != dash) {
     std::printf("%s\nStarts N processes running COMMAND, one per rank (MOK_RANK, MOK_WORLD_SIZE, "
-                "MOK_LOCAL_RANK set), and stops the others when one fails (exit: its status, or 128+N for "
+                "MOK_LOCAL_RANK set, and MOK_LAUNCH_DIR: the group's private rendezvous directory), and stops the others when one fails (exit: its status, or 128+N for "
                 "signal N). A rank exiting with status %d gave up waiting for its peers: the launcher then "
                 "waits up to --peer-grace s (10) for the rank that failed, or names the ranks still running.\n"
                 "  --timeout S  stop every rank after S s (0, the default: no limit; exit 1)\n"

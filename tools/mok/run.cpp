@@ -22,11 +22,12 @@ const char* kRunHelp = R"(usage: mok run [options]
 Runs the MoE layer and prints a short table.
 
 problem (a named shape, or explicit sizes):
-  --shape NAME            a named shape (mok shapes lists them)
+  --shape NAME            a named shape (mok shapes lists them; default: qwen3.5-397b-a17b
+                          on the cuda backend, small on the cpu)
   --experts E --hidden H --intermediate I --topk K
   --shared LIST|none      shared expert widths, e.g. 1024 or 1024,512
-  --ep R                  EP size (default: the shape's)
-  --tokens T              tokens per rank (default: the shape's)
+  --ep R                  EP size (default: the shape's; 1 with explicit sizes)
+  --tokens T              tokens per rank (default: the shape's; 256 with explicit sizes)
   --dtype bf16|mxfp8      numerics (default bf16)
   --swiglu-limit L        clamped SwiGLU
 routing and data:
