@@ -5,8 +5,8 @@
 // points, so they differ only where fp32 and double sums straddle a rounding boundary (rare,
 // one bf16 ulp each) and by fp32 summation error (~1e-6 relative):
 //   every tensor: rel = sum|out - ref| / sum|ref| <= 1e-4, and
-//   bf16 tensors (y, combine slots, dx): max|out - ref| <= 2^-7 * max|ref| (two bf16 ulps of
-//   the largest element); f32 gradients: max|out - ref| <= 1e-3 * max|ref|.
+//   bf16 tensors (y, combine slots, dx): max|out - ref| <= 2^-7 * max|ref| (one or two bf16
+//   ulps of the largest element); f32 gradients: max|out - ref| <= 1e-3 * max|ref|.
 // (Observed: rel ~1e-6, max_abs/max_ref <= 2e-5.) The bounds are tight enough to see one
 // missing or extra bf16 rounding point, which costs rel ~1e-3 (dropping them all: 2.3e-3).
 // MXFP8 mode (forward): the same bounds; the dense side round-trips the same operands with
@@ -55,6 +55,8 @@ struct Case {
   std::optional<float> limit;
   Precision precision = Precision::bf16;
   int H = 64, I = 32;
+  int tokens = 48;                  // in all (T = tokens / R per rank)
+  std::string routing = "gaussian";  // RoutingSpec::parse
 };
 
 std::string name_of(const Case& c) {
@@ -63,6 +65,8 @@ std::string name_of(const Case& c) {
   for (int w : c.shared) n << "_" << w;
   if (c.limit) n << "_limit" << int(*c.limit * 100); else n << "_nolimit";
   n << (c.precision == Precision::bf16 ? "_bf16" : "_mxfp8") << "_H" << c.H << "_I" << c.I;
+  if (c.tokens != 48) n << "_T" << c.tokens;
+  if (c.routing != "gaussian") n << "_" << c.routing.substr(0, c.routing.find(':'));
   return n.str();
 }
 
@@ -72,18 +76,28 @@ void PrintTo(const Case& c, std::ostream* os) { *os << name_of(c); }
 class ReferenceVsDense : public ::testing::TestWithParam<Case> {};
 
 // E=8, H=64, I=32 (one case with H, I and shared widths not multiples of 8, for the GEMM
-// tails), 48 tokens in all (T = 48/R per rank); limit 0.75 clamps a good share of gate and
-// up values (checked below, so the clamp paths are really exercised).
+// tails), 48 tokens in all (T = 48/R per rank) unless a case says; limit 0.75 clamps a good
+// share of gate and up values (checked below, so the clamp paths are really exercised).
 Problem problem_of(const Case& c) {
-  return test::make_problem(8, c.H, c.I, c.k, c.shared, c.R, 48 / c.R, c.precision, c.limit);
+  return test::make_problem(8, c.H, c.I, c.k, c.shared, c.R, c.tokens / c.R, c.precision, c.limit);
 }
 
 TEST_P(ReferenceVsDense, ForwardAndEveryGradient) {
   const Case c = GetParam();
   const Problem p = problem_of(c);
-  LayerData data = test::make_data(p, 1234, true);
+  LayerData data = test::make_data(p, 1234, true, RoutingSpec::parse(c.routing));
   Layer layer(p, test::roomy_config(), test::cpu_options());
   layer.forward(data.forward_args());
+  // What the case is for holds: experts without rows, or MXFP8 row blocks past the first.
+  const auto stats = layer.last_schedule_stats();
+  int empty_experts = 0, most_rows = 0;
+  for (const auto& s : stats)
+    for (auto rows : s.rows_per_local_expert) {
+      empty_experts += rows == 0;
+      most_rows = std::max(most_rows, static_cast<int>(rows));
+    }
+  if (c.routing != "gaussian") EXPECT_GE(empty_experts, 1) << "the case must leave experts without rows";
+  if (c.tokens > 48) EXPECT_GT(most_rows, 64) << "the case must give an expert more than two row blocks";
 
   const DenseLayer dense = DenseLayer::from(data);
   const Mode mode = c.precision == Precision::bf16 ? Mode::bf16 : Mode::mxfp8;
@@ -148,7 +162,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{2, 2, {44}, 0.75f}, Case{1, 2, {32, 80}, 0.75f}, Case{2, 3, {32, 80}, std::nullopt},
                       Case{4, 2, {20}, 0.75f}, Case{2, 3, {20, 36}, 0.75f, Precision::bf16, 60, 36},
                       Case{1, 2, {32, 64}, std::nullopt, Precision::mxfp8},
-                      Case{2, 3, {32, 64}, 0.75f, Precision::mxfp8}, Case{2, 2, {}, std::nullopt, Precision::mxfp8}),
+                      Case{2, 3, {32, 64}, 0.75f, Precision::mxfp8}, Case{2, 2, {}, std::nullopt, Precision::mxfp8},
+                      // k = 1, k = E, experts that receive no rows (every token's k to one
+                      // rank's experts), and MXFP8 experts with several 32-row blocks along
+                      // the wgrad's rows.
+                      Case{2, 1, {32}, std::nullopt}, Case{1, 8, {}, 0.75f}, Case{2, 8, {32}, std::nullopt, Precision::mxfp8},
+                      Case{2, 2, {32}, 0.75f, Precision::bf16, 64, 32, 48, "worst:0"},
+                      Case{2, 2, {}, std::nullopt, Precision::mxfp8, 64, 32, 48, "worst:1"},
+                      Case{1, 2, {32}, 0.75f, Precision::mxfp8, 64, 32, 256}),
     [](const ::testing::TestParamInfo<Case>& info) { return name_of(info.param); });
 
 // The bf16 rounding points matter: a dense formulation that skips them is measurably off,

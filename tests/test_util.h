@@ -379,7 +379,7 @@ inline Swiglu swiglu_parts(double g, double u, double limit) {
 // mode demands) and fills g, u, a (a as the down GEMM sees it).
 inline std::vector<double> expert_row(const DenseExpert& ex, const double* x, int H, double limit, Mode mode,
                                       std::vector<double>& g, std::vector<double>& u, std::vector<double>& a,
-                                      DenseForward* stats = nullptr) {
+                                      DenseForward* stats = nullptr, std::vector<double>* a_fp32 = nullptr) {
   const int I = ex.width;
   // In mxfp8 mode every GEMM operand is its MXFP8 round trip along the contraction.
   std::vector<double> xq(x, x + H);
@@ -418,6 +418,7 @@ inline std::vector<double> expert_row(const DenseExpert& ex, const double* x, in
     std::vector<double> af(a.begin(), a.end());
     for (auto& v : af) v = static_cast<float>(v);  // the reference quantises a from fp32
     a = mx_row(af.data(), I);
+    if (a_fp32 != nullptr) *a_fp32 = std::move(af);  // (the wgrad's orientation starts from these)
   }
   std::vector<double> o(H, 0);
   for (int h = 0; h < H; ++h) {
@@ -459,7 +460,8 @@ inline double dense_loss(const DenseLayer& L) {
   return s;
 }
 
-// What a row gives the weight gradients: dG, dU and a (as the down GEMM saw it).
+// What a row gives the weight gradients: dG, dU and a (as the down GEMM saw it; in mxfp8 mode
+// its fp32 values, which mx_wgrad quantises along the rows).
 struct RowGrads {
   std::vector<double> dg, du, a;
 };
@@ -475,8 +477,8 @@ inline std::vector<double> expert_row_backward(const DenseExpert& ex, const doub
   const int I = ex.width;
   const auto R = [&](double v) { return mode == Mode::bf16 ? rnd_bf16(v) : v; };
   const bool mx = mode == Mode::mxfp8 && round_backward;
-  std::vector<double> g, u, a;
-  expert_row(ex, x, H, limit, mode, g, u, a);
+  std::vector<double> g, u, a, a_fp32;
+  expert_row(ex, x, H, limit, mode, g, u, a, nullptr, &a_fp32);
   // The dgrad GEMMs' operands in mxfp8 mode, as the reference has them: dy and W_down^T's
   // rows rounded along H (DA's contraction), [dG | dU] and [W_gate^T | W_up^T]'s rows along 2I
   // (dx's). The wgrad's operands are rounded along the expert's rows: mx_wgrad, over every
@@ -528,7 +530,7 @@ inline std::vector<double> expert_row_backward(const DenseExpert& ex, const doub
     }
   }
   if (keep != nullptr) {
-    *keep = RowGrads{DG, DU, a};
+    *keep = RowGrads{DG, DU, mx ? a_fp32 : a};
     return dx;
   }
   for (int i = 0; i < I; ++i) {

@@ -93,9 +93,11 @@ Matrix gather_rows(const Problem& p, ThreadPool& pool, std::int64_t n, RowSource
 float limit_of(const Problem& p) { return p.swiglu_limit ? *p.swiglu_limit : 0.0f; }
 
 // The expert FFN on n gathered rows X [n, H]: fills G, U [n, I] (fp32 pre-activations)
-// and A [n, I], the SwiGLU output as the down GEMM sees it.
+// and A [n, I], the SwiGLU output as the down GEMM sees it; and, when given, A_fp32 with
+// the SwiGLU output before the mxfp8 operand rounding (the backward quantises its other
+// orientation from those values; in bf16 mode A's bf16 values are what is kept).
 void ffn_up(const Problem& p, ThreadPool& pool, const Matrix& X, std::int64_t n,
-            const ForwardWeights& w, Matrix& G, Matrix& U, Matrix& A) {
+            const ForwardWeights& w, Matrix& G, Matrix& U, Matrix& A, Matrix* A_fp32 = nullptr) {
   const std::int64_t H = p.hidden, I = w.width;
   G.assign(n * I, 0.0f);
   U.assign(n * I, 0.0f);
@@ -104,6 +106,7 @@ void ffn_up(const Problem& p, ThreadPool& pool, const Matrix& X, std::int64_t n,
   gemm_nt(pool, n, I, H, X.data(), H, w.up.data(), H, U.data(), I);
   const float L = limit_of(p);
   for (std::int64_t i = 0; i < n * I; ++i) A[i] = num::swiglu(G[i], U[i], L);
+  if (A_fp32 != nullptr) *A_fp32 = A;
   apply_rounding(pool, A, n, I, operand_rounding(p));
 }
 
@@ -245,8 +248,8 @@ ExpertBackward ffn_backward(const Problem& p, ThreadPool& pool, const Matrix& X_
   const bool mx = p.precision == Precision::mxfp8;
   // Recompute the forward's gate/up and a.
   const auto fw = forward_weights(p, pool, wg, wu, wd, I);
-  Matrix G, U, A;
-  ffn_up(p, pool, X_op, n, fw, G, U, A);
+  Matrix G, U, A, A_fp32;
+  ffn_up(p, pool, X_op, n, fw, G, U, A, mx ? &A_fp32 : nullptr);
   Matrix DY = DY_raw;
   if (mx) apply_rounding(pool, DY, n, H, Rounding::mxfp8);
 
@@ -264,7 +267,10 @@ ExpertBackward ffn_backward(const Problem& p, ThreadPool& pool, const Matrix& X_
   const float L = limit_of(p);
   Matrix DGU(n * 2 * I);      // [n, 2I] = [dG | dU], the dx GEMM operand
   Matrix DG(n * I), DU(n * I);  // fp32, for the wgrad operands
-  Matrix AW(n * I);             // w * a, the down wgrad operand
+  // w * a, the down wgrad operand: mxfp8 quantises it along the rows from a's fp32 values
+  // (not from A, already quantised along I for the forward's down GEMM).
+  Matrix AW(n * I);
+  const Matrix& A_wgrad = mx ? A_fp32 : A;
   for (std::int64_t r = 0; r < n; ++r)
     for (std::int64_t i = 0; i < I; ++i) {
       const std::int64_t idx = r * I + i;
@@ -281,7 +287,7 @@ ExpertBackward ffn_backward(const Problem& p, ThreadPool& pool, const Matrix& X_
       const float dsilu = sig * (1.0f + g * (1.0f - sig));
       DG[idx] = dA * u * dsilu * g_pass;
       DU[idx] = dA * silu * u_pass;
-      AW[idx] = row_weight[r] * A[idx];
+      AW[idx] = row_weight[r] * A_wgrad[idx];
       DGU[r * 2 * I + i] = DG[idx];
       DGU[r * 2 * I + I + i] = DU[idx];
     }
