@@ -78,7 +78,10 @@ struct RankInputs {
 struct RankForward {
   RankInputs inputs;
   RankWeights weights;  // may be empty for a non-active rank in rank_slice mode
-  TensorView y;         // [T, H] bf16 out; may be empty for a non-active rank
+  // [T, H] bf16 out. rank_slice mode writes only the active rank's: a non-active rank's y may
+  // be empty, and when given it is neither checked nor written (its tokens' rows come from
+  // ranks this process does not run).
+  TensorView y;
 };
 
 // Gradients of one shared expert's weights, f32, the shapes of the weights.

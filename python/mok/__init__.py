@@ -537,6 +537,7 @@ class Layer:
         options = _Options(_BACKENDS[backend], _EP_MODES[ep_mode], _int32(active_rank, "active_rank"),
                            _int32(cpu_threads, "cpu_threads"), _int32(cuda_device, "cuda_device"), cuda_stream)
         self._problem = copy.deepcopy(problem)  # (the caller's object may change; the layer's does not)
+        self._ep_mode, self._active_rank = ep_mode, active_rank
         _drain_parked()
         handle = ctypes.c_void_p()
         _check(lib.mok_layer_create(ctypes.byref(problem._c()), ctypes.byref(c), ctypes.byref(options),
@@ -556,7 +557,7 @@ class Layer:
             array, n, kept = _ranks(ranks, _RankForward, _FORWARD_KEYS,
                                     lambda c, rank, name: setattr(c, "y", _tensor(rank.get("y"), name + ".y", True)))
             _check(_lib().mok_layer_forward(self._live(), array, n))
-            _written(rank.get("y") for rank in kept)
+            _written(rank.get("y") for rank in self._written_ranks(kept))
 
     def backward(self, ranks):
         """mok::Layer::backward: the forward's keys but y, and dy in; dx, d_router_weights,
@@ -571,8 +572,13 @@ class Layer:
                     raise MokError(f"{name}.d_shared: {count} entries for {c.num_shared} shared experts")
             array, n, kept = _ranks(ranks, _RankBackward, _BACKWARD_KEYS, fill)
             _check(_lib().mok_layer_backward(self._live(), array, n))
-            _written(t for rank in kept for t in [rank.get(key) for key in _GRADIENT_KEYS] +
+            _written(t for rank in self._written_ranks(kept) for t in [rank.get(key) for key in _GRADIENT_KEYS] +
                      [w for entry in (rank.get("d_shared") or []) for w in entry])
+
+    def _written_ranks(self, kept):
+        """The rank dicts whose outputs a call wrote: all, but in a rank slice only the active
+        rank's (the others' outputs, if given, are left alone)."""
+        return [rank for r, rank in enumerate(kept) if self._ep_mode != "rank_slice" or r == self._active_rank]
 
     def synchronize(self):
         """Waits for the layer's device work and raises what failed there (no-op on the CPU)."""
