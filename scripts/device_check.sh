@@ -90,10 +90,11 @@ if [ $RUN_TESTS = 1 ]; then
   note "gpu tests: rc=$rc, $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/gpu_tests.log" | tr '\n' ' ') in $(( $(date +%s) - start )) s"
   grep -E "^\[  FAILED  \]" "$OUT/gpu_tests.log" | head -20
   # A skip is a failure here (no GPU seen, say), but for tests that need what one machine may
-  # lack: a second GPU (GpuDevices) and NCCL (GpuGroup: the group section runs and requires them).
+  # lack: a second GPU (GpuDevices) and NCCL (GpuGroup, GpuGroupDeathTest: the group section runs
+  # and requires them).
   skipped=$(grep -E '^\[  SKIPPED \] [A-Za-z]' "$OUT/gpu_tests.log" | sed -E 's/^\[  SKIPPED \] ([^ ]+).*/\1/' |
     sort -u)
-  must_run=$(grep -vE '^(GpuDevices|GpuGroup)\.' <<< "$skipped" | tr '\n' ' ')
+  must_run=$(grep -vE '^(GpuDevices|GpuGroup|GpuGroupDeathTest)\.' <<< "$skipped" | tr '\n' ' ')
   if [ -n "${must_run// /}" ]; then
     note "gpu tests: FAILED: skipped here, where they must run: $must_run"
     FAILED=1
@@ -113,12 +114,18 @@ fi
 # the group's y bitwise equal to virtual ranks' on the same batch, then mok bench twice into
 # one work directory (the second run must clear the first's files). NCCL's search path and
 # the GPU count: scripts/group_env.sh.
-# What gtest prints when every GpuGroup test (tests/gpu) ran and passed: the group section and
-# synccheck below both require it. The count comes from the binary's own list, so a test added
-# there is required here too (none listed: nothing can match, and both steps fail).
-group_test_count=$("$BIN/mok_gpu_tests" --gtest_list_tests --gtest_filter='GpuGroup.*' 2> /dev/null | grep -c '^  ')
-[ "${group_test_count:-0}" -gt 0 ] || group_test_count=none
-GROUP_TESTS_PASSED="^\[  PASSED  \] $group_test_count tests\?\."
+# What gtest prints when every test of `filter` (tests/gpu) ran and passed: the group section
+# (GpuGroup* : GpuGroup and GpuGroupDeathTest) and synccheck (GpuGroup.*: no death test, whose
+# child would run under the sanitizer too) require it. The count comes from the binary's own
+# list, so a test added there is required here too (none listed: nothing can match).
+all_passed() {
+  local n
+  n=$("$BIN/mok_gpu_tests" --gtest_list_tests --gtest_filter="$1" 2> /dev/null | grep -c '^  ')
+  [ "${n:-0}" -gt 0 ] || n=none
+  echo "^\[  PASSED  \] $n tests\?\."
+}
+GROUP_TESTS_PASSED=$(all_passed 'GpuGroup*')
+GROUP_SYNCCHECK_PASSED=$(all_passed 'GpuGroup.*')
 if [ $RUN_TESTS = 1 ]; then
   source scripts/group_env.sh  # (from the repository root, where the script runs)
   gpus=$group_gpus
@@ -165,7 +172,7 @@ if [ $RUN_TESTS = 1 ]; then
   # forward that throws, or abandon_group, aborts the group and later calls say why; a
   # device error leaves it usable. Elsewhere they skip without NCCL; here they must run.
   if [ $grc = 0 ]; then
-    timeout 120 "$BIN/mok_gpu_tests" --gtest_filter='GpuGroup.*' > "$OUT/group_tests.log" 2>&1 || grc=10
+    timeout 240 "$BIN/mok_gpu_tests" --gtest_filter='GpuGroup*' > "$OUT/group_tests.log" 2>&1 || grc=10
     # (All of them ran and passed: not skipped, and not a filter that matched nothing.)
     [ $grc = 0 ] && ! grep -q "$GROUP_TESTS_PASSED" "$OUT/group_tests.log" && grc=10
     cat "$OUT/group_tests.log" >> "$OUT/group.log"
@@ -232,7 +239,7 @@ if [ $RUN_SAN = 1 ] && command -v compute-sanitizer > /dev/null; then
     timeout 240 compute-sanitizer --tool synccheck --report-api-errors no --error-exitcode 9 \
       "$BIN/mok_gpu_tests" --gtest_filter='GpuGroup.*' > "$OUT/sanitizer_group_synccheck.log" 2>&1
     src=$?
-    grep -q "$GROUP_TESTS_PASSED" "$OUT/sanitizer_group_synccheck.log" || src=10
+    grep -q "$GROUP_SYNCCHECK_PASSED" "$OUT/sanitizer_group_synccheck.log" || src=10
     [ $src = 0 ] || FAILED=1
     note "compute-sanitizer synccheck, GpuGroup tests: rc=$src $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_group_synccheck.log" | head -1)"
     [ $src = 0 ] || grep -v '^mok\|^  ' "$OUT/sanitizer_group_synccheck.log" | head -40

@@ -96,8 +96,12 @@ TEST_P(ReferenceVsDense, ForwardAndEveryGradient) {
       empty_experts += rows == 0;
       most_rows = std::max(most_rows, static_cast<int>(rows));
     }
-  if (c.routing != "gaussian") EXPECT_GE(empty_experts, 1) << "the case must leave experts without rows";
-  if (c.tokens > 48) EXPECT_GT(most_rows, 64) << "the case must give an expert more than two row blocks";
+  if (c.routing != "gaussian") {
+    EXPECT_GE(empty_experts, 1) << "the case must leave experts without rows";
+  }
+  if (c.tokens > 48) {
+    EXPECT_GT(most_rows, 64) << "the case must give an expert more than two row blocks";
+  }
 
   const DenseLayer dense = DenseLayer::from(data);
   const Mode mode = c.precision == Precision::bf16 ? Mode::bf16 : Mode::mxfp8;

@@ -170,10 +170,11 @@ class Layer {
   // the Layer waits for nobody. For a rank that stops after an error its peers may not share,
   // caught above the Layer (a Layer destroyed while an exception propagates does this by
   // itself). Forwards still queued on the layer's stream read the peers' memory through the
-  // communicator, which the abort unmaps, so the abort first waits up to 2 s for the stream
-  // (at once when nothing is left; the whole 2 s when it waits on a dead peer), and any
-  // forward still queued after that keeps off the peers (its y is NaN). Other modes and the
-  // CPU backend hold no group: nothing to abandon, and the Layer goes on as before.
+  // communicator, which the abort unmaps: the abort first waits for a megakernel that may be
+  // running (never for a peer), and a forward whose ids were not yet gathered keeps off the
+  // peers (its y is NaN). Not covered: CUDA graph replays already past their schedule, and
+  // NCCL's own queued collectives (NCCL's abort handles those). Other modes and the CPU
+  // backend hold no group: nothing to abandon, and the Layer goes on as before.
   void abandon_group(const std::string& why);
   // Distributed mode: whether this rank's communicator was aborted (abandon_group, a failed
   // call, or a wait that gave up on the peers), so that destroying the Layer waits for nobody.

@@ -186,8 +186,52 @@ int test_fault_from_env() {
   throw Error(std::string(name) + " = '" + env + "': must be lose_staging_read or abandoned_group (or unset)");
 }
 
-// How long an abort first waits for the layer's stream (CudaBackend::drain_before_abort).
-constexpr int kAbortDrainMs = 2000;
+// Distributed mode: where the layer's last eager forwards are, for an abort that must not
+// unmap the peers' memory under a running megakernel (CudaBackend::drain_before_abort). Per
+// forward, one event after its ids' all-gather (its schedule's count kernel, which reads the
+// abandoned word, comes next) and one after its megakernel; NCCL work sits on either side of
+// both, so recording them costs no programmatic launch. A ring of kTrackedForwards.
+class ForwardMarks {
+ public:
+  static constexpr int kTrackedForwards = 16;
+  struct Pair {
+    cudaEvent_t ids_gathered = nullptr, megakernel_done = nullptr;
+  };
+  ForwardMarks() = default;
+  ForwardMarks(const ForwardMarks&) = delete;
+  ForwardMarks& operator=(const ForwardMarks&) = delete;
+  ~ForwardMarks() {
+    for (const Pair& m : ring_) {
+      if (m.ids_gathered) cudaEventDestroy(m.ids_gathered);
+      if (m.megakernel_done) cudaEventDestroy(m.megakernel_done);
+    }
+  }
+  void create() {
+    ring_.resize(kTrackedForwards);
+    for (Pair& m : ring_) {
+      MOK_CUDA_CHECK(cudaEventCreateWithFlags(&m.ids_gathered, cudaEventDisableTiming));
+      MOK_CUDA_CHECK(cudaEventCreateWithFlags(&m.megakernel_done, cudaEventDisableTiming));
+    }
+  }
+  bool created() const { return !ring_.empty(); }
+  // The pair the next forward records into (its previous forward's, kTrackedForwards ago,
+  // must be done first: the caller waits for its megakernel_done).
+  Pair& next() { return ring_[next_ % ring_.size()]; }
+  void advance() {
+    ++next_;
+    live_ = std::min<std::size_t>(live_ + 1, ring_.size());
+  }
+  // The tracked forwards' pairs, oldest first.
+  template <typename Visit>
+  void each_oldest_first(Visit&& visit) const {
+    for (std::size_t i = next_ - live_; i < next_; ++i)
+      if (!visit(ring_[i % ring_.size()])) return;
+  }
+
+ private:
+  std::vector<Pair> ring_;
+  std::size_t next_ = 0, live_ = 0;
+};
 
 // One int in host-mapped memory, which the host may write while kernels run and the device
 // reads at system scope (ld_relaxed_sys). Unallocated until allocate(); freed with its owner.
@@ -212,6 +256,8 @@ class HostMappedFlag {
     std::atomic_thread_fence(std::memory_order_seq_cst);
   }
   const int* device() const { return device_; }  // nullptr unallocated
+  // Never frees it (kernels that may still read it are queued).
+  void leak() { host_ = nullptr; }
 
  private:
   int* host_ = nullptr;
@@ -658,27 +704,35 @@ class CudaBackend final : public BackendImpl {
     std::fprintf(stderr, "mok: rank %d: %s; aborting its NCCL communicator (the group may be out of step)\n",
                  group_->rank(), group_abort_reason_.c_str());
     std::fflush(stderr);
-    drain_before_abort();
-    group_->abort_communicator();
+    group_->abort_communicator();  // (drain_before_abort first: the hook)
   }
 
-  // The abort unmaps the peers' memory, which a megakernel reads and writes. One queued behind
-  // this point reads the abandoned word (raised here) in its schedule and touches no peer
-  // (kGroupAbandoned). One that read it earlier may be running: it depends on no peer and
-  // ends within milliseconds, but the stream as a whole may never drain (an all-gather waiting
-  // for a dead peer), so the wait is bounded (kAbortDrainMs) and the abort follows regardless.
-  // (A capturing stream runs nothing of the capture and may not be queried: not waited for.)
+  // Called before every abort of the communicator, which unmaps the peers' memory that a
+  // megakernel reads and writes. It raises the abandoned word first: a forward whose ids'
+  // all-gather has not completed yet reads it in its schedule's count kernel, which comes
+  // next, and touches no peer (kGroupAbandoned). Then it walks the tracked eager forwards,
+  // oldest first: done ones are passed; the first one not done is waited for if its ids were
+  // gathered (its megakernel may have read the word before it was raised, and is running or
+  // about to: it depends on no peer and ends within milliseconds, or by its own wait limits,
+  // which the group's wait limit exceeds), and the walk stops at the first one whose
+  // all-gather is still pending (stream order: nothing after it has run). So the abort waits
+  // only for megakernels, never for a dead peer. Not covered: forwards replayed from a CUDA
+  // graph (their count kernels read the word, but one already past it is not waited for).
   void drain_before_abort() const {
     abandoned_.raise();
+    if (!forward_marks_.created()) return;
     try {
-      const RelaxedCaptureMode relaxed;
-      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-      if (cudaStreamIsCapturing(stream_, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone) return;
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kAbortDrainMs);
-      while (cudaStreamQuery(stream_) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      const RelaxedCaptureMode relaxed;  // (event queries inside a capture, this thread's or another's)
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(group_wait_limit_ms());
+      forward_marks_.each_oldest_first([&](const ForwardMarks::Pair& m) {
+        if (cudaEventQuery(m.megakernel_done) != cudaErrorNotReady) return true;  // done (or the context failed)
+        if (cudaEventQuery(m.ids_gathered) == cudaErrorNotReady) return false;    // will read the word
+        while (cudaEventQuery(m.megakernel_done) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        return true;
+      });
     } catch (const std::exception&) {
-      // (The abort goes ahead: this wait only narrows the window in which a fault can hit.)
+      // (The abort goes ahead: this wait only closes the window in which a fault can hit.)
     }
   }
 
@@ -751,11 +805,25 @@ class CudaBackend final : public BackendImpl {
     sp.plans = plans_dev_.as<RankPlan>();
     sp.error = error_.as<DeviceError>();
     sp.abandoned = abandoned_.device();
+    // Distributed and eager: this forward's marks for drain_before_abort (a capture's are
+    // not kept: its replays run wherever the caller launches them).
+    ForwardMarks::Pair* marks = nullptr;
+    if (group_) {
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      MOK_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+      if (capture == cudaStreamCaptureStatusNone) {
+        marks = &forward_marks_.next();
+        if (cudaEventQuery(marks->megakernel_done) == cudaErrorNotReady)  // (16 forwards ahead)
+          group_->wait_for_event(marks->megakernel_done, "a forward waiting for the megakernel 16 forwards back",
+                                 group_wait_limit_ms(), [this] { throw_if_trapped(); });
+      }
+    }
     if (group_) {
       // Every rank's ids, gathered; each rank validates its own. The all-gather is also the
       // barrier after staging: no rank pulls rows before every rank has staged its x.
       group_->all_gather(ranks[0].inputs.top_experts.data, gathered_tops_.as<void>(),
                          static_cast<std::size_t>(T) * p.top_k * sizeof(int), stream_);
+      if (marks != nullptr) MOK_CUDA_CHECK(cudaEventRecord(marks->ids_gathered, stream_));
     }
     // Each rank validates its own ids (a slice or virtual ranks: every rank's).
     sp.validate_first_rank = group_ ? first_rank_ : 0;
@@ -831,6 +899,10 @@ class CudaBackend final : public BackendImpl {
         .after_kernel(pdl)
         .in_pairs(pairs_)
         .cooperative(cooperative_)("forward_megakernel", forward_megakernel, fp);
+    if (marks != nullptr) {
+      MOK_CUDA_CHECK(cudaEventRecord(marks->megakernel_done, stream_));
+      forward_marks_.advance();
+    }
     // The group barrier: an all-gather of every rank's DeviceError, which completes on no rank
     // before every rank has contributed, so after it every rank's rows are in our combine
     // slots, and every rank's error is known here (a rank that failed, capacity say, did not
@@ -1044,10 +1116,14 @@ class CudaBackend final : public BackendImpl {
     MOK_CUDA_CHECK(cudaMemset(group_errors_.as<void>(), 0, group_errors_bytes));
     if (group_ || test_fault_ == kFaultAbandonedGroup) {
       abandoned_.allocate();
-      // Every abort of the communicator raises the word first, the group's own included (a
-      // wait that gave up on the peers): forwards queued behind it then touch no peer.
-      if (group_) group_->set_before_abort([flag = &abandoned_] { flag->raise(); });
       if (test_fault_ == kFaultAbandonedGroup) abandoned_.raise();
+    }
+    if (group_) {
+      forward_marks_.create();
+      // Every abort of the communicator is drained first, the group's own included (a wait
+      // that gave up on the peers, an NCCL error): drain_before_abort. (It uses only members
+      // declared before group_, which outlive the group.)
+      group_->set_before_abort([this] { drain_before_abort(); });
     }
     if (cudaHostAlloc(reinterpret_cast<void**>(&phase_trap_), sizeof(PhaseWaitTrap), cudaHostAllocMapped) ==
         cudaSuccess) {
@@ -1092,6 +1168,12 @@ class CudaBackend final : public BackendImpl {
       MOK_CUDA_CHECK(cudaMemcpy(host.data(), peers.as<void>(), host.size() * sizeof(void*), cudaMemcpyDeviceToHost));
       peer_x_.assign(host.begin(), host.begin() + R);
       for (int r = 0; r < R; ++r) combine_ptrs.push_back(static_cast<__nv_bfloat16*>(host[R + r]));
+      // This rank's own memory by its own address, not through NCCL's flat window of every
+      // rank: an abort unmaps that window, ours included, while ncclMemAlloc's memory stays
+      // mapped until it is freed, so work still queued then (stage_x, the epilogue) reads and
+      // writes memory that is there. (The same bytes: nothing else changes.)
+      peer_x_[first_rank_] = x_sym_.local;
+      combine_ptrs[first_rank_] = static_cast<__nv_bfloat16*>(combine_sym_.local);
       gathered_tops_ = track(DeviceBuffer(static_cast<std::size_t>(R) * T * p.top_k * sizeof(int)));
     } else {
       for (int r = 0; r < R; ++r) combine_.push_back(track(DeviceBuffer(combine_bytes)));
@@ -1366,9 +1448,11 @@ class CudaBackend final : public BackendImpl {
   std::list<CallArgs> cache_;
   std::vector<ArgSlot> slots_;
   // ScheduleParams::abandoned, raised before this rank's group is aborted (allocated in a
-  // group, or for MOK_TEST_FAULT=abandoned_group). Declared before group_, whose before-abort
-  // hook raises it: the group is destroyed first.
+  // group, or for MOK_TEST_FAULT=abandoned_group), and the eager forwards' marks
+  // (drain_before_abort). Declared before group_, whose before-abort hook uses them: the group
+  // is destroyed first.
   HostMappedFlag abandoned_;
+  ForwardMarks forward_marks_;
   // Distributed mode only (the destructor frees the symmetric buffers while the group lives).
   std::unique_ptr<comm::EpGroup> group_;
   // Why this rank aborted its group's communicator (abort_group_after); empty while it has
@@ -1387,10 +1471,7 @@ class CudaBackend final : public BackendImpl {
     }
     // A rank that fails while its peers carry on may have NCCL kernels on its stream waiting
     // for them; the frees below would wait for those: abort the communicator first.
-    if (group_ && std::uncaught_exceptions() > 0 && !group_->communicator_aborted()) {
-      drain_before_abort();
-      group_->abort_communicator();
-    }
+    if (group_ && std::uncaught_exceptions() > 0) group_->abort_communicator();  // (drained first: the hook)
     // Otherwise the frees wait for the queued work, whose all-gathers a peer that failed and
     // stays alive never joins: wait for it here first, within the group's limit, which aborts
     // the communicator when it runs out (a destructor reports nothing; the reason is logged).
@@ -1400,9 +1481,26 @@ class CudaBackend final : public BackendImpl {
       } catch (const std::exception&) {
       }
     }
+    // After an abort, the stream's NCCL work returns at once and what follows it (stage_x,
+    // schedules that found the word, epilogues) runs out. The symmetric buffers (unmapped at
+    // once by ncclMemFree) and the word are freed only once it has; left allocated, said so,
+    // when it has not within the group's limit.
+    bool stream_done = true;
+    if (group_ && group_->communicator_aborted()) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(group_wait_limit_ms());
+      while (cudaStreamQuery(stream_) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      stream_done = cudaStreamQuery(stream_) != cudaErrorNotReady;
+      if (!stream_done) {
+        std::fprintf(stderr, "mok: rank %d: the aborted layer's stream still holds work after %llu ms; its shared "
+                     "buffers are left allocated\n", group_->rank(),
+                     static_cast<unsigned long long>(group_wait_limit_ms()));
+        abandoned_.leak();
+      }
+    }
     for (auto e : phase_events_) cudaEventDestroy(e);
     if (phase_trap_) cudaFreeHost(phase_trap_);
-    if (group_) {
+    if (group_ && stream_done) {
       group_->free_symmetric(x_sym_);
       group_->free_symmetric(combine_sym_);
     }

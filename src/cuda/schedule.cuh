@@ -56,7 +56,7 @@ struct ScheduleParams {
   // Host-mapped; nonzero once the host is aborting this rank's EP group, whose abort unmaps
   // the peers' memory (nullptr: not a group). Read by the count kernel, whose error makes the
   // plan list no routed work: a forward queued behind the abort touches no peer (backend.cu,
-  // abandon_before_abort).
+  // drain_before_abort).
   const int* abandoned;
 };
 

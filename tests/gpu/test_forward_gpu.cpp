@@ -1465,6 +1465,65 @@ TEST(GpuGroup, AbandoningWithForwardsQueuedDoesNotFault) {
   expect_close(host, run_reference(host), Precision::bf16, "a new layer after abandoning one with forwards queued");
 }
 
+// The same with the forwards really queued past the abort: a host function holds the stream
+// (as an all-gather waiting for a dead peer would), forwards are enqueued behind it, and the
+// group is abandoned while they wait. The abort must not wait for them (their ids were not
+// gathered: their schedules will read the abandoned word), and once the stream is released
+// they run out without touching the unmapped windows: no fault, the Layer is destroyed, and
+// a new Layer on the device matches the reference. In a child process (a death test): a
+// fault would end the CUDA context, and a hang is cut short by the alarm.
+TEST(GpuGroupDeathTest, AbandoningWithForwardsHeldBehindTheAbortDoesNotFault) {
+  MOK_REQUIRE_GROUP();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        alarm(90);
+        const GroupOfOneEnv launched;
+        const Problem p = make_problem(16, 256, 128, 4, {}, 1, 512);
+        LayerData host = make_data(p, "gaussian");
+        int code = 0;
+        try {
+          DeviceMirror mirror(host, 0);
+          const auto args = mirror.forward_args();
+          auto layer = std::make_unique<Layer>(p, Config{}, group_of_one());
+          layer->forward(args);
+          layer->synchronize();
+          std::atomic<bool> release{false};
+          // (group_of_one's layer runs on the legacy stream.)
+          auto hold = [](void* flag) {
+            while (!static_cast<std::atomic<bool>*>(flag)->load())
+              std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          };
+          if (cudaLaunchHostFunc(nullptr, hold, &release) != cudaSuccess) throw Error("cudaLaunchHostFunc failed");
+          for (int i = 0; i < 4; ++i) layer->forward(args);
+          const auto start = std::chrono::steady_clock::now();
+          layer->abandon_group("forwards held behind the abort");
+          const double abandon_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          release = true;
+          layer.reset();
+          if (cudaDeviceSynchronize() != cudaSuccess) throw Error("the device faulted after the abort");
+          LayerOptions o;
+          o.backend = Backend::cuda;
+          Layer fresh(p, Config{}, o);
+          mirror.poison_outputs();
+          fresh.forward(args);
+          fresh.synchronize();
+          mirror.copy_outputs_to(host);
+          const Comparison y = compare(host.ranks[0].y, run_reference(host).ranks[0].y);
+          const Tolerance tol = mok_tolerance(Precision::bf16);
+          std::fprintf(stderr, "abandon took %.3f s; fresh layer: %s\n", abandon_s, y.describe().c_str());
+          if (abandon_s > 5.0) code = 4;  // it waited for the held forwards
+          if (!y.passes(tol.max_abs, tol.rel)) code = 5;
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "%s\n", e.what());
+          code = 3;
+        }
+        std::fflush(stderr);
+        std::_Exit(code);
+      },
+      ::testing::ExitedWithCode(0), "abandon took");
+}
+
 TEST(GpuErrors, MisalignedXOrYIsAClearError) {
   MOK_REQUIRE_GPU();
   // Rows move with bulk copies and TMA, y with 16-byte stores: both must be 16-byte aligned,
