@@ -1437,11 +1437,24 @@ TEST(GpuGroup, ADeviceErrorLeavesTheGroupInStepAndUsable) {
   expect_close(good, run_reference(good), Precision::bf16, "group of one after a device error");
 }
 
+// `mirror`'s forward on a new single-GPU Layer (outputs poisoned first), into `host`: a device
+// that an abort left usable runs it.
+void forward_on_a_new_layer(const Problem& p, DeviceMirror& mirror, LayerData& host) {
+  LayerOptions o;
+  o.backend = Backend::cuda;
+  Layer fresh(p, Config{}, o);
+  mirror.poison_outputs();
+  fresh.forward(mirror.forward_args());
+  fresh.synchronize();
+  mirror.copy_outputs_to(host);
+}
+
 // Forwards still queued when a group is abandoned read the peers' memory, which the abort
-// unmaps: the abort first waits (bounded) for the stream, and forwards queued behind it see the
-// abandoned word and keep off the peers. No fault: the device is still usable afterwards, and
-// a new Layer on it matches the reference. (In a group of one nothing waits for a peer, so the
-// wait drains every forward here; the word's side is GpuErrors.AnAbandonedGroups...)
+// unmaps: the abort first waits for any megakernel that may be running, and forwards whose
+// ids were not gathered yet see the abandoned word and keep off the peers. No fault: the
+// device is still usable afterwards, and a new Layer on it matches the reference. (In a group
+// of one nothing waits for a peer, so the forwards here run out before or during the abort;
+// the held-stream case is the death test below, the word's side GpuErrors.AnAbandonedGroups...)
 TEST(GpuGroup, AbandoningWithForwardsQueuedDoesNotFault) {
   MOK_REQUIRE_GROUP();
   const GroupOfOneEnv launched;
@@ -1455,13 +1468,7 @@ TEST(GpuGroup, AbandoningWithForwardsQueuedDoesNotFault) {
   EXPECT_TRUE(layer->group_aborted());
   layer.reset();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "the device faulted after the abort";
-  LayerOptions o;
-  o.backend = Backend::cuda;
-  Layer fresh(p, Config{}, o);
-  mirror.poison_outputs();
-  fresh.forward(args);
-  fresh.synchronize();
-  mirror.copy_outputs_to(host);
+  forward_on_a_new_layer(p, mirror, host);
   expect_close(host, run_reference(host), Precision::bf16, "a new layer after abandoning one with forwards queued");
 }
 
@@ -1502,13 +1509,7 @@ TEST(GpuGroupDeathTest, AbandoningWithForwardsHeldBehindTheAbortDoesNotFault) {
           release = true;
           layer.reset();
           if (cudaDeviceSynchronize() != cudaSuccess) throw Error("the device faulted after the abort");
-          LayerOptions o;
-          o.backend = Backend::cuda;
-          Layer fresh(p, Config{}, o);
-          mirror.poison_outputs();
-          fresh.forward(args);
-          fresh.synchronize();
-          mirror.copy_outputs_to(host);
+          forward_on_a_new_layer(p, mirror, host);
           const Comparison y = compare(host.ranks[0].y, run_reference(host).ranks[0].y);
           const Tolerance tol = mok_tolerance(Precision::bf16);
           std::fprintf(stderr, "abandon took %.3f s; fresh layer: %s\n", abandon_s, y.describe().c_str());
