@@ -131,6 +131,13 @@ elseif(MODE STREQUAL "bad_input")
   # An option missing its value does not swallow the next option; flags count once.
   expect_refused("option --save: needs a value, got the option '--check'" run ${small} --save --check)
   expect_refused("option --check: given twice" run ${small} --check --check)
+  # A misspelt option is unknown, wherever it stands (not "needs a value"); the launcher's
+  # -n is named as spelled.
+  expect_refused("unknown or unused option(s): --chek" run ${small} --chek)
+  expect_refused("unknown or unused option(s): --chek" run --chek ${small})
+  expect_refused("unknown or unused option(s): --grce" launch -n 2 --grce -- true)
+  expect_refused("option -n: needs a value" launch -n -- true)
+  expect_refused("option -n: given twice" launch -n 2 -n 3 -- true)
   # Empty fields are errors, not defaults; so is an empty value, and a value given to a flag.
   foreach(bad "256," ",256")
     expect_refused("option --shared (a comma list or 'none')" run --shape tiny "--shared=${bad}")

@@ -30,19 +30,29 @@ Args::Args(const std::vector<std::string>& argv, const std::vector<std::string>&
       flags_set_[name] = true;
       continue;
     } else {
-      if (i + 1 >= argv.size()) throw Error("option --" + name + ": needs a value");
+      // An option without its value: "--save --check" is a forgotten value, not a directory
+      // named --check (the next option is parsed as one). Said when the option is taken, so
+      // that a misspelt option (--chek) is named as unknown by finish() instead.
+      std::string missing;
+      if (i + 1 >= argv.size())
+        missing = "option --" + name + ": needs a value";
+      else if (argv[i + 1].rfind("--", 0) == 0)
+        missing = "option --" + name + ": needs a value, got the option '" + argv[i + 1] + "' (write --" + name +
+                  "=VALUE for a value that starts with --)";
+      if (!missing.empty()) {
+        if (has(name)) throw Error("option --" + name + ": given twice");
+        missing_[name] = missing;
+        continue;
+      }
       value = argv[++i];
-      // "--save --check" is a forgotten value, not a directory named --check.
-      if (value.rfind("--", 0) == 0)
-        throw Error("option --" + name + ": needs a value, got the option '" + value + "' (write --" + name +
-                    "=VALUE for a value that starts with --)");
     }
-    if (values_.count(name)) throw Error("option --" + name + ": given twice");
+    if (has(name)) throw Error("option --" + name + ": given twice");
     values_[name] = value;
   }
 }
 
 std::optional<std::string> Args::take(const std::string& name) {
+  if (const auto m = missing_.find(name); m != missing_.end()) throw Error(m->second);
   auto it = values_.find(name);
   if (it == values_.end()) return std::nullopt;
   std::string v = it->second;
@@ -75,6 +85,7 @@ std::optional<double> Args::take_double(const std::string& name) {
 }
 
 bool Args::take_flag(const std::string& name) {
+  if (const auto m = missing_.find(name); m != missing_.end()) throw Error(m->second);
   auto it = flags_set_.find(name);
   if (it == flags_set_.end()) return false;
   flags_set_.erase(it);
@@ -85,6 +96,7 @@ void Args::finish() const {
   std::string unknown;
   for (const auto& [k, v] : values_) unknown += " --" + k;
   for (const auto& [k, v] : flags_set_) unknown += " --" + k;
+  for (const auto& [k, v] : missing_) unknown += " --" + k;
   if (!unknown.empty()) throw Error("unknown or unused option(s):" + unknown + " (see --help)");
 }
 

@@ -23,12 +23,17 @@ class Args {
   std::optional<std::uint64_t> take_seed(const std::string& name);  // a whole integer >= 0
   std::optional<double> take_double(const std::string& name);  // a whole, finite number
   bool take_flag(const std::string& name);
-  bool has(const std::string& name) const { return values_.count(name) || flags_set_.count(name); }
+  bool has(const std::string& name) const {
+    return values_.count(name) || flags_set_.count(name) || missing_.count(name);
+  }
   void finish() const;  // throws mok::Error listing unknown arguments
 
  private:
   std::map<std::string, std::string> values_;
   std::map<std::string, bool> flags_set_;
+  // Options given without a value, and the error that says so, thrown when one is taken (an
+  // option no one takes is reported as unknown by finish()).
+  std::map<std::string, std::string> missing_;
 };
 
 // --warmup and --iters, the timed repetitions: warmup in [0, 1000000], iters in [1, 1000000]

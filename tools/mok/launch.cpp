@@ -33,6 +33,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -100,16 +101,21 @@ int launch_command(const std::vector<std::string>& argv) {
   std::vector<std::string> opts(argv.begin(), dash), command(dash + 1, argv.end());
   for (auto& o : opts)
     if (o == "-n") o = "--n";
-  Args args(opts, {});
-  const auto given_n = [&] {
-    try {
-      return args.take_int("n");
-    } catch (const Error& e) {  // (the option is spelled -n)
-      std::string m = e.what();
-      if (m.rfind("option --n", 0) == 0) m.erase(7, 1);
-      throw Error(m);
-    }
-  }();
+  // (The option is spelled -n: the parser's messages about it say so.)
+  const auto spelled = [](const Error& e) {
+    std::string m = e.what();
+    if (m.rfind("option --n:", 0) == 0) m.erase(7, 1);
+    return Error(m);
+  };
+  std::optional<Args> parsed;
+  std::optional<int> given_n;
+  try {
+    parsed.emplace(opts, std::vector<std::string>{});
+    given_n = parsed->take_int("n");
+  } catch (const Error& e) {
+    throw spelled(e);
+  }
+  Args& args = *parsed;
   if (!given_n) throw Error(std::string("mok launch: -n N (the number of ranks) is required; ") + usage);
   const long long n = *given_n;
   const double timeout_s = args.take_double("timeout").value_or(0);
