@@ -158,10 +158,12 @@ void require_host_memory(std::uint64_t bytes, const std::string& what) {
     if (key == "MemAvailable:") {
       const std::uint64_t available = kib * 1024;
       if (bytes > available) {
-        char text[160];
-        std::snprintf(text, sizeof text, "%s needs %.1f GiB of host memory, more than the %.1f GiB available",
-                      what.c_str(), double(bytes) / (1ull << 30), double(available) / (1ull << 30));
-        throw Error(std::string(text) + " (fewer tokens, a smaller EP group or shape, or a rank slice on the GPU)");
+        // (Only the numbers through a fixed buffer: `what` may be long, a path or a shape.)
+        char numbers[96];
+        std::snprintf(numbers, sizeof numbers, "%.1f GiB of host memory, more than the %.1f GiB available",
+                      double(bytes) / (1ull << 30), double(available) / (1ull << 30));
+        throw Error(what + " needs " + numbers +
+                    " (fewer tokens, a smaller EP group or shape, or a rank slice on the GPU)");
       }
       return;
     }
