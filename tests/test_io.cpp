@@ -4,8 +4,16 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -376,6 +384,53 @@ TEST(LayerIo, AFailedSaveRemovesWhatItWroteAndNothingElse) {
   EXPECT_FALSE(fs::exists(target / "rank0")) << "rank0 was written before the failure";
   EXPECT_TRUE(fs::is_regular_file(target / "keep.txt"));
   EXPECT_TRUE(fs::is_regular_file(target / "rank1"));
+}
+
+// problem.json is written last: a save cut short by a signal (no unwinding, so no rollback)
+// leaves none, and --load never takes a partial save for a whole one. One data file is a FIFO
+// here, so that the save can be watched while it writes that file: problem.json is not there
+// yet then (and is once the save is done). The pipe holds one page, less than the file, so the
+// save waits in that file until it is read.
+TEST(LayerIo, ProblemJsonIsWrittenLast) {
+  TempDir dir("layer");
+  const Problem p = test::make_problem(4, 512, 32, 2, {32}, 2, 16);  // x: 16 KiB per rank
+  const LayerData data = test::make_data(p, 2, false);
+  namespace fs = std::filesystem;
+  fs::create_directories(dir.path() / "rank1");
+  const fs::path fifo = dir.path() / "rank1" / "x.npy";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const int fd = open(fifo.c_str(), O_RDONLY | O_NONBLOCK);  // (so the save's open does not block)
+  ASSERT_GE(fd, 0);
+  ASSERT_GE(fcntl(fd, F_SETPIPE_SZ, 4096), 4096);
+  ASSERT_LE(fcntl(fd, F_GETPIPE_SZ), 8192);
+  std::atomic<bool> done{false};
+  std::string error;
+  std::thread saver([&] {
+    try {
+      io::save_layer_data(dir.str(), data);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    done = true;
+  });
+  bool seen_writing = false, json_while_writing = false;
+  char buffer[4096];
+  for (;;) {  // (drained until the save is done: a full pipe would hold it)
+    const ssize_t n = read(fd, buffer, sizeof buffer);
+    if (n > 0) {
+      if (!seen_writing) json_while_writing = fs::exists(dir.path() / "problem.json");
+      seen_writing = true;
+      continue;
+    }
+    if (done) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  saver.join();
+  close(fd);
+  EXPECT_EQ(error, "");
+  EXPECT_TRUE(seen_writing) << "the save never wrote rank1/x.npy";
+  EXPECT_FALSE(json_while_writing) << "problem.json was there while the data files were still being written";
+  EXPECT_TRUE(fs::is_regular_file(dir.path() / "problem.json"));
 }
 
 TEST(LayerIo, ForwardOnlyLoadNeedsNoDy) {

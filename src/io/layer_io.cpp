@@ -197,7 +197,8 @@ void save_layer_data(const std::string& dir, const LayerData& data) {
   // What this save writes, in order, each entry listed before it is made. A save that fails
   // part way removes them again, newest first (a directory only when empty), so it leaves no
   // partial save that looks like a whole one. Files it did not write are never touched (one
-  // it overwrote is removed: its old content was gone already).
+  // it overwrote is removed: its old content was gone already). problem.json, which --load
+  // needs first, is written last: a save cut short by a signal (no unwinding) leaves none.
   std::vector<fs::path> created;
   auto make_directory = [&](const fs::path& d, const char* what) {
     std::vector<fs::path> missing;  // (d and its missing parents, innermost first)
@@ -212,13 +213,14 @@ void save_layer_data(const std::string& dir, const LayerData& data) {
   };
   try {
     make_directory(dir, "the directory");
-    {
-      const fs::path pj = fs::path(dir) / "problem.json";
+    // An earlier save's problem.json goes first, so that no moment of this one has a
+    // problem.json beside files of another run.
+    const fs::path pj = fs::path(dir) / "problem.json";
+    std::error_code gone;
+    if (fs::is_regular_file(pj, gone)) {
       created.push_back(pj);
-      std::ofstream out(pj);
-      out << problem_to_json(data.problem);
-      out.close();
-      if (!out) throw Error("--save " + dir + ": cannot write problem.json");
+      fs::remove(pj, gone);
+      if (gone) throw Error("--save " + dir + ": cannot replace problem.json: " + gone.message());
     }
     for (int r = 0; r < static_cast<int>(data.ranks.size()); ++r) {
       make_directory(rank_dir(dir, r), "rank directory");
@@ -228,6 +230,13 @@ void save_layer_data(const std::string& dir, const LayerData& data) {
           created.push_back(f);
           npy::save(f.string(), *e.tensor);
         }
+    }
+    {
+      if (created.empty() || created.back() != pj) created.push_back(pj);
+      std::ofstream out(pj);
+      out << problem_to_json(data.problem);
+      out.close();
+      if (!out) throw Error("--save " + dir + ": cannot write problem.json");
     }
   } catch (const std::exception& e) {
     std::error_code ec;  // (each step without throwing: the save's error is the news)
@@ -239,7 +248,8 @@ void save_layer_data(const std::string& dir, const LayerData& data) {
 LayerData load_layer_data(const std::string& dir, const bool with_backward) {
   const std::string context = "--load " + dir;
   const fs::path pj = fs::path(dir) / "problem.json";
-  if (!npy::regular_file_at(pj.string(), context)) throw Error(context + ": no problem.json in that directory");
+  if (!npy::regular_file_at(pj.string(), context))
+    throw Error(context + ": no problem.json in that directory (a --save writes it last: one cut short leaves none)");
   std::ifstream in(pj);
   if (!in) throw Error(context + ": " + pj.string() + " cannot be read (permissions?)");
   std::stringstream text;
