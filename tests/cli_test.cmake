@@ -299,6 +299,13 @@ elseif(MODE STREQUAL "launch_killed")
   if(NOT rc STREQUAL "147" OR NOT se MATCHES "rank 1 was stopped by signal 19" OR elapsed GREATER 60)
     message(FATAL_ERROR "mok launch with a stopped rank: exit '${rc}' after ${elapsed} s (147 expected)\n${se}")
   endif()
+  # --timeout: its own status (124, as timeout(1)), apart from any rank's, naming the ranks
+  # still running.
+  file(WRITE "${WORK}/slow.sh" "if [ \"$MOK_RANK\" = 1 ]\nthen\n  sleep 300\nfi\n")
+  run_mok(rc so se launch -n 2 --timeout 1 --grace 2 -- sh "${WORK}/slow.sh")
+  if(NOT rc STREQUAL "124" OR NOT se MATCHES "timed out after 1 s with rank 1 still running")
+    message(FATAL_ERROR "mok launch --timeout: exit '${rc}' (124 expected)\n${se}")
+  endif()
   # A rank paused and resumed within the grace (a job scheduler's suspend, say) goes on.
   file(WRITE "${WORK}/pause.sh" "(sleep 1\nkill -CONT $$) &\nkill -STOP $$\nexit 0\n")
   run_mok(rc so se launch -n 2 --grace 10 -- sh "${WORK}/pause.sh")

@@ -11,7 +11,9 @@
 // its exit status if it exited, 128+N if signal N killed it or kept it stopped for longer than
 // --grace (a rank paused and resumed within it goes on). SIGINT/SIGTERM/SIGHUP to the
 // launcher stop every rank the same way (exit 128+N), --timeout does after that many seconds
-// (exit 1), and a rank whose launcher dies gets SIGTERM (PR_SET_PDEATHSIG). When the launch
+// (exit 124, naming the ranks still running), and a rank whose launcher dies gets SIGTERM
+// (PR_SET_PDEATHSIG). A rank that even SIGKILL does not end is named and left after another
+// --grace (and a second). When the launch
 // ends, whatever is still running in a rank's process group (a wrapper's children) is stopped
 // too; each rank's process stays unreaped until then, so that group's id is not reused.
 // A rank that exits with mok's "gave up on its peers" status (mok::kPeerWaitExitStatus) is
@@ -34,6 +36,7 @@
 #include <fstream>
 #include <sstream>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,21 +47,29 @@
 namespace mok::cli {
 namespace {
 
+// The launcher's status when --timeout ran out (as timeout(1) exits), apart from any rank's.
+constexpr int kTimeoutExitStatus = 124;
+
 // How a rank's process ended, from waitid's report (si_code, si_status).
 std::string describe_end(int code, int value) {
   if (code == CLD_EXITED) return "exited with status " + std::to_string(value);
   return std::string("was killed by signal ") + std::to_string(value) + " (" + strsignal(value) + ")";
 }
 
-// Whether process group `pgid` has a member that is not a zombie (a zombie is gone, only not
-// yet reaped by an init that may never do it). From /proc; without it, any member counts.
-bool group_has_live_process(pid_t pgid) {
-  if (kill(-pgid, 0) != 0) return false;
+// Of the process groups `pgids`, those with a member that is not a zombie (a zombie is gone,
+// only not yet reaped by an init that may never do it), in one pass over /proc; without
+// /proc, every group with any member counts.
+std::vector<pid_t> groups_with_live_processes(const std::vector<pid_t>& pgids) {
+  std::vector<pid_t> candidates;
+  for (pid_t g : pgids)
+    if (g > 0 && kill(-g, 0) == 0) candidates.push_back(g);
+  if (candidates.empty()) return candidates;
   std::error_code ec;
   std::filesystem::directory_iterator it("/proc", ec), end;
-  if (ec) return true;
+  if (ec) return candidates;
+  std::set<pid_t> live;
   for (; it != end; it.increment(ec)) {
-    if (ec) return true;
+    if (ec) return candidates;
     const std::string name = it->path().filename().string();
     if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
     std::ifstream stat(it->path() / "stat");
@@ -70,9 +81,28 @@ bool group_has_live_process(pid_t pgid) {
     char state = 0;
     long long parent = 0, group = 0;
     if (!(fields >> state >> parent >> group)) continue;
-    if (group == pgid && state != 'Z' && state != 'X') return true;
+    if (state != 'Z' && state != 'X') live.insert(static_cast<pid_t>(group));
   }
-  return false;
+  std::vector<pid_t> out;
+  for (pid_t g : candidates)
+    if (live.count(g)) out.push_back(g);
+  return out;
+}
+
+// Stops every live process of the groups `pgids`: SIGTERM, then SIGKILL to those still there
+// after `grace_s`, then up to `grace_s` more for them to go. Returns the groups that are
+// still live then (a process SIGKILL cannot end: uninterruptible in a hung driver, say).
+std::vector<pid_t> stop_process_groups(const std::vector<pid_t>& pgids, double grace_s) {
+  std::vector<pid_t> left = groups_with_live_processes(pgids);
+  for (pid_t g : left) kill(-g, SIGTERM);
+  for (int round = 0; round < 2 && !left.empty(); ++round) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
+    while (!(left = groups_with_live_processes(left)).empty() && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (round == 0)
+      for (pid_t g : left) kill(-g, SIGKILL);
+  }
+  return left;
 }
 
 volatile sig_atomic_t g_launcher_signal = 0;
@@ -90,7 +120,7 @@ int launch_command(const std::vector<std::string>& argv) {
                 "MOK_LOCAL_RANK set, and MOK_LAUNCH_DIR: the group's private rendezvous directory), and stops the others when one fails (exit: its status, or 128+N for "
                 "signal N). A rank exiting with status %d gave up waiting for its peers: the launcher then "
                 "waits up to --peer-grace s (10) for the rank that failed, or names the ranks still running.\n"
-                "  --timeout S  stop every rank after S s (0, the default: no limit; exit 1)\n"
+                "  --timeout S  stop every rank after S s (0, the default: no limit; exit 124, naming the ranks still running)\n"
                 "  --grace S    (10) the wait between SIGTERM and SIGKILL, and how long a rank may stay "
                 "stopped by a signal before it fails the launch\n"
                 "Processes the ranks leave running are stopped when the launch ends.\n",
@@ -144,16 +174,21 @@ int launch_command(const std::vector<std::string>& argv) {
   std::vector<bool> done(n, false);
   for (long long r = 0; r < n; ++r) {
     const pid_t pid = fork();
-    if (pid < 0) {  // the ranks already started are stopped, the rendezvous directory removed
+    if (pid < 0) {  // the ranks already started are stopped and reaped, the rendezvous directory removed
       const int err = errno;
-      for (long long q = 0; q < r; ++q) {
-        kill(-pids[q], SIGTERM);
-        kill(pids[q], SIGTERM);
+      const std::vector<pid_t> started(pids.begin(), pids.begin() + r);
+      const std::vector<pid_t> left = stop_process_groups(started, grace_s);
+      for (pid_t p : started) {
+        bool unkillable = false;
+        for (pid_t g : left) unkillable = unkillable || g == p;
+        int status = 0;
+        if (!unkillable) waitpid(p, &status, 0);
       }
       std::error_code ec;
       std::filesystem::remove_all(launch_dir, ec);
-      throw Error("mok launch: fork failed for rank " + std::to_string(r) + ": " + std::strerror(err) +
-                  " (the " + std::to_string(r) + " rank(s) started were stopped)");
+      throw Error("mok launch: fork failed for rank " + std::to_string(r) + ": " + std::strerror(err) + " (the " +
+                  std::to_string(r) + " rank(s) started were stopped" +
+                  (left.empty() ? std::string(")") : "; " + std::to_string(left.size()) + " did not end even after SIGKILL)"));
     }
     if (pid == 0) {
       setpgid(0, 0);  // one process group per rank: stopping a rank stops what it started
@@ -286,16 +321,23 @@ int launch_command(const std::vector<std::string>& argv) {
     }
     if (failed_rank < 0 && timeout_s > 0 && elapsed > timeout_s) {
       failed_rank = n;  // no single rank to blame
-      failure = "timed out after " + format_number(timeout_s) + " s";
+      exit_code = kTimeoutExitStatus;
+      failure = "timed out after " + format_number(timeout_s) + " s with " + still_running() + " still running";
       if (witness_rank >= 0)
-        failure += " (rank " + std::to_string(witness_rank) + " had given up waiting for its peers; still running: " +
-                   still_running() + ")";
+        failure += " (rank " + std::to_string(witness_rank) + " had given up waiting for its peers)";
       std::fprintf(stderr, "mok launch: %s; stopping every rank\n", failure.c_str());
       stop_all(SIGTERM);
     }
     if (failed_rank >= 0) {
       if (stopped_at < 0) stopped_at = elapsed;
       if (elapsed - stopped_at > grace_s) stop_all(SIGKILL);
+      // A rank that SIGKILL does not end (uninterruptible, in a hung driver say) is not
+      // waited for without end: after another grace it is named and left.
+      if (elapsed - stopped_at > 2 * grace_s + 1) {
+        std::fprintf(stderr, "mok launch: %s did not end %s s after SIGKILL (uninterruptible?); leaving it\n",
+                     still_running().c_str(), format_number(grace_s + 1).c_str());
+        break;
+      }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -309,27 +351,26 @@ int launch_command(const std::vector<std::string>& argv) {
   // wrapper, workers) and they are still running: whatever is left in any rank's group is
   // stopped too, TERM first and KILL after the grace, so that no process of the launch keeps
   // a GPU or a communicator after it.
-  std::vector<long long> left;
-  for (long long r = 0; r < n; ++r)
-    if (group_has_live_process(pids[r])) left.push_back(r);
-  if (!left.empty()) {
+  const std::vector<pid_t> leftover = groups_with_live_processes(pids);
+  if (!leftover.empty()) {
     std::string which;
-    for (long long r : left) which += (which.empty() ? "rank " : ", rank ") + std::to_string(r);
-    std::fprintf(stderr, "mok launch: processes started by %s are still running after it ended; stopping them\n",
-                 which.c_str());
-    for (long long r : left) kill(-pids[r], SIGTERM);
-    const double asked_at = elapsed_s();
-    auto any_left = [&] {
-      for (long long r : left)
-        if (group_has_live_process(pids[r])) return true;
-      return false;
-    };
-    while (any_left() && elapsed_s() - asked_at <= grace_s) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    for (long long r : left)
-      if (group_has_live_process(pids[r])) kill(-pids[r], SIGKILL);
+    for (long long r = 0; r < n; ++r)
+      if (done[r] && std::find(leftover.begin(), leftover.end(), pids[r]) != leftover.end())
+        which += (which.empty() ? "rank " : ", rank ") + std::to_string(r);
+    if (!which.empty())
+      std::fprintf(stderr, "mok launch: processes started by %s are still running after it ended; stopping them\n",
+                   which.c_str());
+    const std::vector<pid_t> unkillable = stop_process_groups(leftover, grace_s);
+    if (!unkillable.empty())
+      std::fprintf(stderr, "mok launch: %zu process group(s) of the launch did not end even after SIGKILL; leaving "
+                   "them\n", unkillable.size());
   }
-  // The ranks' processes, kept as zombies while their groups were looked at, are reaped.
+  // The ranks' processes, kept as zombies while their groups were looked at, are reaped (a
+  // rank that never ended is not waited for).
   for (long long r = 0; r < n; ++r) {
+    siginfo_t info{};
+    if (!done[r] && (waitid(P_PID, pids[r], &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid != pids[r]))
+      continue;
     int status = 0;
     while (waitpid(pids[r], &status, 0) < 0 && errno == EINTR) {
     }
