@@ -374,7 +374,8 @@ elseif(MODE STREQUAL "launch_witness")
   # (3) Every rank gave up on its peers: the first witness is named, with status 4.
   expect_launch(4 "failed: rank [012] gave up waiting for its peers, and no rank failed" "with only witnesses"
                 -n 3 --peer-grace 20 -- sh "${WORK}/all_witnesses.sh")
-  expect_refused("--peer-grace must be >= 0" launch -n 1 --peer-grace -1 -- true)
+  expect_refused("--peer-grace must be in [0, 1e7] seconds" launch -n 1 --peer-grace -1 -- true)
+  expect_refused("--grace must be in [0, 1e7] seconds" launch -n 1 --grace 1e300 -- true)
 elseif(MODE MATCHES "^launch_")
   message(FATAL_ERROR "cli_test.cmake: unknown MODE '${MODE}'")
 endif()

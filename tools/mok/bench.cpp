@@ -20,6 +20,7 @@
 
 #include "core/backend.h"
 #include "core/compare.h"
+#include "core/numbers.h"
 #include "core/device_mirror.h"
 #include "core/device_timer.h"
 #include "core/rng.h"
@@ -131,11 +132,23 @@ HostTensor tensor_from(DType dtype, std::vector<std::int64_t> shape, const void*
 
 namespace {
 
-// A file written whole or not at all (readers in other processes never see half of it).
+// A file written whole or not at all (readers in other processes never see half of it; a
+// failed write leaves no .tmp behind).
 void save_atomic(const std::filesystem::path& path, const HostTensor& t) {
   const std::filesystem::path tmp = path.string() + ".tmp";
-  npy::save(tmp.string(), t);
-  std::filesystem::rename(tmp, path);
+  std::error_code ec;
+  try {
+    npy::save(tmp.string(), t);
+  } catch (const Error&) {
+    std::filesystem::remove(tmp, ec);
+    throw;
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    throw Error("mok bench: cannot move " + tmp.string() + " to " + path.string() + ": " + ec.message());
+  }
 }
 
 // Waits until every path exists, or throws naming the first one missing after `timeout_s`.
@@ -144,7 +157,7 @@ void wait_for_files(const std::vector<std::filesystem::path>& paths, double time
   for (const auto& f : paths)
     while (!std::filesystem::exists(f)) {
       if (std::chrono::steady_clock::now() > deadline)
-        throw PeerWaitError("mok bench: waited " + std::to_string(static_cast<int>(timeout_s)) + " s for " + f.string() +
+        throw PeerWaitError("mok bench: waited " + format_number(timeout_s) + " s for " + f.string() +
                     " (" + what + "): that rank failed or is stuck");
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -185,7 +198,8 @@ int bench_command(const std::vector<std::string>& argv) {
   const auto exchange_timeout = args.take_double("exchange-timeout");
   const bool exchange_timeout_given = exchange_timeout.has_value();
   const double exchange_timeout_s = exchange_timeout.value_or(900);
-  if (exchange_timeout_s <= 0) throw Error("option --exchange-timeout: must be > 0 seconds");
+  if (exchange_timeout_s <= 0 || exchange_timeout_s > 1e7)
+    throw Error("option --exchange-timeout: must be in (0, 1e7] seconds");
   Config config;
   if (auto v = args.take_int("comm-sms")) config.forward_comm_sms = static_cast<int>(*v);
   if (auto v = args.take_int("band")) config.task_band_tiles = static_cast<int>(*v);
@@ -347,7 +361,7 @@ int bench_command(const std::vector<std::string>& argv) {
     std::ostringstream v;
     v.precision(8);
     v << summarize(phase_ms[phase_order[i]]).median;
-    phases_json += (i ? ", \"" : "\"") + phase_order[i] + "\": " + v.str();
+    phases_json += (i ? ", \"" : "\"") + json_text(phase_order[i]) + "\": " + v.str();
   }
   phases_json += "}}";
 
@@ -497,7 +511,7 @@ int bench_command(const std::vector<std::string>& argv) {
        << ", \"forward_comm_sms\": " << layer.config().forward_comm_sms
        << ", \"task_band_tiles\": " << layer.config().task_band_tiles << ", \"tile_rows\": " << layer.config().tile_rows
        << ", \"task_pairs\": " << (layer.config().task_pairs ? "true" : "false") << ", \"env\": {" << tuning_env_json()
-       << "}},\n  \"gpu\": {\"name\": \"" << prop.name << "\", \"sms\": " << prop.multiProcessorCount
+       << "}},\n  \"gpu\": {\"name\": \"" << json_text(prop.name) << "\", \"sms\": " << prop.multiProcessorCount
        << ", \"capability\": \"" << prop.major << "." << prop.minor << "\""
        << ", \"driver\": \"" << driver / 1000 << "." << (driver % 1000) / 10 << "\", \"cuda_runtime\": \""
        << runtime / 1000 << "." << (runtime % 1000) / 10 << "\"},\n  \"timing\": {\"warmup\": " << warmup

@@ -153,11 +153,13 @@ int launch_command(const std::vector<std::string>& argv) {
   const double peer_grace_s = args.take_double("peer-grace").value_or(10);
   args.finish();
   require(n >= 1 && n <= 4096, "mok launch: -n must be in [1, 4096], got " + std::to_string(n));
-  require(timeout_s >= 0, "mok launch: --timeout must be >= 0 (0 = none)");
-  require(grace_s >= 0, "mok launch: --grace must be >= 0 (seconds between SIGTERM and SIGKILL, and that a rank "
-                        "may stay stopped)");
-  require(peer_grace_s >= 0, "mok launch: --peer-grace must be >= 0 (seconds to wait for the culprit after a "
-                             "rank gave up on its peers)");
+  // (At most 1e7 s, about 116 days: a deadline that far fits the clock.)
+  require(timeout_s >= 0 && timeout_s <= 1e7, "mok launch: --timeout must be in [0, 1e7] seconds (0 = none)");
+  require(grace_s >= 0 && grace_s <= 1e7, "mok launch: --grace must be in [0, 1e7] seconds (between SIGTERM and "
+                                          "SIGKILL, and that a rank may stay stopped)");
+  require(peer_grace_s >= 0 && peer_grace_s <= 1e7,
+          "mok launch: --peer-grace must be in [0, 1e7] seconds (to wait for the culprit after a rank gave up on its "
+          "peers)");
 
   char dir_template[] = "/tmp/mok-launch-XXXXXX";
   require(mkdtemp(dir_template) != nullptr, "mok launch: cannot create a rendezvous directory in /tmp");
