@@ -139,6 +139,9 @@ elseif(MODE STREQUAL "bad_input")
   expect_refused("unknown or unused option(s): --chek" run ${small} --chek)
   expect_refused("unknown or unused option(s): --chek" run --chek ${small})
   expect_refused("unknown or unused option(s): --grce" launch -n 2 --grce -- true)
+  # The library's errors about the backend and EP mode name the options that set them.
+  expect_refused("backend: must be cpu or cuda, got 'tpu' [options: --backend]" run ${small} --backend tpu)
+  expect_refused("[options: --ep-mode, --backend]" run ${small} --backend cpu --ep-mode slice)
   expect_refused("option -n: needs a value" launch -n -- true)
   expect_refused("option -n: given twice" launch -n 2 -n 3 -- true)
   # Empty fields are errors, not defaults; so is an empty value, and a value given to a flag.

@@ -211,7 +211,7 @@ int bench_command(const std::vector<std::string>& argv) {
   args.finish();
   const Problem& p = pa.problem;
   // Options of mok run that mok bench does not have: the config's errors must not point at them.
-  static constexpr std::string_view kNotTaken[] = {"--tile-rows", "--threads"};
+  static constexpr std::string_view kNotTaken[] = {"--tile-rows", "--threads", "--backend"};
   naming_options([&] { config.validate(); }, kNotTaken);  // (before any work or file: the Layer checks it again)
   require(p.precision == Precision::bf16,
           "option --dtype " + std::string(to_string(p.precision)) +

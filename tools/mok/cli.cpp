@@ -146,6 +146,8 @@ std::string with_option_names(const std::string& message, std::span<const std::s
       {"task_pairs", "--pairs"},
       {"cpu_threads", "--threads"},
       {"active_rank", "--active-rank"},
+      {"ep_mode", "--ep-mode"},
+      {"backend", "--backend"},
   };
   std::string named;
   for (const auto& [field, option] : kOptions) {

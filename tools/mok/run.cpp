@@ -91,7 +91,7 @@ int run_command(const std::vector<std::string>& argv) {
   const RoutingSpec routing_spec = RoutingSpec::parse(args.take_or("routing", "gaussian"));
 
   LayerOptions options;
-  options.backend = backend_from_string(args.take_or("backend", gpu ? "cuda" : "cpu"));
+  options.backend = naming_options([&] { return backend_from_string(args.take_or("backend", gpu ? "cuda" : "cpu")); });
   // With no --ep-mode, a large EP group on the GPU runs as one rank's slice.
   const std::string ep_mode = args.take_or("ep-mode", "auto");
   if (ep_mode != "all" && ep_mode != "slice" && ep_mode != "distributed" && ep_mode != "auto")
