@@ -345,6 +345,13 @@ void EpGroup::free_symmetric(SymmetricBuffer& b) {
   b = SymmetricBuffer{};
 }
 
+void EpGroup::forget_symmetric(SymmetricBuffer& b) {
+  auto& kept = impl_->symmetric;
+  kept.erase(std::remove_if(kept.begin(), kept.end(), [&](const SymmetricBuffer& k) { return k.local == b.local; }),
+             kept.end());
+  b = SymmetricBuffer{};
+}
+
 void EpGroup::all_gather(const void* send, void* recv, std::size_t bytes_per_rank, void* stream) {
   check_nccl(NcclApi::get().AllGather(send, recv, bytes_per_rank, ncclChar, impl_->comm,
                                       static_cast<cudaStream_t>(stream)),

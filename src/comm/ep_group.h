@@ -70,6 +70,9 @@ class EpGroup {
   // (check_same_everywhere) past every step that can fail on one rank alone.
   void register_window(SymmetricBuffer& buffer);
   void free_symmetric(SymmetricBuffer& buffer);
+  // Drops `buffer` from the group's list without freeing it (never freed: kernels that may
+  // still use it are queued).
+  void forget_symmetric(SymmetricBuffer& buffer);
 
   // Stream-ordered all-gather (stream = a cudaStream_t): recv[r] = rank r's send. It is also
   // a barrier: it completes on no rank before every rank has called it.

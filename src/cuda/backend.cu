@@ -813,6 +813,7 @@ class CudaBackend final : public BackendImpl {
       MOK_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
       if (capture == cudaStreamCaptureStatusNone) {
         marks = &forward_marks_.next();
+        const RelaxedCaptureMode relaxed;  // (another thread's global-mode capture stays valid)
         if (cudaEventQuery(marks->megakernel_done) == cudaErrorNotReady)  // (16 forwards ahead)
           group_->wait_for_event(marks->megakernel_done, "a forward waiting for the megakernel 16 forwards back",
                                  group_wait_limit_ms(), [this] { throw_if_trapped(); });
@@ -1493,9 +1494,12 @@ class CudaBackend final : public BackendImpl {
       stream_done = cudaStreamQuery(stream_) != cudaErrorNotReady;
       if (!stream_done) {
         std::fprintf(stderr, "mok: rank %d: the aborted layer's stream still holds work after %llu ms; its shared "
-                     "buffers are left allocated\n", group_->rank(),
-                     static_cast<unsigned long long>(group_wait_limit_ms()));
+                     "windows, abandoned word and trap record are left allocated (its other buffers' frees wait "
+                     "for the device)\n", group_->rank(), static_cast<unsigned long long>(group_wait_limit_ms()));
         abandoned_.leak();
+        phase_trap_ = nullptr;
+        group_->forget_symmetric(x_sym_);  // (else the group frees them)
+        group_->forget_symmetric(combine_sym_);
       }
     }
     for (auto e : phase_events_) cudaEventDestroy(e);

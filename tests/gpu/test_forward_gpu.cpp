@@ -1502,6 +1502,21 @@ TEST(GpuGroupDeathTest, AbandoningWithForwardsHeldBehindTheAbortDoesNotFault) {
               std::this_thread::sleep_for(std::chrono::milliseconds(1));
           };
           if (cudaLaunchHostFunc(nullptr, hold, &release) != cudaSuccess) throw Error("cudaLaunchHostFunc failed");
+          // (Released after 10 s whatever happens: an abort that waited for the held stream
+          // then fails on its time below, not by the alarm.)
+          struct Watchdog {
+            std::atomic<bool>& release;
+            std::thread thread{[this] {
+              const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+              while (!release.load() && std::chrono::steady_clock::now() < until)
+                std::this_thread::sleep_for(std::chrono::milliseconds(5));
+              release = true;
+            }};
+            ~Watchdog() {  // (also when a call below throws)
+              release = true;
+              if (thread.joinable()) thread.join();
+            }
+          } watchdog{release};
           for (int i = 0; i < 4; ++i) layer->forward(args);
           const auto start = std::chrono::steady_clock::now();
           layer->abandon_group("forwards held behind the abort");

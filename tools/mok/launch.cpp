@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -96,7 +97,9 @@ std::vector<pid_t> stop_process_groups(const std::vector<pid_t>& pgids, double g
   std::vector<pid_t> left = groups_with_live_processes(pgids);
   for (pid_t g : left) kill(-g, SIGTERM);
   for (int round = 0; round < 2 && !left.empty(); ++round) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
+    // (After SIGKILL at least a second: the kernel takes a moment to end a process.)
+    const double wait_s = round == 0 ? grace_s : std::max(grace_s, 1.0);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
     while (!(left = groups_with_live_processes(left)).empty() && std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     if (round == 0)
@@ -130,28 +133,30 @@ int launch_command(const std::vector<std::string>& argv) {
   if (dash == argv.end() || dash + 1 == argv.end()) throw Error(std::string("mok launch: ") + usage);
   std::vector<std::string> opts(argv.begin(), dash), command(dash + 1, argv.end());
   for (auto& o : opts)
-    if (o == "-n") o = "--n";
+    if (o == "-n" || o.rfind("-n=", 0) == 0) o = "-" + o;
   // (The option is spelled -n: the parser's messages about it say so.)
   const auto spelled = [](const Error& e) {
     std::string m = e.what();
-    if (m.rfind("option --n:", 0) == 0) m.erase(7, 1);
+    for (std::size_t at = m.find("--n"); at != std::string::npos; at = m.find("--n", at + 1)) {
+      const std::size_t end = at + 3;
+      if (end == m.size() || !(std::isalnum(static_cast<unsigned char>(m[end])) || m[end] == '-')) m.erase(at, 1);
+    }
     return Error(m);
   };
-  std::optional<Args> parsed;
   std::optional<int> given_n;
+  double timeout_s = 0, grace_s = 10, peer_grace_s = 10;
   try {
-    parsed.emplace(opts, std::vector<std::string>{});
-    given_n = parsed->take_int("n");
+    Args args(opts, {});
+    given_n = args.take_int("n");
+    timeout_s = args.take_double("timeout").value_or(0);
+    grace_s = args.take_double("grace").value_or(10);
+    peer_grace_s = args.take_double("peer-grace").value_or(10);
+    args.finish();
   } catch (const Error& e) {
     throw spelled(e);
   }
-  Args& args = *parsed;
   if (!given_n) throw Error(std::string("mok launch: -n N (the number of ranks) is required; ") + usage);
   const long long n = *given_n;
-  const double timeout_s = args.take_double("timeout").value_or(0);
-  const double grace_s = args.take_double("grace").value_or(10);
-  const double peer_grace_s = args.take_double("peer-grace").value_or(10);
-  args.finish();
   require(n >= 1 && n <= 4096, "mok launch: -n must be in [1, 4096], got " + std::to_string(n));
   // (At most 1e7 s, about 116 days: a deadline that far fits the clock.)
   require(timeout_s >= 0 && timeout_s <= 1e7, "mok launch: --timeout must be in [0, 1e7] seconds (0 = none)");
@@ -353,7 +358,11 @@ int launch_command(const std::vector<std::string>& argv) {
   // wrapper, workers) and they are still running: whatever is left in any rank's group is
   // stopped too, TERM first and KILL after the grace, so that no process of the launch keeps
   // a GPU or a communicator after it.
-  const std::vector<pid_t> leftover = groups_with_live_processes(pids);
+  // (Ranks that did not end even after SIGKILL, above, were stopped already: only named.)
+  std::vector<pid_t> ended;
+  for (long long r = 0; r < n; ++r)
+    if (done[r]) ended.push_back(pids[r]);
+  const std::vector<pid_t> leftover = groups_with_live_processes(ended);
   if (!leftover.empty()) {
     std::string which;
     for (long long r = 0; r < n; ++r)
