@@ -5,6 +5,26 @@ Pure Python: nothing here imports torch. `compare` takes the array module as an 
 device.
 """
 
+import hashlib
+import os
+
+# The files whose code makes each peer: a record names the peer it was measured against by a
+# hash of their bytes (peer_code), so that records against an earlier peer are told apart.
+PEER_FILES = {"peer_torch": ("peer_torch.py", "checks.py", "workdir.py"),
+              "peer_dist": ("peer_dist.py", "peer_torch.py", "checks.py", "workdir.py")}
+
+
+def peer_code(tool, bench_dir=None):
+    """The peer `tool` ("peer_torch" or "peer_dist") as "<tool>:<12 hex digits of sha256 over its
+    files' bytes>" (PEER_FILES, read from `bench_dir`, default this file's directory)."""
+    bench_dir = bench_dir or os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    for name in PEER_FILES[tool]:
+        with open(os.path.join(bench_dir, name), "rb") as f:
+            h.update(name.encode() + b"\0" + f.read() + b"\0")
+    return f"{tool}:{h.hexdigest()[:12]}"
+
+
 # MoK's bars (MISSION.md "Reference numbers"), the same as mok_tolerance() in
 # src/core/compare.cpp: max-abs error and sum|diff|/sum|ref|.
 TOLERANCES = {

@@ -206,12 +206,13 @@ def main(argv=None):
     from peer_torch import ceiling_dense_bf16, gpu_env
 
     result = {"tool": "peer_dist", "schema": SCHEMA, "work_dir": os.path.abspath(args.work_dir), "env": gpu_env(),
-              "world_size": world,
+              "peer_code": checks.peer_code("peer_dist"), "world_size": world,
               "peer": "pytorch + NCCL: all_to_all_single dispatch (counts, rows, expert ids), argsort permute, "
                       "torch._grouped_mm x2, SwiGLU, unpermute, all_to_all_single combine, shared experts, "
                       "weighted sum as one bmm (bf16)",
               "peer_precision": "bf16",
-              "timing": {"warmup": args.warmup, "iters": args.iters,
+              "timing": {"warmup": args.warmup, "iters": args.iters, "ceiling_warmup": args.ceiling_warmup,
+                         "ceiling_iters": args.ceiling_iters,
                          "median": "sorted[n//2] over iterations of the slowest rank's CUDA-event time"},
               "check": None, "forward": None, "ranks": None, "ceilings": {}, "skipped": {}, "errors": {}}
     ok = True

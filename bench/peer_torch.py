@@ -410,6 +410,7 @@ def run(args, doc, arrays):
     """Measures the peer on the loaded work (workdir.load_work's doc and arrays)."""
     import torch
     result = {"tool": "peer_torch", "schema": SCHEMA, "work_dir": os.path.abspath(args.work_dir),
+              "peer_code": checks.peer_code("peer_torch"),
               "env": gpu_env(), "shape": doc["shape"], "problem": doc["problem"],
               "peer": "pytorch eager pipeline: index_select dispatch, argsort permute, device offsets "
                       "(searchsorted), torch._grouped_mm x2, SwiGLU, unpermute, shared experts, weighted combine "

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 
 import checks
 import gpu_clocks
@@ -248,8 +249,11 @@ def clock_section(mok, peer, clocks, capability, sms, mok_performed_tflops, dens
            "error": clocks.get("error")}
     samples = clocks.get("samples") or []
     gpus = set(clocks["gpus"]) if clocks.get("gpus") is not None else None
+    # The ceilings run on one GPU (a group's: rank 0's, the first sampled), the others idle
+    # meanwhile: their loops are summarised over that GPU alone.
+    one_gpu = {clocks["gpus"][0]} if clocks.get("gpus") else None
     for name, window in gpu_clocks.timed_windows(mok, peer).items():
-        out[name] = gpu_clocks.window_summary(samples, window, gpus)
+        out[name] = gpu_clocks.window_summary(samples, window, one_gpu if name == "dense_bf16_ceiling" else gpus)
     mok_loop = out.get("mok_forward") or {}
     dense_loop = out.get("dense_bf16_ceiling") or {}
     peak = gpu_clocks.tensor_peak_tflops(capability, sms, mok_loop.get("sm_mhz_median"))
@@ -342,6 +346,7 @@ def make_record(mok, peer, env, clocks=None, errors=None):
         "peers": {
             "pytorch_pipeline": {"forward": pipe_fwd, "backward": pipe_bwd, "check": peer_check,
                                  "precision": peer.get("peer_precision"), "what": peer.get("peer"),
+                                 "code": peer.get("peer_code"),
                                  "backward_includes": peer.get("backward_includes"),
                                  "skipped": peer.get("skipped"), "errors": peer.get("errors"),
                                  "profile": peer.get("profile")},
@@ -396,8 +401,9 @@ def record_passes(rec):
 
 def contract_breaks(rec):
     """Why a record is off MoK's timing contract (500 warm-up and 100 timed iterations for mok
-    and the peer, the peer measured in the same run), read from its "timing"; [] when it is
-    on it. A record made otherwise (--no-peer, --warmup 0 --iters 1) must not stand for a
+    and the peer, the peer measured in the same run, and its ceilings at their 500 warm-up and
+    200 timed iterations: shorter runs of the dense GEMM swung by a fifth), read from its
+    "timing"; [] when it is on it. A record made otherwise (--no-peer, --warmup 0 --iters 1) must not stand for a
     shape beside the ones made to the contract, however new it is."""
     why = []
     timing = rec.get("timing") or {}
@@ -414,6 +420,10 @@ def contract_breaks(rec):
             why.append(f"{who} warm-up {t.get('warmup')} (contract {checks.WARMUP})")
         if t.get("iters") != checks.ITERS:
             why.append(f"{who} timed iterations {t.get('iters')} (contract {checks.ITERS})")
+        if who == "peer" and (t.get("ceiling_warmup"), t.get("ceiling_iters")) != (checks.CEILING_WARMUP,
+                                                                                     checks.CEILING_ITERS):
+            why.append(f"ceilings at {t.get('ceiling_warmup')} warm-up / {t.get('ceiling_iters')} timed iterations "
+                       f"(contract {checks.CEILING_WARMUP} / {checks.CEILING_ITERS})")
     return why
 
 
@@ -499,3 +509,39 @@ def load_record(path):
         if not isinstance(rec["commit"].get(key), str):
             raise ValueError(f"{path}: not a mok benchmark record: 'commit.{key}' must be a string")
     return rec
+
+
+def import_records(paths, results_dir=RESULTS_DIR):
+    """Copies the records `paths` (made elsewhere: a device run's $OUT) into `results_dir`
+    through write_record, so a name already taken (the same day, shape, mode and commit, from
+    another run) gets _2, _3, ... and no record is overwritten. Every file is checked first
+    (load_record): nothing is copied when one is not a record. Returns the new paths."""
+    loaded = [load_record(p) for p in paths]
+    return [write_record(rec, results_dir) for rec in loaded]
+
+
+def main(argv=None):
+    import argparse
+    ap = argparse.ArgumentParser(description="bench/records.py import FILE.json ...: copies records made "
+                                             "elsewhere into bench/results/, never overwriting one")
+    ap.add_argument("command", choices=["import"])
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--results-dir", default=RESULTS_DIR)
+    args = ap.parse_args(argv)
+    try:
+        loaded = [load_record(p) for p in args.files]
+    except (OSError, ValueError) as exc:
+        print(f"records.py: {exc}; nothing was imported", file=sys.stderr)
+        return 1
+    for source, rec in zip(args.files, loaded):
+        try:
+            print(f"{source} -> {write_record(rec, args.results_dir)}")
+        except OSError as exc:
+            print(f"records.py: {source}: {exc}; the files above were imported, this one and those after not",
+                  file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -92,7 +92,8 @@ def off_contract_lines(off):
         groups.setdefault(record_key(rec) + (why,), []).append((path, rec))
     lines = ["## Off-contract records", "",
              f"Records not made to MoK's timing contract ({checks.WARMUP} warm-up and "
-             f"{checks.ITERS} timed iterations for mok and the PyTorch peer, the peer measured in the "
+             f"{checks.ITERS} timed iterations for mok and the PyTorch peer, its ceilings at "
+             f"{checks.CEILING_WARMUP} / {checks.CEILING_ITERS}, the peer measured in the "
              "same run): left out of every other table and plot, however new. One row per shape, EP mode, "
              "routing, tokens and reason: the newest record and how many there are.", "",
              "| shape | EP mode | routing | tokens | mok ms | PyTorch ms | check | commit | newest | records "
@@ -108,12 +109,42 @@ def off_contract_lines(off):
     return lines + [""]
 
 
+_CURRENT_PEER = {}
+
+
+def current_peer_code(rec):
+    """The code id (checks.peer_code) of the peer in this checkout that `rec`'s kind of run uses."""
+    tool = "peer_dist" if rec.get("ep_mode") == "distributed" else "peer_torch"
+    if tool not in _CURRENT_PEER:
+        _CURRENT_PEER[tool] = checks.peer_code(tool)
+    return _CURRENT_PEER[tool]
+
+
+def peer_code_of(rec):
+    """The code id of the peer `rec` was measured against (None: not recorded, older records)."""
+    return ((rec.get("peers") or {}).get("pytorch_pipeline") or {}).get("code")
+
+
+def todays_peer(rec):
+    return peer_code_of(rec) is not None and peer_code_of(rec) == current_peer_code(rec)
+
+
+def peer_text(rec):
+    """"today's", or the earlier peer's code id ("unrecorded" before records kept one)."""
+    if todays_peer(rec):
+        return "today's"
+    code = peer_code_of(rec)
+    return ("earlier: " + code.split(":")[-1]) if code else "earlier (unrecorded)"
+
+
 def newest_per_key(loaded):
-    """The newest record of each (shape, EP mode, routing, tokens, precision), sorted for display."""
+    """The newest record of each (shape, EP mode, routing, tokens, precision), sorted for display:
+    one measured against today's peer when there is one (a newer record against an earlier peer,
+    or none at all recorded, does not stand for the shape beside today's)."""
     best = {}
     for path, rec in loaded:
-        key = record_key(rec)
-        rank = (rec.get("date", ""), os.path.basename(path))
+        key = record_key(rec) + mok_args_of(rec)
+        rank = (todays_peer(rec), rec.get("date", ""), os.path.basename(path))
         if key not in best or rank > best[key][0]:
             best[key] = (rank, rec)
     return sorted((rec for _, rec in best.values()), key=sort_key)
@@ -122,10 +153,11 @@ def newest_per_key(loaded):
 def bar_records(recs):
     """One record per (shape, EP mode, routing, precision) for the per-shape plots: the one at
     the shape's default tokens per rank if present, else the one with the most tokens. Failed
-    records are left out: a bar has no FAIL beside it (the tables have)."""
+    records are left out: a bar has no FAIL beside it (the tables have); so are records made with
+    extra mok bench options (they did not time the defaults)."""
     groups = {}
     for rec in recs:
-        if records.record_passes(rec):
+        if records.record_passes(rec) and not mok_args_of(rec):
             groups.setdefault(series_key(rec), []).append(rec)
     chosen = []
     for (shape, *_), group in groups.items():
@@ -144,11 +176,16 @@ def commit_label(rec, digits=None):
     return name + {True: "+dirty", False: ""}.get(c.get("dirty"), "+dirty?")
 
 
+def mok_args_of(rec):
+    """The options run.py passed to mok bench beyond its own (--mok-arg), as a tuple."""
+    return tuple(rec.get("mok_args") or ())
+
+
 def commit_text(rec):
-    """The commit (commit_label) and the megakernel's environment knobs the run set
-    (config.env: a record made with MOK_X=1 did not time the commit's default)."""
+    """The commit (commit_label), the megakernel's environment knobs the run set (config.env: a
+    record made with MOK_X=1 did not time the commit's default) and the extra mok bench options."""
     knobs = ((rec.get("config") or {}).get("env")) or {}
-    return " ".join([commit_label(rec)] + [f"{k}={v}" for k, v in sorted(knobs.items())])
+    return " ".join([commit_label(rec)] + [f"{k}={v}" for k, v in sorted(knobs.items())] + list(mok_args_of(rec)))
 
 
 def _commit_of(rec):
@@ -167,9 +204,9 @@ def sweep_groups(loaded):
             by_series.setdefault(series_key(rec), []).append((path, rec))
     out = {}
     for key, items in by_series.items():
-        by_commit = {}
+        by_commit = {}  # (and the peer: a line never joins two peers either)
         for path, rec in items:
-            by_commit.setdefault(_commit_of(rec), []).append((path, rec))
+            by_commit.setdefault((_commit_of(rec), peer_code_of(rec), mok_args_of(rec)), []).append((path, rec))
         def coverage(entries):
             return (len({int(r["tokens_per_rank"]) for _, r in entries}), max(r.get("date", "") for _, r in entries))
         best = newest_per_key(max(by_commit.values(), key=coverage))
@@ -210,7 +247,7 @@ def repeat_groups(loaded):
     groups = {}
     for _, rec in loaded:
         config = json.dumps(rec.get("config"), sort_keys=True)  # a different --mok-arg is not a repeat
-        groups.setdefault(record_key(rec) + (_commit_of(rec), config), []).append(rec)
+        groups.setdefault(record_key(rec) + (_commit_of(rec), config, str(peer_code_of(rec))), []).append(rec)
     return {k: sorted(v, key=lambda r: r.get("date", "")) for k, v in groups.items() if len(v) >= 2}
 
 
@@ -236,7 +273,7 @@ def repeat_lines(loaded):
         pt = [values(r)["pt_ms"] for r in recs]
         dense = [values(r)["dense"] for r in recs]
         sm, sp, sd = spread(mok), spread(pt), spread(dense)
-        shape, _, _, _, tokens, _, _, commit, _ = key
+        shape, _, _, _, tokens, _, _, commit, _, _ = key
         cells = [shape, ep_text(recs[0]), tokens, commit, len(recs), " / ".join(fmt(v, ".3f") for v in mok),
                  pct(sm), " / ".join(fmt(v, ".3f") for v in pt),
                  pct(sp), " / ".join(fmt(v, ".0f") for v in dense),
@@ -311,11 +348,20 @@ def values(rec):
         "speedup_at_ceiling": speedup_at_ceiling(rec),
         # Backward FLOPs really done (twice the forward's GEMMs): MoK's count puts shapes without
         # a shared expert above the dense ceiling. Worked out here: older records lack it.
-        "pt_bwd_tflops_performed": records.ratio(
-            None if _get(rec, "flops", "performed_forward") is None else 2 * _get(rec, "flops", "performed_forward"),
-            None if _get(rec, *pipe, "backward", "median_ms") is None
-            else _get(rec, *pipe, "backward", "median_ms") * 1e9),
+        "pt_bwd_tflops_performed": _performed_tflops(rec, 2, (*pipe, "backward")),
+        "mok_bwd_tflops_performed": _performed_tflops(rec, 2, ("mok", "backward")),
+        # The pipeline's FLOPs really done (the same rows as mok's), and over the ceiling: what
+        # the plots set beside mok's performed figures (one FLOP count on one axis).
+        "pt_tflops_performed": _performed_tflops(rec, 1, (*pipe, "forward")),
+        "pt_frac_performed": records.ratio(_performed_tflops(rec, 1, (*pipe, "forward")),
+                                           _get(rec, "ceilings", "dense_bf16_tflops")),
     }
+
+
+def _performed_tflops(rec, times, timed):
+    """`times` x the forward's performed FLOPs over the median of the timing at path `timed`."""
+    flops, ms = _get(rec, "flops", "performed_forward"), _get(rec, *timed, "median_ms")
+    return records.ratio(None if flops is None else times * flops, None if ms is None else ms * 1e9)
 
 
 def speedup_at_ceiling(rec):
@@ -499,9 +545,13 @@ def markdown(recs, plots, out_dir, repeats=None, off_contract=None):
              "(the speedup of a layer that ran at cuBLAS's dense rate and did nothing else: beyond it "
              "only by out-running cuBLAS); % ceiling = mok TFLOP/s over the dense bf16 GEMM "
              "measured in the same run (a sustained 8192^3 torch.matmul at the power cap; MoK's formula; 'performed': the FLOPs really done, which is the "
-             "honest fraction for shapes without a shared expert). When several records share shape, EP mode and size, routing, "
-             "tokens, precision and GPU, the newest is shown. Only records made to MoK's timing contract "
-             f"({checks.WARMUP} warm-up and {checks.ITERS} timed iterations for mok and the PyTorch peer, the peer "
+             "honest fraction for shapes without a shared expert). peer = the PyTorch peer's code the record "
+             "was measured against (checks.peer_code: a hash of its files): \"today's\" is this checkout's; "
+             "records before a93cc1c's fixes, and any before the id was kept, show as \"earlier\". When several "
+             "records share shape, EP mode and size, routing, tokens, precision and GPU, the newest against "
+             "today's peer is shown, else the newest. Only records made to MoK's timing contract "
+             f"({checks.WARMUP} warm-up and {checks.ITERS} timed iterations for mok and the PyTorch peer, its "
+             f"ceilings at {checks.CEILING_WARMUP} / {checks.CEILING_ITERS}, the peer "
              "measured in the same run) are shown, plotted and compared; the others are listed under "
              "\"Off-contract records\". Failed records are shown as FAIL and left out of the plots.", ""]
     if not recs:
@@ -511,7 +561,7 @@ def markdown(recs, plots, out_dir, repeats=None, off_contract=None):
     head = ["shape", "EP mode", "routing", "tokens", "precision", "mok ms", "mok TFLOP/s",
             "mok TFLOP/s performed", "PyTorch ms",
             "PyTorch TFLOP/s", "grouped GEMMs ms", "speedup", "speedup at ceiling", "% dense ceiling", "% dense ceiling performed", "check",
-            "commit", "GPU"]
+            "peer", "commit", "GPU"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for rec in recs:
         v = values(rec)
@@ -522,7 +572,7 @@ def markdown(recs, plots, out_dir, repeats=None, off_contract=None):
                  fmt(v["pt_tflops"], ".1f"), fmt(v["gg_ms"], ".3f"), fmt(v["speedup"], ".2f", "x"),
                  fmt(v["speedup_at_ceiling"], ".2f", "x"), pct(v["mok_frac"]),
                  pct(v["mok_frac_performed"]),
-                 records.check_text(rec),
+                 records.check_text(rec), peer_text(rec),
                  commit, (rec.get("gpu") or {}).get("name") or "?"]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     lines.append("")
@@ -683,15 +733,19 @@ def make_plots(recs, plots_dir, loaded=None):
     bars = bar_records(recs)  # passing records only
     if bars:
         p = os.path.join(plots_dir, PLOT_FILES[0])
-        _grouped_bars(p, bars, [("mok forward", "mok_tflops"), ("PyTorch pipeline", "pt_tflops"),
-                                ("PyTorch grouped GEMMs only", "gg_tflops"), ("mok backward", "mok_bwd_tflops"),
-                                ("PyTorch backward", "pt_bwd_tflops")],
-                      "TFLOP/s", "TFLOP/s per shape (MoK's formula; GEMMs only: performed FLOPs)")
+        # (Every bar by the FLOPs really done: MoK's formula counts shared rows that shapes
+        # without a shared expert lack, and set beside the GEMMs' performed count it misleads.)
+        _grouped_bars(p, bars, [("mok forward", "mok_tflops_performed"), ("PyTorch pipeline", "pt_tflops_performed"),
+                                ("PyTorch grouped GEMMs only", "gg_tflops"),
+                                ("mok backward", "mok_bwd_tflops_performed"),
+                                ("PyTorch backward", "pt_bwd_tflops_performed")],
+                      "TFLOP/s", "TFLOP/s per shape (FLOPs performed)")
         out.append(("TFLOP/s per shape", p))
         p = os.path.join(plots_dir, PLOT_FILES[1])
-        _grouped_bars(p, bars, [("mok forward", "mok_frac"), ("PyTorch pipeline", "pt_frac"),
+        _grouped_bars(p, bars, [("mok forward", "mok_frac_performed"), ("PyTorch pipeline", "pt_frac_performed"),
                                 ("PyTorch grouped GEMMs only", "gg_frac")],
-                      "% of dense bf16 GEMM", "Fraction of the dense bf16 GEMM ceiling (same run)", percent=True)
+                      "% of dense bf16 GEMM", "Fraction of the dense bf16 GEMM ceiling (same run; FLOPs performed)",
+                      percent=True)
         out.append(("Fraction of the dense GEMM ceiling", p))
         phased = [r for r in bars if _get(r, "mok", "forward_phases", "median_ms")]
         if phased:

@@ -272,13 +272,17 @@ def _run_and_record(args, cmd, row, work, ep_mode, ep, sampler):
             # (With the timing it was asked for: a run made to the contract that failed shows as
             # FAIL in the report, rather than as off-contract behind an older passing record.)
             peer = {"check": {"passes": False}, "errors": {"peer": f"exited {rc} without writing peer.json"},
-                    "timing": {"warmup": args.warmup, "iters": args.iters}}
+                    "timing": {"warmup": args.warmup, "iters": args.iters, "ceiling_warmup": args.ceiling_warmup,
+                               "ceiling_iters": args.ceiling_iters}}
         if rc != 0:
             errors.append(f"{'peer_dist.py' if ep_mode == 'distributed' else 'peer_torch.py'} exited {rc}")
             row["error"] = row["error"] or errors[-1]
 
     clocks = stop_clocks(sampler, args, ep_mode, ep)
     record = records.make_record(mok, peer, env, clocks, errors)
+    # (The options given beyond the suite's own: a record made with them times something else
+    # than the defaults, and the report keeps it apart.)
+    record["mok_args"] = [a for extra in args.mok_arg for a in shlex.split(extra)]
     row["record"] = record
     row["path"] = records.write_record(record, args.results_dir)
     print(f"record: {row['path']}", flush=True)

@@ -261,6 +261,19 @@ class Clocks(unittest.TestCase):
         self.assertEqual(rec["clocks"]["mok_forward"], {"samples": 0, "window_s": 1.0})
         self.assertIsNone(rec["clocks"]["tensor_peak_bf16_tflops_at_mok_clock"])
 
+    def test_a_groups_ceiling_is_read_on_the_gpu_that_ran_it(self):
+        # A group of two: the dense GEMM runs on rank 0's GPU (index 0) while GPU 1 idles at a
+        # high clock and low power; the ceiling's loop is summarised over GPU 0 alone, mok's
+        # over both.
+        idle = [dict(s, index=1, sm_mhz=1980.0, power_w=120.0) for s in self.samples]
+        rec = records.make_record(self.mok, self.peer, env(),
+                                  {"samples": self.samples + idle, "gpus": [0, 1], "period_ms": 10, "error": None})
+        c = rec["clocks"]
+        self.assertEqual(c["dense_bf16_ceiling"]["samples"], 1)
+        self.assertEqual(c["dense_bf16_ceiling"]["sm_mhz_median"], 1830.0)
+        self.assertAlmostEqual(c["dense_bf16_pj_per_flop"], 0.7)
+        self.assertEqual(c["mok_forward"]["samples"], 22)
+
     def test_not_sampled(self):
         self.assertIsNone(records.make_record(self.mok, self.peer, env())["clocks"])
         rec = records.make_record(self.mok, self.peer, env(),
@@ -491,3 +504,22 @@ class Environment(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Import(unittest.TestCase):
+    def test_records_of_another_run_never_overwrite_and_non_records_stop_it(self):
+        rec = records.make_record(fixture("fixture_mok_qwen35_slice.json"), fixture("fixture_peer_qwen35_slice.json"),
+                                  env(date="2001-02-03T04:05:06Z"))
+        with tempfile.TemporaryDirectory() as d:
+            results, out = os.path.join(d, "results"), os.path.join(d, "out")
+            first = records.write_record(rec, results)
+            elsewhere = records.write_record(rec, out)  # the same name, made by another device run
+            self.assertEqual(os.path.basename(first), os.path.basename(elsewhere))
+            self.assertEqual(records.main(["import", elsewhere, "--results-dir", results]), 0)
+            self.assertEqual(sorted(os.listdir(results)), [os.path.basename(first),
+                                                           os.path.basename(first)[:-5] + "_2.json"])
+            junk = os.path.join(d, "peer.json")
+            with open(junk, "w") as f:
+                json.dump({"shape": "x"}, f)
+            self.assertEqual(records.main(["import", elsewhere, junk, "--results-dir", results]), 1)
+            self.assertEqual(len(os.listdir(results)), 2)  # nothing imported

@@ -74,7 +74,7 @@ class Report(unittest.TestCase):
             # Speedup at ceiling: 566.9 GFLOP at the fixture's 1000 TFLOP/s ceiling take 0.567 ms;
             # PyTorch's 3 ms over that is 5.29x.
             self.assertEqual(cells[5:], ["1.000", "566.9", "566.9", "3.000", "189.0", "1.000", "3.00x", "5.29x", "56.7%",
-                                         "56.7%", "PASS", "0123456", "FIXTURE-GPU"])
+                                         "56.7%", "PASS", "earlier (unrecorded)", "0123456", "FIXTURE-GPU"])
             mix = [r for r in main_rows if r.startswith("| mixtral-8x7b")]
             self.assertEqual(len(mix), 1)
             self.assertIn("FAIL (pytorch FAIL)", mix[0])
@@ -100,7 +100,7 @@ class Report(unittest.TestCase):
             self.assertIn("| qwen3.5-397b-a17b | slice (EP=64) | gaussian | 2048 | 4.000 | 283.5 | 8.000 | 141.7 | 141.7 "
                           "| 2.00x |",
                           text)
-            self.assertIn("| qwen3.5-397b-a17b | 2048 | 1 / 2 | 1000 | 2000 / 1250 | 4000 |", text)
+            self.assertIn("| qwen3.5-397b-a17b | 2048 | 500 / 200 | 1000 | 2000 / 1250 | 4000 |", text)
             # The routing and how unbalanced it was, per record.
             self.assertIn("## Routing", text)
             self.assertIn("| qwen3.5-397b-a17b | slice (EP=64) | 2048 | gaussian | 1.50 | 1.25 |", text)
@@ -310,6 +310,72 @@ class Report(unittest.TestCase):
             rest = [(p, r) for p, r in loaded if r["tokens_per_rank"] not in (1024, 4096)]
             (_, group), = report.sweep_groups(rest + [("f", failed), ("e", errored)]).items()
             self.assertEqual([r["tokens_per_rank"] for r in group], [512, 2048])
+
+    def test_the_plots_set_performed_flops_side_by_side(self):
+        # The pipeline's and mok's performed figures use one FLOP count (the record's
+        # performed_forward), so equal times give equal bars; MoK's formula would not for a shape
+        # without a shared expert.
+        mok, peer = fixture("fixture_mok_mixtral_all.json"), fixture("fixture_peer_qwen35_slice.json")
+        rec = records.make_record(mok, peer, env())
+        rec["peers"]["pytorch_pipeline"]["forward"] = dict(rec["mok"]["forward"])  # same time as mok
+        v = report.values(rec)
+        flops = rec["flops"]["performed_forward"]
+        self.assertAlmostEqual(v["pt_tflops_performed"], flops / (rec["mok"]["forward"]["median_ms"] * 1e9))
+        self.assertAlmostEqual(v["pt_tflops_performed"], v["mok_tflops_performed"], places=6)
+        self.assertAlmostEqual(v["pt_frac_performed"], v["mok_frac_performed"], places=6)
+        self.assertGreater(v["mok_frac"], 1.4 * v["mok_frac_performed"])  # (MoK's count: k+1 over k, k = 2)
+
+    def test_a_record_against_todays_peer_stands_for_its_shape(self):
+        # Three records of one key: the oldest against today's peer (its code id as the peer
+        # files in this checkout hash), a newer one against an earlier peer, the newest with no
+        # id (before records kept one). The main table shows today's, marked so; without it,
+        # the newest is shown and marked as an earlier peer.
+        qwen = (fixture("fixture_mok_qwen35_slice.json"), fixture("fixture_peer_qwen35_slice.json"))
+        today = report.checks.peer_code("peer_torch")
+        self.assertRegex(today, r"^peer_torch:[0-9a-f]{12}$")
+
+        def with_peer(code, ms, date):
+            m, p = copy.deepcopy(qwen[0]), copy.deepcopy(qwen[1])
+            m["forward"]["median_ms"] = ms
+            if code is not None:
+                p["peer_code"] = code
+            return records.make_record(m, p, env(date=date))
+
+        for keep_today in (True, False):
+            with tempfile.TemporaryDirectory() as d:
+                recs = [with_peer("peer_torch:000000000000", 2.0, "2001-01-02T00:00:00Z"),
+                        with_peer(None, 3.0, "2001-01-03T00:00:00Z")]
+                if keep_today:
+                    recs.append(with_peer(today, 1.0, "2001-01-01T00:00:00Z"))
+                paths = [records.write_record(r, d) for r in recs]
+                loaded = report.load_records(paths)
+                shown = report.newest_per_key(loaded)
+                self.assertEqual(len(shown), 1)
+                self.assertEqual(shown[0]["mok"]["forward"]["median_ms"], 1.0 if keep_today else 3.0)
+                self.assertEqual(report.peer_text(shown[0]), "today's" if keep_today else "earlier (unrecorded)")
+        self.assertEqual(report.peer_text(with_peer("peer_torch:000000000000", 2.0, "2001-01-02T00:00:00Z")),
+                         "earlier: 000000000000")
+        # A newer record made with extra mok bench options stands beside the default one, not
+        # for it, and says so; the bars keep the default.
+        with tempfile.TemporaryDirectory() as d:
+            plain = with_peer(today, 1.0, "2001-01-01T00:00:00Z")
+            tuned = with_peer(today, 0.5, "2001-01-05T00:00:00Z")
+            tuned["mok_args"] = ["--comm-sms", "32"]
+            loaded = report.load_records([records.write_record(r, d) for r in (plain, tuned)])
+            shown = report.newest_per_key(loaded)
+            self.assertEqual(sorted(r["mok"]["forward"]["median_ms"] for r in shown), [0.5, 1.0])
+            self.assertIn("--comm-sms 32", report.commit_text(next(r for r in shown if r.get("mok_args"))))
+            self.assertEqual([r["mok"]["forward"]["median_ms"] for r in report.bar_records(shown)], [1.0])
+        # A changed peer file changes the id.
+        with tempfile.TemporaryDirectory() as d:
+            bench = os.path.dirname(os.path.abspath(report.__file__))
+            for name in report.checks.PEER_FILES["peer_torch"]:
+                with open(os.path.join(bench, name), "rb") as src, open(os.path.join(d, name), "wb") as dst:
+                    dst.write(src.read())
+            self.assertEqual(report.checks.peer_code("peer_torch", d), today)
+            with open(os.path.join(d, "peer_torch.py"), "ab") as f:
+                f.write(b"# changed\n")
+            self.assertNotEqual(report.checks.peer_code("peer_torch", d), today)
 
     def test_off_contract_records_do_not_replace_contract_ones(self):
         # A newer --no-peer record and a newer --warmup 0 --iters 1 record of the qwen shape at
