@@ -43,7 +43,6 @@ OUT=$(realpath -m "$OUT"); FINAL_OUT=$(realpath -m "$FINAL_OUT")
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 summary=()
-note() { summary+=("$1"); echo "== $1"; }
 # --pack: the summary and every log in one file (also when a step ends the script early).
 write_pack() {
   [ $PACK = 1 ] || return 0
@@ -56,6 +55,11 @@ write_pack() {
     done
   } > "$FINAL_OUT/device_log.txt"
 }
+# The pack is rewritten after every step (note) and on the way out, so that a run the device
+# tool stops at its time limit still brings back what it did.
+note() { summary+=("$1"); echo "== $1"; write_pack; }
+trap write_pack EXIT
+trap 'write_pack; exit 143' TERM INT
 FAILED=0  # any failing step makes the script exit 1 (after every step has run)
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
