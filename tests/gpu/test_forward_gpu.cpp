@@ -1497,33 +1497,19 @@ TEST(GpuGroupDeathTest, AbandoningWithForwardsHeldBehindTheAbortDoesNotFault) {
           auto layer = std::make_unique<Layer>(p, Config{}, group_of_one());
           layer->forward(args);
           layer->synchronize();
-          std::atomic<bool> release{false};
-          // (group_of_one's layer runs on the legacy stream.)
-          auto hold = [](void* flag) {
-            while (!static_cast<std::atomic<bool>*>(flag)->load())
-              std::this_thread::sleep_for(std::chrono::milliseconds(1));
-          };
-          if (cudaLaunchHostFunc(nullptr, hold, &release) != cudaSuccess) throw Error("cudaLaunchHostFunc failed");
-          // (Released after 3 s whatever happens: an abort that synchronises the device then
-          // goes on instead of waiting for the alarm.)
-          struct Watchdog {
-            std::atomic<bool>& release;
-            std::thread thread{[this] {
-              const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-              while (!release.load() && std::chrono::steady_clock::now() < until)
-                std::this_thread::sleep_for(std::chrono::milliseconds(5));
-              release = true;
-            }};
-            ~Watchdog() {  // (also when a call below throws)
-              release = true;
-              if (thread.joinable()) thread.join();
-            }
-          } watchdog{release};
-          for (int i = 0; i < 4; ++i) layer->forward(args);
-          const auto start = std::chrono::steady_clock::now();
-          layer->abandon_group("forwards held behind the abort");
-          const double abandon_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-          release = true;
+          double abandon_s = 0;
+          {
+            // (group_of_one's layer runs on the legacy stream.) The gate opens 3 s from now
+            // whatever happens: an abort that synchronises the device then goes on instead of
+            // waiting for the alarm.
+            StreamGate gate(nullptr);
+            if (!gate.queued()) throw Error("cudaLaunchHostFunc failed");
+            gate.open_after(std::chrono::seconds(3));
+            for (int i = 0; i < 4; ++i) layer->forward(args);
+            const auto start = std::chrono::steady_clock::now();
+            layer->abandon_group("forwards held behind the abort");
+            abandon_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          }  // (the gate opens; the held forwards run)
           layer.reset();
           if (cudaDeviceSynchronize() != cudaSuccess) throw Error("the device faulted after the abort");
           // The held forwards ran after the word was raised: each poisoned y.
