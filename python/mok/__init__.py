@@ -18,6 +18,12 @@ stream's own ordering says the work is done. Without `cuda_stream` the layer run
 legacy default stream, which PyTorch's side streams (non-blocking) are not ordered with:
 tensors written on one are read too early unless that stream is the layer's.
 
+Outputs (y, the gradients) are written in place, outside autograd: an output that requires
+grad, or one whose memory holds other numbers than its values (a sparse tensor, a lazily
+negated view, a masked or misaligned numpy array), is refused. A written tensor's version
+counter is bumped, so an autograd graph that saved it fails loudly instead of using stale
+values.
+
 Calls on one Layer from several threads run one at a time (close() included).
 
 The library is found at $MOK_LIBRARY, else in the repository's build directories
