@@ -19,8 +19,8 @@ legacy default stream, which PyTorch's side streams (non-blocking) are not order
 tensors written on one are read too early unless that stream is the layer's.
 
 Outputs (y, the gradients) are written in place, outside autograd: an output that requires
-grad, or one whose memory holds other numbers than its values (a sparse tensor, a lazily
-negated view, a masked or misaligned numpy array), is refused. A written tensor's version
+grad is refused, and so is any tensor whose memory holds other numbers than its values (a
+sparse tensor, a lazily negated view, a masked or misaligned numpy array). A written tensor's version
 counter is bumped, so an autograd graph that saved it fails loudly instead of using stale
 values.
 
