@@ -200,13 +200,13 @@ def sweep_groups(loaded):
     plotted (a failed one has no FAIL beside it on a line); give contract records only."""
     by_series = {}
     for path, rec in loaded:
-        if records.record_passes(rec):
+        if records.record_passes(rec) and not mok_args_of(rec):  # (plots time the defaults only)
             by_series.setdefault(series_key(rec), []).append((path, rec))
     out = {}
     for key, items in by_series.items():
         by_commit = {}  # (and the peer: a line never joins two peers either)
         for path, rec in items:
-            by_commit.setdefault((_commit_of(rec), peer_code_of(rec), mok_args_of(rec)), []).append((path, rec))
+            by_commit.setdefault((_commit_of(rec), peer_code_of(rec)), []).append((path, rec))
         def coverage(entries):
             return (len({int(r["tokens_per_rank"]) for _, r in entries}), max(r.get("date", "") for _, r in entries))
         best = newest_per_key(max(by_commit.values(), key=coverage))
@@ -548,7 +548,8 @@ def markdown(recs, plots, out_dir, repeats=None, off_contract=None):
              "honest fraction for shapes without a shared expert). peer = the PyTorch peer's code the record "
              "was measured against (checks.peer_code: a hash of its files): \"today's\" is this checkout's; "
              "records before a93cc1c's fixes, and any before the id was kept, show as \"earlier\". When several "
-             "records share shape, EP mode and size, routing, tokens, precision and GPU, the newest against "
+             "records share shape, EP mode and size, routing, tokens, precision, GPU and extra mok bench options, "
+             "the newest against "
              "today's peer is shown, else the newest. Only records made to MoK's timing contract "
              f"({checks.WARMUP} warm-up and {checks.ITERS} timed iterations for mok and the PyTorch peer, its "
              f"ceilings at {checks.CEILING_WARMUP} / {checks.CEILING_ITERS}, the peer "

@@ -14,7 +14,7 @@
 #             GoogleTest's CMake package, which a machine without a package registry may
 #             lack: then build elsewhere, sm_90a, and carry the binaries.)
 # --pack      leave one combined log ($OUT/device_log.txt) plus $OUT/results/ (the device
-#             tool brings back at most 8 files)
+#             tool brings back at most 8 files), rewritten after every step and on exit or TERM
 # --bench ... run bench/run.py with these arguments (after the tests, before the sanitizers)
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
@@ -172,9 +172,10 @@ if [ $RUN_TESTS = 1 ]; then
     fi
     rm -rf "$alone_dir"
   done
-  # The library's own group tests (tests/gpu: GpuGroup, a group of this one process): a
-  # forward that throws, or abandon_group, aborts the group and later calls say why; a
-  # device error leaves it usable. Elsewhere they skip without NCCL; here they must run.
+  # The library's own group tests (tests/gpu: GpuGroup* = GpuGroup and GpuGroupDeathTest, a
+  # group of this one process): a forward that throws, or abandon_group, aborts the group and
+  # later calls say why; a device error leaves it usable; forwards queued or held behind an
+  # abort do not fault. Elsewhere they skip without NCCL; here they must run.
   if [ $grc = 0 ]; then
     timeout 240 "$BIN/mok_gpu_tests" --gtest_filter='GpuGroup*' > "$OUT/group_tests.log" 2>&1 || grc=10
     # (All of them ran and passed: not skipped, and not a filter that matched nothing.)

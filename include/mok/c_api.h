@@ -117,7 +117,7 @@ void mok_layer_destroy(mok_layer* layer);
  * nothing waits for peers. */
 void mok_layer_destroy_after_error(mok_layer* layer);
 /* mok::Layer::abandon_group: a distributed layer's rank gives up on its group (its
- * communicator is aborted, later calls fail saying why, destroying it waits for nobody);
+ * communicator is aborted, later calls fail saying why, destroying it waits for no peer);
  * without a group nothing changes. `why` may be NULL. A call on the layer in progress on
  * another thread finishes first (calls run one at a time): it cannot interrupt one. */
 int mok_layer_abandon_group(mok_layer* layer, const char* why);

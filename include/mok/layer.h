@@ -15,7 +15,8 @@
 //     it at once instead of waiting. A forward that throws on
 //     one rank (a bad argument, say) leaves the group out of step, since its peers went on:
 //     that rank's communicator is aborted at once, its later forwards, backwards and
-//     synchronizes throw naming the first error, and destroying its Layer waits for nobody
+//     synchronizes throw naming the first error, and destroying its Layer waits for no peer
+//     (only, within the group's wait limit, for its own running megakernels and queued work)
 //     (build a new Layer to go on, and drop the CUDA graphs captured with this one: their
 //     all-gathers and peer pointers belong to the aborted communicator); abandon_group does
 //     the same on request. A
@@ -148,7 +149,9 @@ class Layer {
   // rank's weights and outputs (rank_slice mode), or this process's rank only (distributed).
   // On the CUDA backend the call is asynchronous on the stream given in the options: the host
   // does not wait for the device (a new tensor set waits only while the host is as many new
-  // sets ahead of the stream as there are slots no CUDA graph captured: 8 with none). It captures into a CUDA graph; the 8 tensor sets seen last are kept ready
+  // sets ahead of the stream as there are slots no CUDA graph captured: 8 with none; in
+  // distributed mode an eager forward also waits, within the group's wait limit, while the
+  // megakernel of the forward 16 calls back is unfinished). It captures into a CUDA graph; the 8 tensor sets seen last are kept ready
   // (their pointers and tensor maps uploaded), and the sets graphs captured stay reserved for
   // their replays (a capture with a new set takes the slot of the least recently used set no
   // graph captured, as an eager call does).
@@ -167,7 +170,7 @@ class Layer {
   // Distributed mode: this rank gives up on its EP group now, without waiting for the peers.
   // Its NCCL communicator is aborted (the peers' waits then time out and name this rank),
   // every later forward, backward and synchronize throws saying why (`why`), and destroying
-  // the Layer waits for nobody. For a rank that stops after an error its peers may not share,
+  // the Layer waits for no peer. For a rank that stops after an error its peers may not share,
   // caught above the Layer (a Layer destroyed while an exception propagates does this by
   // itself). Forwards still queued on the layer's stream read the peers' memory through the
   // communicator, which the abort unmaps: the abort first waits for a megakernel that may be
@@ -177,7 +180,7 @@ class Layer {
   // backend hold no group: nothing to abandon, and the Layer goes on as before.
   void abandon_group(const std::string& why);
   // Distributed mode: whether this rank's communicator was aborted (abandon_group, a failed
-  // call, or a wait that gave up on the peers), so that destroying the Layer waits for nobody.
+  // call, or a wait that gave up on the peers), so that destroying the Layer waits for no peer.
   // False without a group.
   bool group_aborted() const;
 

@@ -20,7 +20,7 @@ tensors written on one are read too early unless that stream is the layer's.
 
 Outputs (y, the gradients) are written in place, outside autograd: an output that requires
 grad is refused, and so is any tensor whose memory holds other numbers than its values (a
-sparse tensor, a lazily negated view, a masked or misaligned numpy array). A written tensor's version
+sparse tensor, a lazily negated or conjugated view, a masked or misaligned numpy array). A written tensor's version
 counter is bumped, so an autograd graph that saved it fails loudly instead of using stale
 values.
 
@@ -442,7 +442,7 @@ def _destroy(handle, distributed, after_error):
     lib = _lib()
     if distributed and after_error is None:
         # Garbage collection picks no moment a group's peers agree on: abandon it, so the
-        # destroy waits for nobody, and say why. Its queued forwards read the peers' memory,
+        # destroy waits for no peer, and say why. Its queued forwards read the peers' memory,
         # which the abort unmaps: let them finish first (within the group's wait limits; a
         # failure there is the layer's last, and nobody is left to tell).
         lib.mok_layer_synchronize(handle)
@@ -594,7 +594,7 @@ class Layer:
     def abandon_group(self, why=None):
         """mok::Layer::abandon_group: a distributed layer's rank gives up on its group, waiting
         for no peer (its communicator is aborted; later calls raise saying why; closing it waits
-        for nobody). A call in progress on another thread finishes first (calls run one at a
+        for no peer). A call in progress on another thread finishes first (calls run one at a
         time): it cannot interrupt one. Without a group (other modes, the cpu backend) nothing
         changes."""
         with self._lock:
@@ -608,7 +608,7 @@ class Layer:
     @property
     def group_aborted(self):
         """mok::Layer::group_aborted: whether this distributed layer's communicator was aborted
-        (abandon_group, a failed call), so that closing it waits for nobody; False without a group."""
+        (abandon_group, a failed call), so that closing it waits for no peer; False without a group."""
         with self._lock:
             self._live()
             return self._native.aborted()
@@ -671,7 +671,7 @@ class Layer:
                                "close(after_error=True), which abandons the group")
             self._native = None
             if views:
-                # (Abandoned first, the destroy the views leave to their end waits for nobody.)
+                # (Abandoned first, the destroy the views leave to their end waits for no peer.)
                 if collective:
                     _check(_lib().mok_layer_abandon_group(native.handle, b"closed after an error"))
                 return

@@ -1479,7 +1479,7 @@ TEST(GpuGroup, AbandoningWithForwardsQueuedDoesNotFault) {
 // window: their y is all NaN (kGroupAbandoned), nothing faults, the Layer is destroyed, and a
 // new Layer on the device matches the reference. (How long the abort takes is not checked:
 // NCCL's own teardown may synchronise the device, which waits for the held stream until the
-// watchdog lets it go.) In a child process (a death test): a fault would end the CUDA
+// gate opens, 3 s on.) In a child process (a death test): a fault would end the CUDA
 // context, and a hang is cut short by the alarm.
 TEST(GpuGroupDeathTest, AbandoningWithForwardsHeldBehindTheAbortDoesNotFault) {
   MOK_REQUIRE_GROUP();

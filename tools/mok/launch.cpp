@@ -126,7 +126,10 @@ int launch_command(const std::vector<std::string>& argv) {
                 "  --timeout S  stop every rank after S s (0, the default: no limit; exit 124, naming the ranks still running)\n"
                 "  --grace S    (10) the wait between SIGTERM and SIGKILL, and how long a rank may stay "
                 "stopped by a signal before it fails the launch\n"
-                "Processes the ranks leave running are stopped when the launch ends.\n",
+                "  --peer-grace S  (10) the wait for the failed rank after one gave up on its peers\n"
+                "Seconds are at most 1e7. Processes the ranks leave running are stopped when the launch ends; a "
+                "rank that even SIGKILL does not end is named and left after another grace and a second. A "
+                "failed fork stops, kills and reaps the ranks already started.\n",
                 usage, kPeerWaitExitStatus);
     return 0;
   }

@@ -37,11 +37,13 @@ routing and data:
   --seed N                data and routing seed (default 1)
   --load DIR              read problem.json and every input, routing included, from DIR (see
                           --save; the shape, routing and seed options are refused with it)
-  --save DIR              write problem.json, inputs, outputs and gradients as .npy
+  --save DIR              write inputs, outputs and gradients as .npy, then problem.json (last:
+                          a save cut short leaves none, and --load refuses it)
                           (distributed: each process writes its rank's y; a slice writes no y:
                           its combine slots from the other ranks are not filled here)
   --expect DIR            require every computed rank's y to equal DIR/rank<r>/y.npy bit for bit
-                          (not with a slice)
+                          (not with a slice; a DIR whose problem.json is another problem, or
+                          with ranks beyond this run's, is refused)
 execution:
   --backend cpu|cuda      default: cuda when a GPU is present, else cpu
   --ep-mode all|slice|distributed
