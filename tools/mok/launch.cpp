@@ -12,7 +12,8 @@
 // --grace (a rank paused and resumed within it goes on). SIGINT/SIGTERM/SIGHUP to the
 // launcher stop every rank the same way (exit 128+N), --timeout does after that many seconds
 // (exit 124, naming the ranks still running), and a rank whose launcher dies gets SIGTERM
-// (PR_SET_PDEATHSIG). A rank that even SIGKILL does not end is named and left after another
+// (PR_SET_PDEATHSIG); a launcher killed outright (SIGKILL) leaves a guardian process that
+// stops every rank's whole process group (Guardian). A rank that even SIGKILL does not end is named and left after another
 // --grace (and a second). When the launch
 // ends, whatever is still running in a rank's process group (a wrapper's children) is stopped
 // too; each rank's process stays unreaped until then, so that group's id is not reused.
@@ -20,6 +21,7 @@
 // not the culprit but a witness: the launcher waits up to --peer-grace seconds (default 10)
 // for a rank that fails for its own reason and names that one, else names the ranks still
 // running then (the hung ones), else the first witness.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/types.h>
@@ -108,6 +110,99 @@ std::vector<pid_t> stop_process_groups(const std::vector<pid_t>& pgids, double g
   return left;
 }
 
+// A process that outlives a launcher killed outright (SIGKILL, the OOM killer), so that what
+// the ranks started does not run on without it: a rank's PR_SET_PDEATHSIG reaches only the
+// rank's first process, not the workers or wrappers it started. The guardian learns each
+// rank's process group through a pipe; when the pipe closes without the launcher's "done"
+// (the kernel closes it as the launcher dies, however it dies) it stops those groups, SIGTERM
+// then SIGKILL after the grace, and removes the rendezvous directory. It sits in a process
+// group of its own and ignores the terminal's signals (the launcher handles those), and never
+// holds the launcher's stdout. A launch that ends normally says "done" and waits for it to go.
+class Guardian {
+ public:
+  Guardian(double grace_s, const std::string& launch_dir) {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) throw Error(std::string("mok launch: pipe: ") + std::strerror(errno));
+    const pid_t pid = fork();
+    if (pid < 0) {
+      const int err = errno;
+      close(fds[0]);
+      close(fds[1]);
+      throw Error(std::string("mok launch: fork failed for the guardian process: ") + std::strerror(err));
+    }
+    if (pid == 0) {
+      close(fds[1]);
+      watch_until_released(fds[0], grace_s, launch_dir);  // (does not return)
+    }
+    close(fds[0]);
+    write_fd_ = fds[1];
+    pid_ = pid;
+  }
+  Guardian(const Guardian&) = delete;
+  Guardian& operator=(const Guardian&) = delete;
+  ~Guardian() { release(); }
+  // Tells the guardian about a rank's process group (its first process's pid).
+  void watch(pid_t pgid) { send(pgid); }
+  // The launch stopped its ranks itself: the guardian exits, and is waited for.
+  void release() {
+    if (pid_ < 0) return;
+    send(0);
+    close(write_fd_);
+    int status = 0;
+    while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+    pid_ = -1;
+  }
+
+ private:
+  void send(pid_t value) {
+    const char* p = reinterpret_cast<const char*>(&value);
+    for (std::size_t left = sizeof value; left > 0;) {
+      const ssize_t n = write(write_fd_, p, left);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;  // (the guardian is gone: nothing to tell)
+      p += n;
+      left -= static_cast<std::size_t>(n);
+    }
+  }
+  [[noreturn]] static void watch_until_released(int fd, double grace_s, const std::string& launch_dir) {
+    setpgid(0, 0);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) signal(sig, SIG_IGN);
+    const int null = open("/dev/null", O_WRONLY);
+    if (null >= 0) dup2(null, STDOUT_FILENO);
+    std::vector<pid_t> groups;
+    for (;;) {
+      pid_t value = 0;
+      char* p = reinterpret_cast<char*>(&value);
+      std::size_t got = 0;
+      while (got < sizeof value) {
+        const ssize_t n = read(fd, p + got, sizeof value - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        got += static_cast<std::size_t>(n);
+      }
+      if (got == sizeof value && value == 0) _exit(0);  // released: the launch cleaned up
+      if (got == sizeof value) {
+        groups.push_back(value);
+        continue;
+      }
+      break;  // the pipe closed without "done": the launcher is gone
+    }
+    const std::vector<pid_t> live = groups_with_live_processes(groups);
+    if (!live.empty()) {
+      std::fprintf(stderr, "mok launch: the launcher ended without stopping its ranks; stopping %zu rank process "
+                   "group(s)\n", live.size());
+      stop_process_groups(live, grace_s);
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(launch_dir, ec);
+    _exit(0);
+  }
+
+  int write_fd_ = -1;
+  pid_t pid_ = -1;
+};
+
 volatile sig_atomic_t g_launcher_signal = 0;
 extern "C" void on_launcher_signal(int sig) { g_launcher_signal = sig; }
 
@@ -127,7 +222,8 @@ int launch_command(const std::vector<std::string>& argv) {
                 "  --grace S    (10) the wait between SIGTERM and SIGKILL, and how long a rank may stay "
                 "stopped by a signal before it fails the launch\n"
                 "  --peer-grace S  (10) the wait for the failed rank after one gave up on its peers\n"
-                "Seconds are at most 1e7. Processes the ranks leave running are stopped when the launch ends; a "
+                "Seconds are at most 1e7. Processes the ranks leave running are stopped when the launch ends, "
+                "also when the launcher itself is killed (a guardian process does it); a "
                 "rank that even SIGKILL does not end is named and left after another grace and a second. A "
                 "failed fork stops, kills and reaps the ranks already started.\n",
                 usage, kPeerWaitExitStatus);
@@ -180,6 +276,7 @@ int launch_command(const std::vector<std::string>& argv) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
 
   const pid_t launcher = getpid();
+  Guardian guardian(grace_s, launch_dir);
   std::vector<pid_t> pids(n, -1);
   std::vector<bool> done(n, false);
   for (long long r = 0; r < n; ++r) {
@@ -224,6 +321,7 @@ int launch_command(const std::vector<std::string>& argv) {
     }
     setpgid(pid, pid);
     pids[r] = pid;
+    guardian.watch(pid);
   }
 
   const auto start = std::chrono::steady_clock::now();
@@ -389,6 +487,7 @@ int launch_command(const std::vector<std::string>& argv) {
     while (waitpid(pids[r], &status, 0) < 0 && errno == EINTR) {
     }
   }
+  guardian.release();
   std::error_code ec;
   std::filesystem::remove_all(launch_dir, ec);
   if (failed_rank >= 0) {
