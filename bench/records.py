@@ -6,6 +6,7 @@ nothing in it is typed by hand. bench/README.md describes every field.
 """
 import copy
 import datetime
+import glob
 import json
 import os
 import re
@@ -511,13 +512,33 @@ def load_record(path):
     return rec
 
 
+def already_there(record, results_dir=RESULTS_DIR):
+    """The file in `results_dir` that holds this very record (its name, or a _N of it, with the
+    same content), or None."""
+    base = os.path.join(results_dir, record_basename(record))
+    for path in [base + ".json"] + sorted(glob.glob(glob.escape(base) + "_*.json")):
+        try:
+            with open(path) as f:
+                if json.load(f) == record:
+                    return path
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def import_records(paths, results_dir=RESULTS_DIR):
     """Copies the records `paths` (made elsewhere: a device run's $OUT) into `results_dir`
     through write_record, so a name already taken (the same day, shape, mode and commit, from
-    another run) gets _2, _3, ... and no record is overwritten. Every file is checked first
-    (load_record): nothing is copied when one is not a record. Returns the new paths."""
+    another run) gets _2, _3, ... and no record is overwritten; one already there with the same
+    content is not copied again (it would read as a repeat run). Every file is checked first
+    (load_record): nothing is copied when one is not a record. Returns (source, destination,
+    copied) per file."""
     loaded = [load_record(p) for p in paths]
-    return [write_record(rec, results_dir) for rec in loaded]
+    out = []
+    for source, rec in zip(paths, loaded):
+        there = already_there(rec, results_dir)
+        out.append((source, there, False) if there else (source, write_record(rec, results_dir), True))
+    return out
 
 
 def main(argv=None):
@@ -535,7 +556,8 @@ def main(argv=None):
         return 1
     for source, rec in zip(args.files, loaded):
         try:
-            print(f"{source} -> {write_record(rec, args.results_dir)}")
+            there = already_there(rec, args.results_dir)
+            print(f"{source}: already there as {there}" if there else f"{source} -> {write_record(rec, args.results_dir)}")
         except OSError as exc:
             print(f"records.py: {source}: {exc}; the files above were imported, this one and those after not",
                   file=sys.stderr)

@@ -272,6 +272,8 @@ def _run_and_record(args, cmd, row, work, ep_mode, ep, sampler):
             # (With the timing it was asked for: a run made to the contract that failed shows as
             # FAIL in the report, rather than as off-contract behind an older passing record.)
             peer = {"check": {"passes": False}, "errors": {"peer": f"exited {rc} without writing peer.json"},
+                    # (Today's peer failed: the record stands for the shape as today's FAIL.)
+                    "peer_code": checks.peer_code("peer_dist" if ep_mode == "distributed" else "peer_torch"),
                     "timing": {"warmup": args.warmup, "iters": args.iters, "ceiling_warmup": args.ceiling_warmup,
                                "ceiling_iters": args.ceiling_iters}}
         if rc != 0:

@@ -345,25 +345,7 @@ elseif(MODE STREQUAL "launch_killed")
   # The launcher killed outright (SIGKILL: no handler runs): its guardian stops what the ranks
   # started (a rank's own PDEATHSIG reaches only its first process). The script fails naming
   # any child of a rank still running 4 s later, and stops it.
-  # (The launch writes to a file: a child left running would hold a pipe, and this test, open.)
-  file(WRITE "${WORK}/orphans.sh" "\"$1\" launch -n 2 --grace 1 -- sh -c 'sleep 7781 & sleep 7782' > \"$2\" 2>&1 &
-lp=$!
-sleep 1
-kill -9 $lp
-sleep 4
-left=0
-for f in /proc/[0-9]*/cmdline
-do
-  case \"$(tr '\\000' ' ' < $f 2> /dev/null)\" in
-    'sleep 778'*)
-      echo \"left running: $f\"
-      kill -9 \"$(basename \"$(dirname $f)\")\" 2> /dev/null
-      left=1 ;;
-  esac
-done
-exit $left
-")
-  execute_process(COMMAND sh "${WORK}/orphans.sh" "${MOK}" "${WORK}/orphans.log" RESULT_VARIABLE rc
+  execute_process(COMMAND sh "${CMAKE_CURRENT_LIST_DIR}/launch_orphans.sh" "${MOK}" "${WORK}/orphans.log" RESULT_VARIABLE rc
                   OUTPUT_VARIABLE so ERROR_VARIABLE se)
   file(READ "${WORK}/orphans.log" launch_log)
   # (Both: the processes left, and the guardian's word for what it stopped.)

@@ -515,9 +515,17 @@ class Import(unittest.TestCase):
             first = records.write_record(rec, results)
             elsewhere = records.write_record(rec, out)  # the same name, made by another device run
             self.assertEqual(os.path.basename(first), os.path.basename(elsewhere))
+            # The same content already there: not copied again (it would read as a repeat run).
             self.assertEqual(records.main(["import", elsewhere, "--results-dir", results]), 0)
+            self.assertEqual(os.listdir(results), [os.path.basename(first)])
+            # Another run's record of the same name: kept beside it, never over it.
+            other = dict(rec, date="2001-02-03T09:09:09Z")
+            elsewhere2 = records.write_record(other, os.path.join(d, "out2"))
+            self.assertEqual(records.main(["import", elsewhere2, "--results-dir", results]), 0)
             self.assertEqual(sorted(os.listdir(results)), [os.path.basename(first),
                                                            os.path.basename(first)[:-5] + "_2.json"])
+            self.assertEqual(records.main(["import", elsewhere2, elsewhere, "--results-dir", results]), 0)
+            self.assertEqual(len(os.listdir(results)), 2)
             junk = os.path.join(d, "peer.json")
             with open(junk, "w") as f:
                 json.dump({"shape": "x"}, f)

@@ -18,6 +18,7 @@ from unittest import mock
 
 import helpers
 
+import checks
 import records
 import run
 
@@ -334,6 +335,9 @@ class EndToEnd(unittest.TestCase):
             self.assertFalse(rec["check"]["passes"])
             self.assertEqual(rec["errors"], ["peer_torch.py exited 1"])
             self.assertEqual(records.contract_breaks(rec), [])
+            # Today's peer failed: the record is today's FAIL, not one against an earlier peer
+            # that an older passing record would outrank in the report.
+            self.assertEqual(rec["peers"]["pytorch_pipeline"]["code"], checks.peer_code("peer_torch"))
 
     def test_a_commit_that_disagrees_with_the_binary_is_that_runs_error(self):
         with tempfile.TemporaryDirectory() as d:

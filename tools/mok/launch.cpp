@@ -24,6 +24,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -116,13 +117,17 @@ std::vector<pid_t> stop_process_groups(const std::vector<pid_t>& pgids, double g
 // rank's process group through a pipe; when the pipe closes without the launcher's "done"
 // (the kernel closes it as the launcher dies, however it dies) it stops those groups, SIGTERM
 // then SIGKILL after the grace, and removes the rendezvous directory. It sits in a process
-// group of its own and ignores the terminal's signals (the launcher handles those), and never
-// holds the launcher's stdout. A launch that ends normally says "done" and waits for it to go.
+// group of its own and ignores the terminal's signals (the launcher handles those); it holds
+// neither the launcher's stdin nor its stdout, and lets go of stderr once it has said what it
+// stops. A launch that ends normally says "done" and waits for it to go.
 class Guardian {
  public:
   Guardian(double grace_s, const std::string& launch_dir) {
+    // (A socket pair, not a pipe: a send to a guardian that is gone fails with EPIPE instead of
+    // raising SIGPIPE in the launcher.)
     int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) throw Error(std::string("mok launch: pipe: ") + std::strerror(errno));
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0)
+      throw Error(std::string("mok launch: socketpair: ") + std::strerror(errno));
     const pid_t pid = fork();
     if (pid < 0) {
       const int err = errno;
@@ -141,7 +146,9 @@ class Guardian {
   Guardian(const Guardian&) = delete;
   Guardian& operator=(const Guardian&) = delete;
   ~Guardian() { release(); }
-  // Tells the guardian about a rank's process group (its first process's pid).
+  // Tells the guardian about a rank's process group (its first process's pid). Called by the
+  // rank's process itself before it execs (its copy of the socket closes at exec), and by the
+  // launcher after the fork: a launcher killed in between cannot leave a group unknown.
   void watch(pid_t pgid) { send(pgid); }
   // The launch stopped its ranks itself: the guardian exits, and is waited for.
   void release() {
@@ -158,7 +165,7 @@ class Guardian {
   void send(pid_t value) {
     const char* p = reinterpret_cast<const char*>(&value);
     for (std::size_t left = sizeof value; left > 0;) {
-      const ssize_t n = write(write_fd_, p, left);
+      const ssize_t n = ::send(write_fd_, p, left, MSG_NOSIGNAL);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) return;  // (the guardian is gone: nothing to tell)
       p += n;
@@ -168,8 +175,11 @@ class Guardian {
   [[noreturn]] static void watch_until_released(int fd, double grace_s, const std::string& launch_dir) {
     setpgid(0, 0);
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) signal(sig, SIG_IGN);
-    const int null = open("/dev/null", O_WRONLY);
-    if (null >= 0) dup2(null, STDOUT_FILENO);
+    const int null = open("/dev/null", O_RDWR);
+    if (null >= 0) {
+      dup2(null, STDIN_FILENO);
+      dup2(null, STDOUT_FILENO);
+    }
     std::vector<pid_t> groups;
     for (;;) {
       pid_t value = 0;
@@ -183,16 +193,32 @@ class Guardian {
       }
       if (got == sizeof value && value == 0) _exit(0);  // released: the launch cleaned up
       if (got == sizeof value) {
-        groups.push_back(value);
+        if (value > 0 && std::find(groups.begin(), groups.end(), value) == groups.end()) groups.push_back(value);
         continue;
       }
-      break;  // the pipe closed without "done": the launcher is gone
+      break;  // the socket closed without "done": the launcher (and every rank not yet exec'd) is gone
     }
-    const std::vector<pid_t> live = groups_with_live_processes(groups);
-    if (!live.empty()) {
+    // Every registered group that still exists, each round anew (a group's leader may be a
+    // zombie while a child it just forked runs on; once the launcher is gone init reaps the
+    // zombies, so an existing group has a live member): SIGTERM, then SIGKILL after the grace.
+    auto existing = [&] {
+      std::vector<pid_t> out;
+      for (pid_t g : groups)
+        if (kill(-g, 0) == 0) out.push_back(g);
+      return out;
+    };
+    std::vector<pid_t> left = existing();
+    if (!left.empty()) {
       std::fprintf(stderr, "mok launch: the launcher ended without stopping its ranks; stopping %zu rank process "
-                   "group(s)\n", live.size());
-      stop_process_groups(live, grace_s);
+                   "group(s)\n", left.size());
+      if (null >= 0) dup2(null, STDERR_FILENO);  // (the caller's pipe, if any, is not held while it works)
+    }
+    for (int sig : {SIGTERM, SIGKILL}) {
+      for (pid_t g : left) kill(-g, sig);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(grace_s, 1.0));
+      while (!(left = existing()).empty() && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (left.empty()) break;
     }
     std::error_code ec;
     std::filesystem::remove_all(launch_dir, ec);
@@ -276,7 +302,15 @@ int launch_command(const std::vector<std::string>& argv) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
 
   const pid_t launcher = getpid();
-  Guardian guardian(grace_s, launch_dir);
+  std::optional<Guardian> guardian_slot;
+  try {
+    guardian_slot.emplace(grace_s, launch_dir);
+  } catch (const Error&) {
+    std::error_code ec;
+    std::filesystem::remove_all(launch_dir, ec);
+    throw;
+  }
+  Guardian& guardian = *guardian_slot;
   std::vector<pid_t> pids(n, -1);
   std::vector<bool> done(n, false);
   for (long long r = 0; r < n; ++r) {
@@ -298,13 +332,16 @@ int launch_command(const std::vector<std::string>& argv) {
                   (left.empty() ? std::string(")") : "; " + std::to_string(left.size()) + " did not end even after SIGKILL)"));
     }
     if (pid == 0) {
-      setpgid(0, 0);  // one process group per rank: stopping a rank stops what it started
-      // The rank goes when the launcher goes, however it goes.
-      prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (getppid() != launcher) _exit(1);
+      // The default actions first: a SIGTERM from the launcher's death (below) must end this
+      // process, not set the launcher's flag in it.
       struct sigaction dfl {};
       dfl.sa_handler = SIG_DFL;
       for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &dfl, nullptr);
+      setpgid(0, 0);  // one process group per rank: stopping a rank stops what it started
+      guardian.watch(getpid());  // (before the launcher may: it can die before it learns the pid)
+      // The rank goes when the launcher goes, however it goes.
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != launcher) _exit(1);
       setenv("MOK_RANK", std::to_string(r).c_str(), 1);
       setenv("MOK_LOCAL_RANK", std::to_string(r).c_str(), 1);
       setenv("MOK_WORLD_SIZE", std::to_string(n).c_str(), 1);

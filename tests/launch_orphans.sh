@@ -1,0 +1,31 @@
+#!/bin/sh
+# Used by cli_test.cmake (MODE launch_killed): `mok launch` killed outright (SIGKILL, no
+# handler runs) must leave no child of its ranks running: its guardian stops them. Usage:
+#   launch_orphans.sh MOK LOG
+# Exits 1 naming (and killing) any rank child still running 4 s after the kill; the launch's
+# own output goes to LOG (a child left running would otherwise hold the caller's pipe open).
+mok=$1
+log=$2
+# The processes whose whole command line is exactly "$1 " (cmdline, NULs as blanks).
+matching() {
+  for f in /proc/[0-9]*/cmdline; do
+    [ "$(tr '\000' ' ' < "$f" 2> /dev/null)" = "$1 " ] && basename "$(dirname "$f")"
+  done
+}
+"$mok" launch -n 2 --grace 1 -- sh -c 'sleep 7781 & sleep 7782' > "$log" 2>&1 &
+launcher=$!
+# Killed once both ranks' children run (within 30 s: a slow start must not fail the check).
+tries=0
+while [ "$(matching 'sleep 7781' | wc -l)" -lt 2 ] && [ $tries -lt 300 ]; do
+  sleep 0.1
+  tries=$((tries + 1))
+done
+kill -9 "$launcher"
+sleep 4
+left=0
+for pid in $(matching 'sleep 7781') $(matching 'sleep 7782'); do
+  echo "left running: $pid"
+  kill -9 "$pid" 2> /dev/null
+  left=1
+done
+exit $left
