@@ -169,6 +169,12 @@ struct EpGroup::Impl {
   // threw before free_symmetric left (a constructor failing after its first allocation).
   std::vector<SymmetricBuffer> symmetric;
 
+  // The kept entry of `b` (by its memory), or end().
+  std::vector<SymmetricBuffer>::iterator find(const SymmetricBuffer& b) {
+    return std::find_if(symmetric.begin(), symmetric.end(),
+                        [&](const SymmetricBuffer& k) { return k.local == b.local; });
+  }
+
   // Deregisters `b`'s window (while the communicator lives: an abort took the windows with
   // it) and frees its memory.
   void release(const SymmetricBuffer& b) const {
@@ -325,9 +331,8 @@ SymmetricBuffer EpGroup::alloc_symmetric(std::size_t bytes) {
 }
 
 void EpGroup::register_window(SymmetricBuffer& b) {
-  auto& kept = impl_->symmetric;
-  const auto it = std::find_if(kept.begin(), kept.end(), [&](const SymmetricBuffer& k) { return k.local == b.local; });
-  if (it == kept.end() || it->window != nullptr)
+  const auto it = impl_->find(b);
+  if (it == impl_->symmetric.end() || it->window != nullptr)
     throw Error("EP group: register_window: not a buffer of this group's alloc_symmetric, or registered already");
   ncclWindow_t win = nullptr;
   check_nccl(NcclApi::get().CommWindowRegister(impl_->comm, b.local, b.bytes, &win, NCCL_WIN_COLL_SYMMETRIC),
@@ -336,19 +341,17 @@ void EpGroup::register_window(SymmetricBuffer& b) {
 }
 
 void EpGroup::free_symmetric(SymmetricBuffer& b) {
-  auto& kept = impl_->symmetric;
-  const auto it = std::find_if(kept.begin(), kept.end(), [&](const SymmetricBuffer& k) { return k.local == b.local; });
-  if (it != kept.end()) {  // (else freed already, or never allocated here)
+  const auto it = impl_->find(b);
+  if (it != impl_->symmetric.end()) {  // (else freed already, or never allocated here)
     impl_->release(*it);
-    kept.erase(it);
+    impl_->symmetric.erase(it);
   }
   b = SymmetricBuffer{};
 }
 
 void EpGroup::forget_symmetric(SymmetricBuffer& b) {
-  auto& kept = impl_->symmetric;
-  kept.erase(std::remove_if(kept.begin(), kept.end(), [&](const SymmetricBuffer& k) { return k.local == b.local; }),
-             kept.end());
+  const auto it = impl_->find(b);
+  if (it != impl_->symmetric.end()) impl_->symmetric.erase(it);
   b = SymmetricBuffer{};
 }
 

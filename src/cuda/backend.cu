@@ -233,35 +233,54 @@ class ForwardMarks {
   std::size_t next_ = 0, live_ = 0;
 };
 
-// One int in host-mapped memory, which the host may write while kernels run and the device
-// reads at system scope (ld_relaxed_sys). Unallocated until allocate(); freed with its owner.
-class HostMappedFlag {
+// Polls `query` (a cudaEventQuery or cudaStreamQuery) until it stops answering "not ready"
+// (done, or an error: nothing more to wait for) or `deadline` passes; false on the deadline.
+template <typename Query>
+bool poll_until_done(Query&& query, std::chrono::steady_clock::time_point deadline) {
+  for (;;) {
+    if (query() != cudaErrorNotReady) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// One T in host-mapped memory, value-initialised: the host and the device both reach it
+// while kernels run (a record a trapped kernel leaves, a word the host raises). Unallocated
+// (both addresses null) until allocated; freed with its owner unless leaked.
+template <typename T>
+class HostMapped {
  public:
-  HostMappedFlag() = default;
-  HostMappedFlag(const HostMappedFlag&) = delete;
-  HostMappedFlag& operator=(const HostMappedFlag&) = delete;
-  ~HostMappedFlag() {
+  HostMapped() = default;
+  HostMapped(const HostMapped&) = delete;
+  HostMapped& operator=(const HostMapped&) = delete;
+  ~HostMapped() {
     if (host_ != nullptr) cudaFreeHost(host_);
   }
   void allocate() {
-    MOK_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_), sizeof(int), cudaHostAllocMapped));
-    *host_ = 0;
+    MOK_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_), sizeof(T), cudaHostAllocMapped));
+    *host_ = T{};
     MOK_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_), host_, 0));
   }
-  // Sets the word (no-op unallocated); the fence orders the store before whatever the caller
-  // does next (an abort, a query of the stream).
-  void raise() const {
-    if (host_ == nullptr) return;
-    *static_cast<volatile int*>(host_) = 1;
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+  // allocate(), or false (and unallocated) where mapped memory is not to be had.
+  bool try_allocate() {
+    try {
+      allocate();
+      return true;
+    } catch (const Error&) {
+      cudaGetLastError();
+      if (host_ != nullptr) cudaFreeHost(host_);
+      host_ = device_ = nullptr;
+      return false;
+    }
   }
-  const int* device() const { return device_; }  // nullptr unallocated
-  // Never frees it (kernels that may still read it are queued).
+  T* host() const { return host_; }
+  T* device() const { return device_; }
+  // Never frees it (kernels that may still use it are queued).
   void leak() { host_ = nullptr; }
 
  private:
-  int* host_ = nullptr;
-  int* device_ = nullptr;
+  T* host_ = nullptr;
+  T* device_ = nullptr;
 };
 
 // A tuning knob's integer: 0 (the library's default) when unset or empty, else parsed and
@@ -662,8 +681,8 @@ class CudaBackend final : public BackendImpl {
   // A kernel that trapped on a phase wait left its site in host memory: every later CUDA
   // call fails with a sticky error that says nothing, so the entry points look here first.
   void throw_if_trapped() const {
-    if (phase_trap_ != nullptr && static_cast<const volatile PhaseWaitTrap*>(phase_trap_)->site != 0)
-      throw Error(describe_phase_wait_trap(*phase_trap_));
+    if (phase_trap_.host() != nullptr && static_cast<const volatile PhaseWaitTrap*>(phase_trap_.host())->site != 0)
+      throw Error(describe_phase_wait_trap(*phase_trap_.host()));
   }
 
   // Runs `body`; a mok::Error from it becomes the trap's diagnosis when a kernel trapped.
@@ -718,8 +737,16 @@ class CudaBackend final : public BackendImpl {
   // all-gather is still pending (stream order: nothing after it has run). So the abort waits
   // only for megakernels, never for a dead peer. Not covered: forwards replayed from a CUDA
   // graph (their count kernels read the word, but one already past it is not waited for).
+  // Sets the abandoned word (nothing without one); the fence orders the store before whatever
+  // follows (an abort, a query of the stream).
+  void raise_abandoned() const {
+    if (abandoned_.host() == nullptr) return;
+    *static_cast<volatile int*>(abandoned_.host()) = 1;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+
   void drain_before_abort() const {
-    abandoned_.raise();
+    raise_abandoned();
     if (!forward_marks_.created()) return;
     try {
       const RelaxedCaptureMode relaxed;  // (event queries inside a capture, this thread's or another's)
@@ -727,8 +754,7 @@ class CudaBackend final : public BackendImpl {
       forward_marks_.each_oldest_first([&](const ForwardMarks::Pair& m) {
         if (cudaEventQuery(m.megakernel_done) != cudaErrorNotReady) return true;  // done (or the context failed)
         if (cudaEventQuery(m.ids_gathered) == cudaErrorNotReady) return false;    // will read the word
-        while (cudaEventQuery(m.megakernel_done) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        poll_until_done([&] { return cudaEventQuery(m.megakernel_done); }, deadline);
         return true;
       });
     } catch (const std::exception&) {
@@ -891,7 +917,7 @@ class CudaBackend final : public BackendImpl {
     fp.half_tiles = half_tiles_ ? 1 : 0;
     fp.comm_join = comm_join_ ? 1 : 0;
     fp.test_fault = test_fault_;
-    fp.phase_trap = phase_trap_dev_;
+    fp.phase_trap = phase_trap_.device();
     fp.phase_trap_claim = phase_trap_claim_.as<int>();
     fp.phase_wait_units = phase_wait_units_;
     fp.pairs = pairs_ ? 1 : 0;
@@ -1117,7 +1143,7 @@ class CudaBackend final : public BackendImpl {
     MOK_CUDA_CHECK(cudaMemset(group_errors_.as<void>(), 0, group_errors_bytes));
     if (group_ || test_fault_ == kFaultAbandonedGroup) {
       abandoned_.allocate();
-      if (test_fault_ == kFaultAbandonedGroup) abandoned_.raise();
+      if (test_fault_ == kFaultAbandonedGroup) raise_abandoned();
     }
     if (group_) {
       forward_marks_.create();
@@ -1126,14 +1152,7 @@ class CudaBackend final : public BackendImpl {
       // declared before group_, which outlive the group.)
       group_->set_before_abort([this] { drain_before_abort(); });
     }
-    if (cudaHostAlloc(reinterpret_cast<void**>(&phase_trap_), sizeof(PhaseWaitTrap), cudaHostAllocMapped) ==
-        cudaSuccess) {
-      *phase_trap_ = PhaseWaitTrap{};
-      MOK_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&phase_trap_dev_), phase_trap_, 0));
-    } else {
-      cudaGetLastError();  // a diagnostic aid, not a requirement
-      phase_trap_ = nullptr;
-    }
+    phase_trap_.try_allocate();  // (a diagnostic aid, not a requirement)
     phase_trap_claim_ = DeviceBuffer(sizeof(int));
     MOK_CUDA_CHECK(cudaMemset(phase_trap_claim_.as<void>(), 0, sizeof(int)));
     const long long max_tasks = max_tasks_per_forward();
@@ -1427,8 +1446,7 @@ class CudaBackend final : public BackendImpl {
   // Host-mapped record of a phase wait that timed out (the kernel writes it, then traps; it
   // survives the lost context). nullptr when mapped memory is not available: the kernel
   // then traps without saying where. The claim flag picks the one thread that writes it.
-  PhaseWaitTrap* phase_trap_ = nullptr;
-  PhaseWaitTrap* phase_trap_dev_ = nullptr;  // the same record, as the device addresses it
+  HostMapped<PhaseWaitTrap> phase_trap_;
   DeviceBuffer phase_trap_claim_;
   unsigned phase_wait_units_ = phase_wait_units(timeout_ns_);
   // record_phases(n): per recorded forward, kMaxPhaseMarks events (one before each phase and
@@ -1452,7 +1470,7 @@ class CudaBackend final : public BackendImpl {
   // group, or for MOK_TEST_FAULT=abandoned_group), and the eager forwards' marks
   // (drain_before_abort). Declared before group_, whose before-abort hook uses them: the group
   // is destroyed first.
-  HostMappedFlag abandoned_;
+  HostMapped<int> abandoned_;
   ForwardMarks forward_marks_;
   // Distributed mode only (the destructor frees the symmetric buffers while the group lives).
   std::unique_ptr<comm::EpGroup> group_;
@@ -1488,22 +1506,19 @@ class CudaBackend final : public BackendImpl {
     // when it has not within the group's limit.
     bool stream_done = true;
     if (group_ && group_->communicator_aborted()) {
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(group_wait_limit_ms());
-      while (cudaStreamQuery(stream_) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      stream_done = cudaStreamQuery(stream_) != cudaErrorNotReady;
+      stream_done = poll_until_done([&] { return cudaStreamQuery(stream_); },
+                                    std::chrono::steady_clock::now() + std::chrono::milliseconds(group_wait_limit_ms()));
       if (!stream_done) {
         std::fprintf(stderr, "mok: rank %d: the aborted layer's stream still holds work after %llu ms; its shared "
                      "windows, abandoned word and trap record are left allocated (its other buffers' frees wait "
                      "for the device)\n", group_->rank(), static_cast<unsigned long long>(group_wait_limit_ms()));
         abandoned_.leak();
-        phase_trap_ = nullptr;
+        phase_trap_.leak();
         group_->forget_symmetric(x_sym_);  // (else the group frees them)
         group_->forget_symmetric(combine_sym_);
       }
     }
     for (auto e : phase_events_) cudaEventDestroy(e);
-    if (phase_trap_) cudaFreeHost(phase_trap_);
     if (group_ && stream_done) {
       group_->free_symmetric(x_sym_);
       group_->free_symmetric(combine_sym_);
