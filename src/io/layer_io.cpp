@@ -232,7 +232,7 @@ void save_layer_data(const std::string& dir, const LayerData& data) {
         }
     }
     {
-      if (created.empty() || created.back() != pj) created.push_back(pj);
+      created.push_back(pj);  // (maybe listed already, for the old one: removing twice is harmless)
       std::ofstream out(pj);
       out << problem_to_json(data.problem);
       out.close();
@@ -245,16 +245,22 @@ void save_layer_data(const std::string& dir, const LayerData& data) {
   }
 }
 
-LayerData load_layer_data(const std::string& dir, const bool with_backward) {
-  const std::string context = "--load " + dir;
+std::optional<Problem> read_problem_json(const std::string& dir, const std::string& context) {
   const fs::path pj = fs::path(dir) / "problem.json";
-  if (!npy::regular_file_at(pj.string(), context))
-    throw Error(context + ": no problem.json in that directory (a --save writes it last: one cut short leaves none)");
+  if (!npy::regular_file_at(pj.string(), context)) return std::nullopt;
   std::ifstream in(pj);
   if (!in) throw Error(context + ": " + pj.string() + " cannot be read (permissions?)");
   std::stringstream text;
   text << in.rdbuf();
-  const Problem p = problem_from_json(text.str(), pj.string());
+  return problem_from_json(text.str(), pj.string());
+}
+
+LayerData load_layer_data(const std::string& dir, const bool with_backward) {
+  const std::string context = "--load " + dir;
+  const std::optional<Problem> problem = read_problem_json(dir, context);
+  if (!problem)
+    throw Error(context + ": no problem.json in that directory (a --save writes it last: one cut short leaves none)");
+  const Problem& p = *problem;
 
   // A rank's file, which must be there. dy is only in a save that ran a backward.
   auto required_file = [&](int r, const std::string& name) {

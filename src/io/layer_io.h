@@ -7,6 +7,7 @@
 //   d_router_weights, d_w_gate, d_w_up, d_w_down, shared<s>_d_w_gate, ...
 // bf16 tensors are '<u2' bit patterns (see io/npy.h). Missing tensors are not written.
 #pragma once
+#include <optional>
 #include <string>
 
 #include "mok/data.h"
@@ -16,6 +17,9 @@ namespace mok::io {
 std::string problem_to_json(const Problem& problem);
 // Throws mok::Error naming the file and the key when malformed.
 Problem problem_from_json(const std::string& text, const std::string& source);
+// DIR/problem.json's problem, or nothing when there is none; an unreadable or malformed one is
+// a mok::Error starting with `context`.
+std::optional<Problem> read_problem_json(const std::string& dir, const std::string& context);
 
 // Writes problem.json and every rank's non-empty tensors under `dir` (created if missing). A
 // save that fails part way removes the files it had written and the directories it had made

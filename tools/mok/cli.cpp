@@ -85,7 +85,6 @@ std::optional<double> Args::take_double(const std::string& name) {
 }
 
 bool Args::take_flag(const std::string& name) {
-  if (const auto m = missing_.find(name); m != missing_.end()) throw Error(m->second);
   auto it = flags_set_.find(name);
   if (it == flags_set_.end()) return false;
   flags_set_.erase(it);

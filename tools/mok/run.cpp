@@ -4,9 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 
 #include "comm/group_env.h"
 #include "core/compare.h"
@@ -170,16 +168,10 @@ int run_command(const std::vector<std::string>& argv) {
       require_host_memory(expect_bytes, "option --expect " + *expect_dir + " (every computed rank's y)");
       // A directory from another problem is refused, not compared in part: its problem.json,
       // when there, must be this run's, and it holds no rank beyond this run's.
-      const std::string pj = *expect_dir + "/problem.json";
-      if (npy::regular_file_at(pj, "option --expect " + *expect_dir)) {
-        std::ifstream in(pj);
-        std::stringstream text;
-        text << in.rdbuf();
-        const Problem theirs = io::problem_from_json(text.str(), pj);
-        if (theirs.describe() != problem.describe())
-          throw Error("option --expect " + *expect_dir + ": its problem.json is " + theirs.describe() +
-                      ", this run's is " + problem.describe());
-      }
+      const auto theirs = io::read_problem_json(*expect_dir, "option --expect " + *expect_dir);
+      if (theirs && theirs->describe() != problem.describe())
+        throw Error("option --expect " + *expect_dir + ": its problem.json is " + theirs->describe() +
+                    ", this run's is " + problem.describe());
       if (std::filesystem::exists(*expect_dir + "/rank" + std::to_string(ep_size)))
         throw Error("option --expect " + *expect_dir + ": holds rank" + std::to_string(ep_size) +
                     "/, beyond this run's " + std::to_string(ep_size) + " ranks (a save of another EP size?)");
