@@ -526,19 +526,13 @@ def already_there(record, results_dir=RESULTS_DIR):
     return None
 
 
-def import_records(paths, results_dir=RESULTS_DIR):
-    """Copies the records `paths` (made elsewhere: a device run's $OUT) into `results_dir`
-    through write_record, so a name already taken (the same day, shape, mode and commit, from
-    another run) gets _2, _3, ... and no record is overwritten; one already there with the same
-    content is not copied again (it would read as a repeat run). Every file is checked first
-    (load_record): nothing is copied when one is not a record. Returns (source, destination,
-    copied) per file."""
-    loaded = [load_record(p) for p in paths]
-    out = []
-    for source, rec in zip(paths, loaded):
-        there = already_there(rec, results_dir)
-        out.append((source, there, False) if there else (source, write_record(rec, results_dir), True))
-    return out
+def import_record(record, results_dir=RESULTS_DIR):
+    """Copies a record made elsewhere (a device run's $OUT) into `results_dir` through
+    write_record, so a name already taken (the same day, shape, mode and commit, from another
+    run) gets _2, _3, ... and no record is overwritten; one already there with the same content
+    is not copied again (it would read as a repeat run). Returns (path, copied)."""
+    there = already_there(record, results_dir)
+    return (there, False) if there else (write_record(record, results_dir), True)
 
 
 def main(argv=None):
@@ -554,10 +548,10 @@ def main(argv=None):
     except (OSError, ValueError) as exc:
         print(f"records.py: {exc}; nothing was imported", file=sys.stderr)
         return 1
-    for source, rec in zip(args.files, loaded):
+    for source, rec in zip(args.files, loaded):  # (every file checked first: all or nothing on a bad one)
         try:
-            there = already_there(rec, args.results_dir)
-            print(f"{source}: already there as {there}" if there else f"{source} -> {write_record(rec, args.results_dir)}")
+            path, copied = import_record(rec, args.results_dir)
+            print(f"{source} -> {path}" if copied else f"{source}: already there as {path}")
         except OSError as exc:
             print(f"records.py: {source}: {exc}; the files above were imported, this one and those after not",
                   file=sys.stderr)

@@ -11,6 +11,7 @@ and 100 timed iterations for mok and the peer, the peer measured in the same run
 are listed in an "Off-contract records" table and nowhere else.
 """
 import argparse
+import functools
 import glob
 import json
 import os
@@ -109,15 +110,14 @@ def off_contract_lines(off):
     return lines + [""]
 
 
-_CURRENT_PEER = {}
+@functools.lru_cache(maxsize=None)
+def _checkout_peer_code(tool):
+    return checks.peer_code(tool)  # (read once per report: the files do not change meanwhile)
 
 
 def current_peer_code(rec):
     """The code id (checks.peer_code) of the peer in this checkout that `rec`'s kind of run uses."""
-    tool = "peer_dist" if rec.get("ep_mode") == "distributed" else "peer_torch"
-    if tool not in _CURRENT_PEER:
-        _CURRENT_PEER[tool] = checks.peer_code(tool)
-    return _CURRENT_PEER[tool]
+    return _checkout_peer_code("peer_dist" if rec.get("ep_mode") == "distributed" else "peer_torch")
 
 
 def peer_code_of(rec):
@@ -323,6 +323,7 @@ def _get(rec, *path):
 
 def values(rec):
     pipe = ("peers", "pytorch_pipeline")
+    pt_tflops_performed = _performed_tflops(rec, 1, (*pipe, "forward"))
     return {
         "mok_ms": _get(rec, "mok", "forward", "median_ms"),
         "mok_tflops": _get(rec, "mok", "forward", "tflops"),
@@ -352,9 +353,8 @@ def values(rec):
         "mok_bwd_tflops_performed": _performed_tflops(rec, 2, ("mok", "backward")),
         # The pipeline's FLOPs really done (the same rows as mok's), and over the ceiling: what
         # the plots set beside mok's performed figures (one FLOP count on one axis).
-        "pt_tflops_performed": _performed_tflops(rec, 1, (*pipe, "forward")),
-        "pt_frac_performed": records.ratio(_performed_tflops(rec, 1, (*pipe, "forward")),
-                                           _get(rec, "ceilings", "dense_bf16_tflops")),
+        "pt_tflops_performed": pt_tflops_performed,
+        "pt_frac_performed": records.ratio(pt_tflops_performed, _get(rec, "ceilings", "dense_bf16_tflops")),
     }
 
 
