@@ -64,12 +64,16 @@ void zero_y(const DeviceMirror& mirror) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
+std::int64_t elements_not_nan(const HostTensor& t) {
+  const TensorView v = t.view();
+  const auto* bits = static_cast<const std::uint16_t*>(v.data);
+  return std::count_if(bits, bits + v.numel(), [](std::uint16_t b) { return !std::isnan(num::bf16_to_float(b)); });
+}
+
 void expect_all_y_nan(const LayerData& data, const std::string& what) {
   for (std::size_t r = 0; r < data.ranks.size(); ++r) {
-    const TensorView y = data.ranks[r].y.view();
-    const auto* bits = static_cast<const std::uint16_t*>(y.data);
-    const auto numbers = std::count_if(bits, bits + y.numel(), [](std::uint16_t b) { return !std::isnan(num::bf16_to_float(b)); });
-    EXPECT_EQ(numbers, 0) << what << ": rank " << r << "'s y keeps " << numbers << " of " << y.numel()
+    const std::int64_t numbers = elements_not_nan(data.ranks[r].y);
+    EXPECT_EQ(numbers, 0) << what << ": rank " << r << "'s y keeps " << numbers << " of " << data.ranks[r].y.numel()
                           << " elements that are not NaN";
   }
 }

@@ -48,6 +48,9 @@ void expect_same_bits(const std::vector<std::uint16_t>& got, const std::vector<s
 // then a y that is all NaN after a failed forward shows that the forward poisoned it.
 void zero_y(const DeviceMirror& mirror);
 
+// How many elements of the bf16 tensor `t` are not NaN.
+std::int64_t elements_not_nan(const HostTensor& t);
+
 // Every element of every rank's y in `data` is NaN.
 void expect_all_y_nan(const LayerData& data, const std::string& what);
 
