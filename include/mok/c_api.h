@@ -59,7 +59,7 @@ typedef struct mok_config {
 
 typedef struct mok_options {
   int32_t backend, ep_mode, active_rank, cpu_threads, cuda_device;
-  void* cuda_stream; /* a cudaStream_t; NULL: the default stream */
+  void* cuda_stream; /* a cudaStream_t; NULL: the default stream. Must outlive the layer (its destroy waits on it) */
 } mok_options;
 
 /* One shared expert's weights and gradients. */

@@ -14,7 +14,8 @@ The rules (shapes, dtypes, which ranks a mode takes) are mok::Layer's (include/m
 a broken one raises MokError naming the argument, as the C++ API does. On the cuda backend a
 call is asynchronous on the layer's stream (`cuda_stream`, a cudaStream_t handle such as
 torch.cuda.current_stream().cuda_stream): keep the tensors alive until synchronize() or the
-stream's own ordering says the work is done. Without `cuda_stream` the layer runs on the
+stream's own ordering says the work is done, and the stream alive until the layer is closed
+(closing waits on it). Without `cuda_stream` the layer runs on the
 legacy default stream, which PyTorch's side streams (non-blocking) are not ordered with:
 tensors written on one are read too early unless that stream is the layer's.
 

@@ -45,6 +45,15 @@ namespace {
     if (e_ != cudaSuccess) throw Error(std::string(#expr) + ": " + cudaGetErrorString(e_)); \
   } while (0)
 
+// A non-blocking stream, destroyed with its owner (after any Layer declared later).
+struct OwnedStream {
+  cudaStream_t stream = nullptr;
+  OwnedStream() { BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)); }
+  ~OwnedStream() { cudaStreamDestroy(stream); }
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+};
+
 struct Timing {
   double median = 0, min = 0, max = 0;
 };
@@ -266,8 +275,10 @@ int bench_command(const std::vector<std::string>& argv) {
 
   // ---- mok on the GPU: the layer (a group forms here, all ranks at about the same time) ----
   BENCH_CUDA(cudaSetDevice(device));
-  cudaStream_t stream;
-  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // Declared before the layer, so destroyed after it: a layer's destructor waits for its
+  // stream (a group's for its queued work), and a destroyed stream is no handle to wait on.
+  const OwnedStream owned_stream;
+  cudaStream_t stream = owned_stream.stream;
   LayerOptions o;
   o.backend = Backend::cuda;
   o.ep_mode = distributed ? EpMode::distributed : slice ? EpMode::rank_slice : EpMode::all_ranks;
@@ -553,7 +564,6 @@ int bench_command(const std::vector<std::string>& argv) {
     for (int r = 0; r < R; ++r) records.push_back(rank_file(r, mok_json));
     wait_for_files(records, exchange_timeout_s, "every rank's record before exiting");
   }
-  cudaStreamDestroy(stream);
   return passes ? 0 : 3;
 }
 
