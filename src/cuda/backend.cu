@@ -726,6 +726,14 @@ class CudaBackend final : public BackendImpl {
     group_->abort_communicator();  // (drain_before_abort first: the hook)
   }
 
+  // Sets the abandoned word (nothing without one); the fence orders the store before whatever
+  // follows (an abort, a query of the stream).
+  void raise_abandoned() const {
+    if (abandoned_.host() == nullptr) return;
+    *static_cast<volatile int*>(abandoned_.host()) = 1;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+
   // Called before every abort of the communicator, which unmaps the peers' memory that a
   // megakernel reads and writes. It raises the abandoned word first: a forward whose ids'
   // all-gather has not completed yet reads it in its schedule's count kernel, which comes
@@ -737,14 +745,6 @@ class CudaBackend final : public BackendImpl {
   // all-gather is still pending (stream order: nothing after it has run). So the abort waits
   // only for megakernels, never for a dead peer. Not covered: forwards replayed from a CUDA
   // graph (their count kernels read the word, but one already past it is not waited for).
-  // Sets the abandoned word (nothing without one); the fence orders the store before whatever
-  // follows (an abort, a query of the stream).
-  void raise_abandoned() const {
-    if (abandoned_.host() == nullptr) return;
-    *static_cast<volatile int*>(abandoned_.host()) = 1;
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-  }
-
   void drain_before_abort() const {
     raise_abandoned();
     if (!forward_marks_.created()) return;
