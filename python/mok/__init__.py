@@ -33,6 +33,7 @@ The library is found at $MOK_LIBRARY, else in the repository's build directories
 import atexit
 import copy
 import ctypes
+import gc
 import operator
 import os
 import sys
@@ -658,7 +659,8 @@ class Layer:
         on an exception does that). While combine_slots views are alive their memory stays, and
         the last of them destroys the layer. A distributed layer's collective destroy cannot
         wait for them: closing one whose group is not aborted (abandon_group, an earlier
-        failure) then raises and leaves it open, unless `after_error` abandons the group."""
+        failure) then raises and leaves it open, unless `after_error` abandons the group
+        (views that nothing uses any more, say in a reference cycle, are collected first)."""
         with self._lock:
             _drain_parked()
             native = self._native
@@ -666,6 +668,11 @@ class Layer:
                 return
             views = len(native.views)
             collective = native.distributed and not native.aborted()
+            if views and collective and not after_error:
+                # A view dropped inside a reference cycle stays in the WeakSet until the
+                # collector runs; collect once so that only views still in use refuse.
+                gc.collect()
+                views = len(native.views)
             if views and collective and not after_error:
                 raise MokError(f"close(): {views} combine_slots view(s) of this distributed layer are alive, and "
                                "its destroy is collective (it happens now, on every rank): delete them first, or "

@@ -365,6 +365,29 @@ class TorchCuda(unittest.TestCase):
                 again.forward(group)
                 again.synchronize()
 
+    def test_a_dropped_view_in_a_reference_cycle_does_not_block_a_collective_close(self):
+        with group_of_one_env():
+            p = mok.Problem(num_experts=8, hidden=256, intermediate=128, top_k=2, ep_size=1, tokens_per_rank=64)
+            layer = self._group_of_one(p)
+            native = weakref.ref(layer._native)
+            holder = {"slots": layer.combine_slots(0)}
+            holder["self"] = holder  # unreachable after the del, but alive until the collector runs
+            gc.disable()
+            try:
+                del holder
+                self.assertEqual(len(layer._native.views), 1, "the cycle did not keep the view")
+                layer.close()  # collective, not aborted: would refuse if it counted the dead view
+            finally:
+                gc.enable()
+            self.assertIsNone(native(), "close() left the layer alive")
+            # A view still in use is refused as before.
+            layer = self._group_of_one(p)
+            slots = layer.combine_slots(0)
+            with self.assertRaisesRegex(mok.MokError, r"1 combine_slots view\(s\) of this distributed layer"):
+                layer.close()
+            del slots
+            layer.close()
+
     def test_tensors_on_the_wrong_device_are_named(self):
         ranks = [to_torch(r, "cpu") for r in make_inputs(PROBLEM, 13)]
         with mok.Layer(PROBLEM, backend="cuda") as layer:
