@@ -266,12 +266,12 @@ endif()
 # MODE launch_killed: rank 1 of 3 kills itself; the launcher must stop the others (which
 #                     would sleep for 300 s) well within 60 s, exit non-zero and name rank 1.
 if(MODE STREQUAL "launch_ok")
-  run_mok(rc so se launch -n 3 -- sh -c "echo rank=$MOK_RANK world=$MOK_WORLD_SIZE nvls=$NCCL_NVLS_ENABLE multicast=$TORCH_SYMM_MEM_DISABLE_MULTICAST")
+  run_mok(rc so se launch -n 3 -- sh -c "echo rank=$MOK_RANK world=$MOK_WORLD_SIZE nvls=$NCCL_NVLS_ENABLE nvshmem_nvls=$NVSHMEM_DISABLE_NVLS multicast=$TORCH_SYMM_MEM_DISABLE_MULTICAST")
   if(NOT rc STREQUAL "0")
     message(FATAL_ERROR "mok launch: exit '${rc}'\n${so}\n${se}")
   endif()
   foreach(r 0 1 2)
-    if(NOT so MATCHES "rank=${r} world=3 nvls=0 multicast=1")
+    if(NOT so MATCHES "rank=${r} world=3 nvls=0 nvshmem_nvls=1 multicast=1")
       message(FATAL_ERROR "mok launch: rank ${r} did not run with the expected environment:\n${so}")
     endif()
   endforeach()
@@ -393,6 +393,15 @@ elseif(MODE STREQUAL "launch_witness")
                 -n 3 --peer-grace 20 -- sh "${WORK}/all_witnesses.sh")
   expect_refused("--peer-grace must be in [0, 1e7] seconds" launch -n 1 --peer-grace -1 -- true)
   expect_refused("--grace must be in [0, 1e7] seconds" launch -n 1 --grace 1e300 -- true)
+elseif(MODE STREQUAL "launch_signals")
+  # Signals to the launcher (tests/launch_signals.sh says which): SIGCHLD ignored by its
+  # parent, SIGHUP ignored from the start, a second signal while stopping, a signal while
+  # stopping a rank's leftovers, a SIGTERM right after the forks.
+  execute_process(COMMAND sh "${CMAKE_CURRENT_LIST_DIR}/launch_signals.sh" "${MOK}" "${WORK}" RESULT_VARIABLE rc
+                  OUTPUT_VARIABLE so ERROR_VARIABLE se)
+  if(NOT rc STREQUAL "0")
+    message(FATAL_ERROR "mok launch and signals: exit '${rc}' of the check\n${so}\n${se}")
+  endif()
 elseif(MODE MATCHES "^launch_")
   message(FATAL_ERROR "cli_test.cmake: unknown MODE '${MODE}'")
 endif()

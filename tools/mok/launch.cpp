@@ -10,7 +10,9 @@
 // then SIGKILL after --grace seconds) and the launcher exits non-zero naming that rank: with
 // its exit status if it exited, 128+N if signal N killed it or kept it stopped for longer than
 // --grace (a rank paused and resumed within it goes on). SIGINT/SIGTERM/SIGHUP to the
-// launcher stop every rank the same way (exit 128+N), --timeout does after that many seconds
+// launcher stop every rank the same way (exit 128+N; another one while they stop kills them
+// at once; SIGINT and SIGHUP ignored when the launcher started, by nohup or `&` in a script,
+// stay ignored in it and in the ranks), --timeout does after that many seconds
 // (exit 124, naming the ranks still running), and a rank whose launcher dies gets SIGTERM
 // (PR_SET_PDEATHSIG); a launcher killed outright (SIGKILL) leaves a guardian process that
 // stops every rank's whole process group (Guardian). A rank that even SIGKILL does not end is named and left after another
@@ -37,6 +39,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <sstream>
 #include <optional>
@@ -94,16 +97,19 @@ std::vector<pid_t> groups_with_live_processes(const std::vector<pid_t>& pgids) {
 }
 
 // Stops every live process of the groups `pgids`: SIGTERM, then SIGKILL to those still there
-// after `grace_s`, then up to `grace_s` more for them to go. Returns the groups that are
-// still live then (a process SIGKILL cannot end: uninterruptible in a hung driver, say).
-std::vector<pid_t> stop_process_groups(const std::vector<pid_t>& pgids, double grace_s) {
+// after `grace_s` (at once if `hurry()` turns true meanwhile: a signal to the launcher), then
+// up to `grace_s` more for them to go. Returns the groups that are still live then (a process
+// SIGKILL cannot end: uninterruptible in a hung driver, say).
+std::vector<pid_t> stop_process_groups(const std::vector<pid_t>& pgids, double grace_s,
+                                       const std::function<bool()>& hurry) {
   std::vector<pid_t> left = groups_with_live_processes(pgids);
   for (pid_t g : left) kill(-g, SIGTERM);
   for (int round = 0; round < 2 && !left.empty(); ++round) {
     // (After SIGKILL at least a second: the kernel takes a moment to end a process.)
     const double wait_s = round == 0 ? grace_s : std::max(grace_s, 1.0);
     const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
-    while (!(left = groups_with_live_processes(left)).empty() && std::chrono::steady_clock::now() < until)
+    while (!(left = groups_with_live_processes(left)).empty() && std::chrono::steady_clock::now() < until &&
+           !(round == 0 && hurry()))
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     if (round == 0)
       for (pid_t g : left) kill(-g, SIGKILL);
@@ -229,8 +235,17 @@ class Guardian {
   pid_t pid_ = -1;
 };
 
-volatile sig_atomic_t g_launcher_signal = 0;
-extern "C" void on_launcher_signal(int sig) { g_launcher_signal = sig; }
+volatile sig_atomic_t g_launcher_signal = 0;   // the latest signal to the launcher (0: none)
+volatile sig_atomic_t g_launcher_signals = 0;  // how many arrived: a second one hurries the stop
+extern "C" void on_launcher_signal(int sig) {
+  g_launcher_signal = sig;
+  g_launcher_signals = g_launcher_signals + 1;
+}
+
+// The signals the launcher handles (stop every rank). SIGINT and SIGHUP that were ignored
+// when the launcher started (`nohup`, `&` in a script) stay ignored, in it and in the ranks,
+// as they would for any other command; SIGTERM is always handled.
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
 }  // namespace
 
@@ -248,7 +263,9 @@ int launch_command(const std::vector<std::string>& argv) {
                 "  --grace S    (10) the wait between SIGTERM and SIGKILL, and how long a rank may stay "
                 "stopped by a signal before it fails the launch\n"
                 "  --peer-grace S  (10) the wait for the failed rank after one gave up on its peers\n"
-                "Seconds are at most 1e7. Processes the ranks leave running are stopped when the launch ends, "
+                "SIGINT, SIGTERM or SIGHUP stops every rank the same way (exit 128+N), and another one "
+                "while they stop kills them at once; SIGINT and SIGHUP ignored when the launcher started "
+                "(nohup, `&` in a script) stay ignored. Seconds are at most 1e7. Processes the ranks leave running are stopped when the launch ends, "
                 "also when the launcher itself is killed (a guardian process does it); a "
                 "rank that even SIGKILL does not end is named and left after another grace and a second. A "
                 "failed fork stops, kills and reaps the ranks already started.\n",
@@ -295,11 +312,32 @@ int launch_command(const std::vector<std::string>& argv) {
   require(mkdtemp(dir_template) != nullptr, "mok launch: cannot create a rendezvous directory in /tmp");
   const std::string launch_dir = dir_template;
 
-  // A signal to the launcher stops the ranks (handled in the watch loop below).
-  struct sigaction sa {};
-  sa.sa_handler = on_launcher_signal;
-  sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+  // The ranks' ends are waited for: a SIGCHLD ignored by whatever started the launcher would
+  // have the kernel reap them unseen (waitid: ECHILD) and, inherited, their own children too.
+  signal(SIGCHLD, SIG_DFL);
+  // A signal to the launcher stops the ranks (handled in the watch loop below); one ignored
+  // when it started stays ignored (kStopSignals).
+  std::vector<int> handled;
+  {
+    struct sigaction sa {};
+    sa.sa_handler = on_launcher_signal;
+    sigemptyset(&sa.sa_mask);
+    for (int sig : kStopSignals) {
+      struct sigaction was {};
+      sigaction(sig, nullptr, &was);
+      if (sig != SIGTERM && was.sa_handler == SIG_IGN) continue;
+      sigaction(sig, &sa, nullptr);
+      handled.push_back(sig);
+    }
+  }
+  // Blocked around each fork: a signal meant for a rank that arrives before the new process
+  // has dropped the launcher's handler stays pending in it until it has (instead of only
+  // setting the flag in its copy of the launcher).
+  sigset_t stop_set, unblocked;
+  sigemptyset(&stop_set);
+  for (int sig : kStopSignals) sigaddset(&stop_set, sig);
+  const int signals_at_start = g_launcher_signals;
+  const auto signalled_since = [](int count) { return [count] { return g_launcher_signals != count; }; };
 
   const pid_t launcher = getpid();
   std::optional<Guardian> guardian_slot;
@@ -314,11 +352,14 @@ int launch_command(const std::vector<std::string>& argv) {
   std::vector<pid_t> pids(n, -1);
   std::vector<bool> done(n, false);
   for (long long r = 0; r < n; ++r) {
+    sigprocmask(SIG_BLOCK, &stop_set, &unblocked);
     const pid_t pid = fork();
+    const int fork_errno = errno;
+    if (pid != 0) sigprocmask(SIG_SETMASK, &unblocked, nullptr);
     if (pid < 0) {  // the ranks already started are stopped and reaped, the rendezvous directory removed
-      const int err = errno;
+      const int err = fork_errno;
       const std::vector<pid_t> started(pids.begin(), pids.begin() + r);
-      const std::vector<pid_t> left = stop_process_groups(started, grace_s);
+      const std::vector<pid_t> left = stop_process_groups(started, grace_s, signalled_since(g_launcher_signals));
       for (pid_t p : started) {
         bool unkillable = false;
         for (pid_t g : left) unkillable = unkillable || g == p;
@@ -332,11 +373,13 @@ int launch_command(const std::vector<std::string>& argv) {
                   (left.empty() ? std::string(")") : "; " + std::to_string(left.size()) + " did not end even after SIGKILL)"));
     }
     if (pid == 0) {
-      // The default actions first: a SIGTERM from the launcher's death (below) must end this
-      // process, not set the launcher's flag in it.
+      // The default actions first (the signals ignored from the start stay ignored), then the
+      // signals unblocked: a SIGTERM from the launcher's death (below) or its stop must end
+      // this process, not set the launcher's flag in it.
       struct sigaction dfl {};
       dfl.sa_handler = SIG_DFL;
-      for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &dfl, nullptr);
+      for (int sig : handled) sigaction(sig, &dfl, nullptr);
+      sigprocmask(SIG_SETMASK, &unblocked, nullptr);
       setpgid(0, 0);  // one process group per rank: stopping a rank stops what it started
       guardian.watch(getpid());  // (before the launcher may: it can die before it learns the pid)
       // The rank goes when the launcher goes, however it goes.
@@ -366,6 +409,8 @@ int launch_command(const std::vector<std::string>& argv) {
   std::string failure;
   long long remaining = n;
   double stopped_at = -1;  // when the other ranks were asked to stop
+  int signals_at_stop = 0;  // how many signals the launcher had had by then
+  bool killed = false;      // hurried to SIGKILL by another signal
   auto stop_all = [&](int sig) {
     for (long long r = 0; r < n; ++r)
       if (!done[r]) kill(-pids[r], sig);
@@ -414,7 +459,20 @@ int launch_command(const std::vector<std::string>& argv) {
         }
       }
       info = siginfo_t{};
-      if (waitid(P_PID, pids[r], &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid != pids[r]) continue;
+      if (waitid(P_PID, pids[r], &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
+        if (errno != ECHILD) continue;
+        // (Not after SIGCHLD is back to its default, above; should something reap it anyway,
+        // the rank is gone and how it ended is not known: a failure, never a success.)
+        reported = true;
+        done[r] = true;
+        --remaining;
+        rank_stopped_at[r] = -1;
+        if (failed_rank < 0)
+          fail(static_cast<int>(r), 1, "rank " + std::to_string(r) + " ended and its exit status was lost (reaped "
+                                       "by something else)");
+        continue;
+      }
+      if (info.si_pid != pids[r]) continue;
       reported = true;
       done[r] = true;
       --remaining;
@@ -474,8 +532,17 @@ int launch_command(const std::vector<std::string>& argv) {
       stop_all(SIGTERM);
     }
     if (failed_rank >= 0) {
-      if (stopped_at < 0) stopped_at = elapsed;
-      if (elapsed - stopped_at > grace_s) stop_all(SIGKILL);
+      if (stopped_at < 0) {
+        stopped_at = elapsed;
+        signals_at_stop = g_launcher_signals;
+      }
+      // A signal to the launcher while it stops the ranks (a second Ctrl-C, say) kills them now.
+      if (!killed && g_launcher_signals != signals_at_stop) {
+        std::fprintf(stderr, "mok launch: got signal %s while stopping the ranks; killing them now\n",
+                     strsignal(g_launcher_signal));
+        killed = true;
+      }
+      if (killed || elapsed - stopped_at > grace_s) stop_all(SIGKILL);
       // A rank that SIGKILL does not end (uninterruptible, in a hung driver say) is not
       // waited for without end: after another grace it is named and left.
       if (elapsed - stopped_at > 2 * grace_s + 1) {
@@ -509,7 +576,7 @@ int launch_command(const std::vector<std::string>& argv) {
     if (!which.empty())
       std::fprintf(stderr, "mok launch: processes started by %s are still running after it ended; stopping them\n",
                    which.c_str());
-    const std::vector<pid_t> unkillable = stop_process_groups(leftover, grace_s);
+    const std::vector<pid_t> unkillable = stop_process_groups(leftover, grace_s, signalled_since(g_launcher_signals));
     if (!unkillable.empty())
       std::fprintf(stderr, "mok launch: %zu process group(s) of the launch did not end even after SIGKILL; leaving "
                    "them\n", unkillable.size());
@@ -527,6 +594,13 @@ int launch_command(const std::vector<std::string>& argv) {
   guardian.release();
   std::error_code ec;
   std::filesystem::remove_all(launch_dir, ec);
+  if (failed_rank < 0 && g_launcher_signals != signals_at_start) {
+    // (Every rank had ended well; the signal came while their leftovers were being stopped.)
+    failed_rank = static_cast<int>(n);
+    exit_code = 128 + g_launcher_signal;
+    failure = std::string("the launcher got signal ") + strsignal(g_launcher_signal) +
+              " while it stopped the processes the ranks left";
+  }
   if (failed_rank >= 0) {
     std::fprintf(stderr, "mok launch: failed: %s\n", failure.c_str());
     return exit_code != 0 ? exit_code : 1;

@@ -1,0 +1,100 @@
+#!/bin/sh
+# Used by cli_test.cmake (MODE launch_signals): how `mok launch` treats signals. Usage:
+#   launch_signals.sh MOK WORK
+# Prints what failed and exits 1, or exits 0. Every launch is bounded (60 s), so a launcher
+# that hangs fails the check instead of hanging it.
+mok=$1
+work=$2
+mkdir -p "$work"
+failed=0
+fail() {
+  echo "FAIL: $*"
+  failed=1
+}
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
+# Waits for the background launcher $1, killed after 60 s (a hang fails, never blocks), and
+# sets rc to its status. (Signals go to the launcher itself, not through timeout(1); no
+# watchdog process is left behind to hold the caller's pipes.)
+bounded_wait() {
+  tenths=0
+  while [ -e "/proc/$1/stat" ] && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2> /dev/null)" != Z ] && [ $tenths -lt 600 ]; do
+    sleep 0.1
+    tenths=$((tenths + 1))
+  done
+  kill -9 "$1" 2> /dev/null
+  wait "$1"
+  rc=$?
+}
+
+# 1. Started with SIGCHLD ignored (the kernel would reap the ranks unseen): it still sees
+#    them end, and exits 0 at once instead of waiting for ever.
+t0=$(now_ms)
+# (python3, since a shell may reset SIGCHLD for the commands it runs.)
+timeout 60 python3 -c 'import os, signal, sys; signal.signal(signal.SIGCHLD, signal.SIG_IGN); os.execv(sys.argv[1], sys.argv[1:])' \
+  "$mok" launch -n 2 -- true > "$work/chld.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && [ $(($(now_ms) - t0)) -lt 20000 ] || fail "launched with SIGCHLD ignored: rc $rc: $(cat "$work/chld.log")"
+
+# 2. SIGHUP ignored when it started (nohup): a SIGHUP stops nothing, in the launcher or
+#    the ranks (each sends itself one, then says it is still there).
+rm -f "$work"/hup_*
+sh -c 'trap "" HUP; exec "$0" launch -n 2 -- sh -c "kill -HUP \$\$; sleep 2; touch \"$1/hup_\$MOK_RANK\""' \
+  "$mok" "$work" > "$work/hup.log" 2>&1 &
+launcher=$!
+sleep 1
+kill -HUP $launcher 2> /dev/null
+bounded_wait $launcher
+[ $rc -eq 0 ] && [ -e "$work/hup_0" ] && [ -e "$work/hup_1" ] ||
+  fail "SIGHUP ignored from the start: rc $rc, ranks left: $(ls "$work" | grep -c hup_): $(cat "$work/hup.log")"
+
+# 3. A second signal while the ranks are being stopped (they ignore SIGTERM; the grace is
+#    30 s) kills them at once.
+t0=$(now_ms)
+"$mok" launch -n 2 --grace 30 -- sh -c 'trap "" TERM; sleep 7791' > "$work/again.log" 2>&1 &
+launcher=$!
+sleep 1
+kill -TERM $launcher
+sleep 0.5
+kill -TERM $launcher 2> /dev/null
+bounded_wait $launcher
+ms=$(($(now_ms) - t0))
+[ $rc -eq 143 ] && [ $ms -lt 15000 ] && grep -q "killing them now" "$work/again.log" ||
+  fail "a second SIGTERM while stopping: rc $rc after $ms ms (143 at once expected): $(cat "$work/again.log")"
+
+# 4. A signal while the processes that ranks left behind are being stopped (the ranks exited
+#    0; their child ignores SIGTERM): killed at once, and the launch fails with 128+N.
+t0=$(now_ms)
+"$mok" launch -n 1 --grace 30 -- sh -c '(trap "" TERM; sleep 7792) & exit 0' > "$work/left.log" 2>&1 &
+launcher=$!
+sleep 1
+kill -TERM $launcher
+bounded_wait $launcher
+ms=$(($(now_ms) - t0))
+[ $rc -eq 143 ] && [ $ms -lt 15000 ] ||
+  fail "a SIGTERM while stopping a rank's leftovers: rc $rc after $ms ms (143 at once expected): $(cat "$work/left.log")"
+
+# 5. A SIGTERM right after the ranks are forked reaches each of them as SIGTERM (none is left
+#    to the SIGKILL after the grace, 20 s here) however early it comes.
+for delay in 0.01 0.03 0.05; do
+  t0=$(now_ms)
+  "$mok" launch -n 100 --grace 20 -- sleep 7793 > "$work/early.log" 2>&1 &
+  launcher=$!
+  sleep $delay
+  kill -TERM $launcher
+  bounded_wait $launcher
+  ms=$(($(now_ms) - t0))
+  [ $rc -eq 143 ] && [ $ms -lt 15000 ] ||
+    fail "a SIGTERM $delay s into a launch of 100: rc $rc after $ms ms (143 within the grace expected)"
+done
+
+# Nothing of these launches may be left running.
+for f in /proc/[0-9]*/cmdline; do
+  case "$(tr '\000' ' ' < "$f" 2> /dev/null)" in
+    "sleep 779"[123]" ")
+      pid=$(basename "$(dirname "$f")")
+      fail "left running: $pid"
+      kill -9 "$pid" 2> /dev/null
+      ;;
+  esac
+done
+exit $failed
