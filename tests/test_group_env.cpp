@@ -62,6 +62,15 @@ TEST(GroupEnvironment, TorchrunAndMpiVariables) {
   EXPECT_EQ(env.local_rank, 3);  // defaults to the rank
 }
 
+TEST(GroupEnvironment, AnEmptyDirectoryVariableIsUnset) {
+  // MOK_LAUNCH_DIR="" hides no MOK_RENDEZVOUS_DIR, and an empty one alone is none at all.
+  EXPECT_EQ(read({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MOK_LAUNCH_DIR", ""}, {"MOK_RENDEZVOUS_DIR", "/shared"}})
+                .rendezvous_dir,
+            "/shared");
+  EXPECT_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MOK_RENDEZVOUS_DIR", ""}}),
+              HasSubstr("no rendezvous directory"));
+}
+
 TEST(GroupEnvironment, SingleProcessNeedsNoRendezvous) {
   const auto env = read({{"RANK", "0"}, {"WORLD_SIZE", "1"}});
   EXPECT_EQ(env.world_size, 1);
@@ -103,6 +112,9 @@ TEST(GroupEnvironment, JobKeyComesFromTheLauncher) {
   EXPECT_EQ(with({{"PMIX_NAMESPACE", "prterun-host-99@1"}}), "prterun-host-99_1");
   // MOK_RUN_ID wins over every launcher's id; what a file name cannot hold is replaced.
   EXPECT_EQ(with({{"MOK_RUN_ID", "job/7 a"}, {"TORCHELASTIC_RUN_ID", "ab12"}}), "job_7_a");
+  // An empty variable is unset: it hides no other source (MOK_RUN_ID=$SLURM_JOB_ID outside Slurm).
+  EXPECT_EQ(with({{"MOK_RUN_ID", ""}, {"TORCHELASTIC_RUN_ID", "ab12"}}), "ab12");
+  EXPECT_EQ(with({{"MOK_RUN_ID", ""}}), "");
   const std::string long_id = std::string(100, 'a') + std::string(100, 'z');
   const std::string key = with({{"MOK_RUN_ID", long_id}});
   EXPECT_EQ(key.size(), 96u);

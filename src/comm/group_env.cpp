@@ -44,6 +44,12 @@ GroupEnvironment GroupEnvironment::from_environment(
     const char* v = std::getenv(name);
     return v ? std::optional<std::string>(v) : std::nullopt;
   };
+  // The directory and job-id variables: an empty one counts as unset (`MOK_RUN_ID=$SLURM_JOB_ID`
+  // outside Slurm must neither hide torchrun's id nor give every job the same empty key).
+  auto get_set = [&](const char* name) -> std::optional<std::string> {
+    auto v = get(name);
+    return v && !v->empty() ? v : std::nullopt;
+  };
   struct Scheme {
     const char *source, *rank, *size, *local;
   };
@@ -65,10 +71,10 @@ GroupEnvironment GroupEnvironment::from_environment(
       throw Error(std::string("environment: ") + s.rank + " = " + *rank + " must be below " + s.size + " = " + *size);
     const auto local = get(s.local);
     env.local_rank = local ? parse_int(s.local, *local) : env.rank;
-    if (auto dir = get("MOK_LAUNCH_DIR")) env.rendezvous_dir = *dir;
-    else if (auto dir2 = get("MOK_RENDEZVOUS_DIR")) env.rendezvous_dir = *dir2;
+    if (auto dir = get_set("MOK_LAUNCH_DIR")) env.rendezvous_dir = *dir;
+    else if (auto dir2 = get_set("MOK_RENDEZVOUS_DIR")) env.rendezvous_dir = *dir2;
     std::string job;
-    if (auto id = get("MOK_RUN_ID")) {
+    if (auto id = get_set("MOK_RUN_ID")) {
       job = *id;
     } else {
       auto add = [&](const std::optional<std::string>& part, const char* prefix) {
@@ -77,16 +83,16 @@ GroupEnvironment GroupEnvironment::from_environment(
         job += prefix;
         job += *part;
       };
-      add(get("TORCHELASTIC_RUN_ID"), "");
+      add(get_set("TORCHELASTIC_RUN_ID"), "");
       // torchrun without --rdzv-id has no run id ("none"): its store's address tells two jobs
       // running at once apart (one after another may share it; the id is removed by then).
-      if (job.empty() && get("TORCHELASTIC_RUN_ID")) {
-        const auto addr = get("MASTER_ADDR"), port = get("MASTER_PORT");
+      if (job.empty() && get_set("TORCHELASTIC_RUN_ID")) {
+        const auto addr = get_set("MASTER_ADDR"), port = get_set("MASTER_PORT");
         if (addr && port) job = *addr + "_" + *port;
       }
-      add(get("TORCHELASTIC_RESTART_COUNT"), "restart");
-      if (job.empty()) add(get("OMPI_MCA_ess_base_jobid"), "");
-      if (job.empty()) add(get("PMIX_NAMESPACE"), "");
+      add(get_set("TORCHELASTIC_RESTART_COUNT"), "restart");
+      if (job.empty()) add(get_set("OMPI_MCA_ess_base_jobid"), "");
+      if (job.empty()) add(get_set("PMIX_NAMESPACE"), "");
     }
     env.job_key = file_safe(job);
     if (env.world_size > 1 && env.rendezvous_dir.empty())

@@ -6,7 +6,7 @@
 // The rendezvous directory is where rank 0 leaves the NCCL unique id for the others; the job
 // key names that file after the launcher's job, so that jobs sharing a directory read each
 // its own id whenever the launcher tells them apart (comm/rendezvous.h):
-//   MOK_RUN_ID if set; else torchrun's TORCHELASTIC_RUN_ID (or, for its default "none",
+//   MOK_RUN_ID if set (an empty variable here counts as unset); else torchrun's TORCHELASTIC_RUN_ID (or, for its default "none",
 //   MASTER_ADDR and MASTER_PORT) and TORCHELASTIC_RESTART_COUNT; else Open MPI's
 //   OMPI_MCA_ess_base_jobid or PMIX_NAMESPACE. Plain RANK/WORLD_SIZE give none: such jobs
 //   need a directory each, or MOK_RUN_ID. `mok launch` needs none: its directory is private.
