@@ -347,6 +347,28 @@ int bench_command(const std::vector<std::string>& argv) {
   const double timed_end_unix_s = unix_seconds_now();
   const Timing fwd_time = summarize(ms);
 
+  // ---- what the check reads, taken now: the last timed forward's outputs, not the phase
+  // pass's below (its events serialise what PDL overlaps, so a forward wrong only when its
+  // kernels overlap would pass there) ----
+  const auto stats = layer.last_schedule_stats();
+  LayerData out = host;
+  mirror.copy_outputs_to(out);
+  // One GPU: the rows this rank computed, read where they were pushed (their owners' slots),
+  // in reference order. A group: this rank's own slots (every rank's rows for its tokens).
+  std::vector<std::uint16_t> rows_got;
+  ref::SlotBuffer slots_got;
+  if (!distributed) {
+    rows_got.resize(static_cast<std::size_t>(N) * H);
+    for (std::int64_t r = 0; r < N; ++r) {
+      const std::uint16_t* slot = layer.combine_slots(row_at[r].src_rank).as<std::uint16_t>() +
+                                  static_cast<std::int64_t>(row_at[r].slot) * H;
+      BENCH_CUDA(cudaMemcpy(&rows_got[std::size_t(r) * H], slot, H * 2, cudaMemcpyDeviceToHost));
+    }
+  } else {
+    slots_got.resize(slot_elems);
+    BENCH_CUDA(cudaMemcpy(slots_got.data(), layer.combine_slots(me).data, slot_elems * 2, cudaMemcpyDeviceToHost));
+  }
+
   // ---- where a forward's time goes: a separate pass with events between the phases (they
   // serialise what PDL overlaps, so the phases add up to a little more than the median),
   // forwards back to back as in the timed run ----
@@ -376,11 +398,7 @@ int bench_command(const std::vector<std::string>& argv) {
   }
   phases_json += "}}";
 
-  const auto stats = layer.last_schedule_stats();
-  LayerData out = host;
-  mirror.copy_outputs_to(out);
-
-  // ---- check: every slot this rank's y reads, and y ----
+  // ---- check: every slot this rank's y reads, and y (as taken after the timed run) ----
   // One GPU: the rows this rank computed, read where they were pushed (their owners' slots),
   // and y over the slots (the slice's other slots: the seeded pattern). A real group: each
   // rank hands the reference rows it computed for other ranks' tokens to their owners
@@ -395,13 +413,7 @@ int bench_command(const std::vector<std::string>& argv) {
     }
   };
   if (!distributed) {
-    std::vector<std::uint16_t> row(H);
-    for (std::int64_t r = 0; r < N; ++r) {
-      const std::uint16_t* slot = layer.combine_slots(row_at[r].src_rank).as<std::uint16_t>() +
-                                  static_cast<std::int64_t>(row_at[r].slot) * H;
-      BENCH_CUDA(cudaMemcpy(row.data(), slot, H * 2, cudaMemcpyDeviceToHost));
-      add_row(row.data(), &rows_ref[r * H]);
-    }
+    for (std::int64_t r = 0; r < N; ++r) add_row(&rows_got[std::size_t(r) * H], &rows_ref[r * H]);
     ref::combine_epilogue_rank(p, pool, shared_ref, combine_local, host.ranks[me].router_weights.data<float>(),
                                y_ref.data<std::uint16_t>());
   } else {
@@ -451,9 +463,8 @@ int bench_command(const std::vector<std::string>& argv) {
     }
     for (std::size_t slot = 0; slot < covered.size(); ++slot)
       require(covered[slot], "mok bench: no rank computed a reference row for slot " + std::to_string(slot));
-    BENCH_CUDA(cudaMemcpy(combine_local.data(), layer.combine_slots(me).data, slot_elems * 2, cudaMemcpyDeviceToHost));
     for (std::size_t slot = 0; slot < covered.size(); ++slot)
-      add_row(&combine_local[slot * H], &ref_slots[slot * H]);
+      add_row(&slots_got[slot * H], &ref_slots[slot * H]);
     ref::combine_epilogue_rank(p, pool, shared_ref, ref_slots, host.ranks[me].router_weights.data<float>(),
                                y_ref.data<std::uint16_t>());
   }
