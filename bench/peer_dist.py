@@ -9,10 +9,10 @@ y_ref), then, on its GPU, runs the pipeline users write around grouped GEMMs:
   1. counts per destination rank, all_to_all_single of the counts (and the host reads them:
      the split sizes), argsort of the (token, j) pairs by destination;
   2. all_to_all_single of the rows and of their local expert ids (NCCL: the dispatch);
-  3. argsort permute, torch._grouped_mm gate/up, SwiGLU, torch._grouped_mm down, unpermute
-     (bench/peer_torch.py's routed_rows);
+  3. argsort permute, torch._grouped_mm gate/up, SwiGLU, torch._grouped_mm down
+     (bench/peer_torch.py's expert_ffn), unpermute by a gather;
   4. all_to_all_single of the result rows back to their sources (the combine), unpermute
-     into [T*k, H] slots, router-weighted sum plus the shared experts (local_y).
+     into [T*k, H] slots (a gather), router-weighted sum plus the shared experts (local_y).
 It checks y against y_ref (MoK's bar) on every rank before timing; times the forward with
 CUDA events per iteration on every rank, the slowest rank per iteration making the figure
 (as mok bench's group record does); and measures NCCL's own all-to-all bandwidth (the
@@ -44,15 +44,29 @@ def send_plan(top_flat, k, local_experts, ranks, xp):
     destination), each sent row's source token, its destination-local expert id, and the
     rows for each destination rank."""
     dest = top_flat // local_experts
-    order = xp.argsort(dest, stable=True) if xp.__name__ == "torch" else xp.argsort(dest, kind="stable")
-    return order, order // k, (top_flat % local_experts)[order], xp.bincount(dest, minlength=ranks)
+    if xp.__name__ == "torch":
+        order = xp.argsort(dest, stable=True)
+        # (On the device: torch.bincount on CUDA reads the ids' min and max back to the host.)
+        counts = xp.zeros(ranks, dtype=dest.dtype, device=dest.device).scatter_add_(0, dest, xp.ones_like(dest))
+    else:
+        order = xp.argsort(dest, kind="stable")
+        counts = xp.bincount(dest, minlength=ranks)
+    return order, order // k, (top_flat % local_experts)[order], counts
+
+
+def inverse_permutation(order, xp):
+    """at with at[order[i]] = i: where each element of the unpermuted order sits in `order`'s."""
+    n = int(order.shape[0])
+    at = xp.empty_like(order)
+    at[order] = xp.arange(n, device=order.device) if xp.__name__ == "torch" else xp.arange(n)
+    return at
 
 
 def unpermute_slots(back, order, xp):
-    """Rows that came back in send order -> slots in (token, j) order."""
-    slots = xp.empty_like(back)
-    slots[order] = back
-    return slots
+    """Rows that came back in send order -> slots in (token, j) order: one gather (a scatter of
+    the indices, not of the rows)."""
+    at = inverse_permutation(order, xp)
+    return back.index_select(0, at) if xp.__name__ == "torch" else back[at]
 
 
 def simulate_exchange(sends, counts):
@@ -122,7 +136,7 @@ class RankWork:
     def forward(self):
         import torch
         import torch.distributed as dist
-        from peer_torch import local_y, routed_rows
+        from peer_torch import expert_ffn, local_y
         order, src_token, expert_send, counts = send_plan(self.top, self.k, self.E_loc, self.R, torch)
         recv_counts = torch.empty_like(counts)
         dist.all_to_all_single(recv_counts, counts)
@@ -132,7 +146,11 @@ class RankWork:
         dist.all_to_all_single(x_recv, x_send, recv_splits, send_splits)
         e_recv = expert_send.new_empty((sum(recv_splits),))
         dist.all_to_all_single(e_recv, expert_send, recv_splits, send_splits)
-        out = routed_rows(x_recv, e_recv, self.w13, self.w2, self.E_loc, self.I, self.limit)
+        # Permute by expert, the experts, and back to arrival order (gathers both ways).
+        by_expert = torch.argsort(e_recv, stable=True)
+        o = expert_ffn(x_recv.index_select(0, by_expert), e_recv.index_select(0, by_expert), self.w13, self.w2,
+                       self.E_loc, self.I, self.limit)
+        out = o.index_select(0, inverse_permutation(by_expert, torch))
         back = self.x.new_empty((self.T * self.k, self.H))
         dist.all_to_all_single(back, out, send_splits, recv_splits)
         slots = unpermute_slots(back, order, torch)

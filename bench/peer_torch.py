@@ -87,26 +87,27 @@ def expert_offsets(sorted_expert, num_local):
     return torch.searchsorted(sorted_expert, ends).to(torch.int32)
 
 
-def routed_rows(x_recv, row_expert, w13, w2, num_local, width, limit, into=None):
-    """Expert outputs of the received rows, in arrival order ([N, H] bf16, not weighted).
+def expert_ffn(x_perm, sorted_expert, w13, w2, num_local, width, limit):
+    """The experts on rows sorted by expert ([N, H] bf16 in, the same order out, not weighted).
 
     w13: [E_loc, 2I, H] (gate rows then up rows), w2: [E_loc, H, I]; both are handed to
-    _grouped_mm as transposed views ([E_loc, H, 2I] and [E_loc, I, H]).
-    `into` = (buffer, dest): the unpermute writes row r to buffer[dest[r]] instead (the same one
-    scatter), and nothing is returned: Work.forward puts the rank's own tokens' rows straight
-    into their combine slots, as mok does, and the others' into a send buffer.
-    """
+    _grouped_mm as transposed views ([E_loc, H, 2I] and [E_loc, I, H])."""
     import torch
-    order = torch.argsort(row_expert, stable=True)
-    x_perm = x_recv.index_select(0, order)
-    offs = expert_offsets(row_expert.index_select(0, order), num_local)
+    offs = expert_offsets(sorted_expert, num_local)
     h = torch._grouped_mm(x_perm, w13.transpose(-2, -1), offs=offs)
     a = swiglu(h, width, limit)
-    o = torch._grouped_mm(a, w2.transpose(-2, -1), offs=offs)
-    if into is not None:
-        buffer, dest = into
-        buffer.index_copy_(0, dest.index_select(0, order), o)
-        return None
+    return torch._grouped_mm(a, w2.transpose(-2, -1), offs=offs)
+
+
+def routed_rows(x_recv, row_expert, w13, w2, num_local, width, limit):
+    """Expert outputs of the received rows, in arrival order ([N, H] bf16, not weighted), as
+    autograd sees them (time_backward): permute, the experts, and the unpermute `out[order] = o`,
+    whose gradient is a gather (a gather forward, as Work.forward does it, would have a
+    scatter-add backward)."""
+    import torch
+    order = torch.argsort(row_expert, stable=True)
+    o = expert_ffn(x_recv.index_select(0, order), row_expert.index_select(0, order), w13, w2, num_local, width,
+                   limit)
     out = torch.empty_like(o)
     out[order] = o
     return out
@@ -126,7 +127,10 @@ def local_y(x_local, shared, router_weights, combine_local, limit):
     import torch
     T, k = router_weights.shape
     weights = router_weights.to(combine_local.dtype).unsqueeze(1)
-    acc = torch.bmm(weights, combine_local.view(T, k, -1)).squeeze(1).float()
+    acc = torch.bmm(weights, combine_local.view(T, k, -1)).squeeze(1)
+    if not shared:
+        return acc  # (already bf16: the fp32 round trip would change no bit)
+    acc = acc.float()
     for w13s, w2s, width in shared:
         acc = acc + shared_out(x_local, w13s, w2s, width, limit).float()
     return acc.to(torch.bfloat16)
@@ -183,15 +187,23 @@ class Work:
         self.router_weights = plain(arrays["router_weights"]).float()
         # Where the forward's unpermute puts each row (row_slot.npy): the rank's own tokens'
         # rows into their combine slots (NaN in combine_local.npy: the peer fills them, so its
-        # y is checked on its own rows), the other ranks' into a send buffer after them (what
-        # the combine all-to-all would carry off). combine_local is a view of the slots.
+        # y is checked on its own rows), the other ranks' into a send buffer (what the combine
+        # all-to-all would carry off), in arrival order. Which arrival rows go where is part
+        # of the layout the peer is given.
         row_slot = plain(arrays["row_slot"]).long()
         slots = self.T * self.k
-        self.row_dest = torch.where(row_slot >= 0, row_slot,
-                                    slots + torch.arange(row_slot.numel(), device=row_slot.device))
-        self.dest_buffer = torch.empty(slots + row_slot.numel(), self.H, dtype=torch.bfloat16, device=device)
-        self.dest_buffer[:slots] = bf16(arrays["combine_local"])
-        self.combine_local = self.dest_buffer[:slots]
+        self.arrival = torch.arange(self.N, device=row_slot.device)
+        self.own_rows = torch.nonzero(row_slot >= 0).flatten()
+        self.own_slots = row_slot.index_select(0, self.own_rows)
+        self.remote_rows = torch.nonzero(row_slot < 0).flatten()
+        self.combine_local = bf16(arrays["combine_local"]).clone()  # (on the CPU .to() would share the array)
+        self.send_buffer = torch.empty(int(self.remote_rows.numel()), self.H, dtype=torch.bfloat16, device=device)
+        # Every slot filled by a row of this rank (one GPU, EP = 1): the slots are then one
+        # gather of the expert outputs, slot by slot (slot_row: the arrival row of each slot).
+        self.slot_row = None
+        if int(self.own_rows.numel()) == slots:
+            self.slot_row = torch.empty(slots, dtype=torch.long, device=row_slot.device)
+            self.slot_row[self.own_slots] = self.own_rows
         self.rows_ref = bf16(arrays["rows_ref"])
         self.y_ref = bf16(arrays["y_ref"])
         self.dy_local = bf16(arrays["dy_local"]) if "dy_local" in arrays else None
@@ -199,15 +211,35 @@ class Work:
         self.expert_rows = {"min": int(counts.min()), "max": int(counts.max()), "mean": float(counts.mean())}
 
     def forward(self):
-        """The timed pipeline: y, with the routed rows left in dest_buffer (routed_out)."""
-        x_recv = self.x_all.index_select(0, self.row_source)  # what the all-to-all delivers
-        routed_rows(x_recv, self.row_expert, self.w13, self.w2, self.E_loc, self.I, self.limit,
-                    into=(self.dest_buffer, self.row_dest))
+        """The timed pipeline: y, with the routed rows left in the combine slots and the send
+        buffer (routed_out). Each row's bytes move once each way, as in mok: gathered in expert
+        order, and gathered back to where it goes."""
+        import torch
+        order = torch.argsort(self.row_expert, stable=True)
+        if self.R == 1:  # one GPU: no all-to-all, the permute is the dispatch
+            x_perm = self.x_all.index_select(0, self.row_source.index_select(0, order))
+        else:
+            x_recv = self.x_all.index_select(0, self.row_source)  # what the all-to-all delivers
+            x_perm = x_recv.index_select(0, order)
+        o = expert_ffn(x_perm, self.row_expert.index_select(0, order), self.w13, self.w2, self.E_loc, self.I,
+                       self.limit)
+        # Unpermute as gathers: at[r] is arrival row r's row of o (N indices, not N rows).
+        at = torch.empty_like(order)
+        at[order] = self.arrival
+        if self.slot_row is not None:
+            torch.index_select(o, 0, at.index_select(0, self.slot_row), out=self.combine_local)
+        else:
+            self.combine_local.index_copy_(0, self.own_slots, o.index_select(0, at.index_select(0, self.own_rows)))
+            torch.index_select(o, 0, at.index_select(0, self.remote_rows), out=self.send_buffer)
         return local_y(self.x_local, self.shared, self.router_weights, self.combine_local, self.limit)
 
     def routed_out(self):
         """The last forward's routed rows in arrival order (for the check, outside the timing)."""
-        return self.dest_buffer.index_select(0, self.row_dest)
+        import torch
+        out = torch.empty(self.N, self.H, dtype=torch.bfloat16, device=self.combine_local.device)
+        out[self.own_rows] = self.combine_local.index_select(0, self.own_slots)
+        out[self.remote_rows] = self.send_buffer
+        return out
 
 
 # ---- the measured parts ------------------------------------------------------------------
@@ -412,9 +444,9 @@ def run(args, doc, arrays):
     result = {"tool": "peer_torch", "schema": SCHEMA, "work_dir": os.path.abspath(args.work_dir),
               "peer_code": checks.peer_code("peer_torch"),
               "env": gpu_env(), "shape": doc["shape"], "problem": doc["problem"],
-              "peer": "pytorch eager pipeline: index_select dispatch, argsort permute, device offsets "
-                      "(searchsorted), torch._grouped_mm x2, SwiGLU, unpermute, shared experts, weighted combine "
-                      "as one bmm (bf16)",
+              "peer": "pytorch eager pipeline: index_select dispatch and argsort permute (one gather at "
+                      "EP = 1), device offsets (searchsorted), torch._grouped_mm x2, SwiGLU, unpermute by "
+                      "gather, shared experts, weighted combine as one bmm (bf16)",
               "peer_precision": "bf16",
               "timing": {"warmup": args.warmup, "iters": args.iters, "ceiling_warmup": args.ceiling_warmup,
                          "ceiling_iters": args.ceiling_iters, "median": "sorted[n//2] of per-iteration CUDA-event times"},

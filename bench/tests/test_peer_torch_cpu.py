@@ -48,6 +48,22 @@ class PeerOnCpu(unittest.TestCase):
                 self.assertFalse(checks.passes(st, tol), st)
                 self.assertGreater(st["non_finite"], 0)
 
+    def test_rows_that_arrive_in_any_order_are_unpermuted_to_where_they_go(self):
+        # mok bench writes the rows in expert order (the argsort is then the identity); the
+        # same rows shuffled must give the same check, so that the unpermute's inverse is used.
+        import numpy as np
+        for kw in ({}, {"ep_size": 1, "ep_mode": "all", "shared": (), "num_experts": 4, "top_k": 2}):
+            with self.subTest(**{k: str(v) for k, v in kw.items()}), tempfile.TemporaryDirectory() as d:
+                make_workdir(d, **kw)
+                doc, arrays = workdir.load_work(d)
+                perm = np.random.default_rng(5).permutation(len(arrays["row_source"]))
+                self.assertFalse(np.array_equal(perm, np.arange(len(perm))))
+                for name in ("row_source", "row_expert", "row_weight", "row_slot", "rows_ref"):
+                    arrays[name] = np.ascontiguousarray(arrays[name][perm])
+                tol = checks.tolerance(doc["problem"]["precision"])
+                res = self.peer.check_forward(self.peer.Work(doc, arrays, "cpu"), tol)
+                self.assertTrue(res["passes"], res)
+
     def test_the_profile_lists_where_a_forward_goes(self):
         with tempfile.TemporaryDirectory() as d:
             make_workdir(d)
