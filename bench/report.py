@@ -143,7 +143,7 @@ def newest_per_key(loaded):
     or none at all recorded, does not stand for the shape beside today's)."""
     best = {}
     for path, rec in loaded:
-        key = record_key(rec) + mok_args_of(rec)
+        key = record_key(rec) + variant_of(rec)
         rank = (todays_peer(rec), rec.get("date", ""), os.path.basename(path))
         if key not in best or rank > best[key][0]:
             best[key] = (rank, rec)
@@ -153,11 +153,11 @@ def newest_per_key(loaded):
 def bar_records(recs):
     """One record per (shape, EP mode, routing, precision) for the per-shape plots: the one at
     the shape's default tokens per rank if present, else the one with the most tokens. Failed
-    records are left out: a bar has no FAIL beside it (the tables have); so are records made with
-    extra mok bench options (they did not time the defaults)."""
+    records are left out: a bar has no FAIL beside it (the tables have); so are variants
+    (variant_of: they did not time the defaults)."""
     groups = {}
     for rec in recs:
-        if records.record_passes(rec) and not mok_args_of(rec):
+        if records.record_passes(rec) and not variant_of(rec):
             groups.setdefault(series_key(rec), []).append(rec)
     chosen = []
     for (shape, *_), group in groups.items():
@@ -181,11 +181,18 @@ def mok_args_of(rec):
     return tuple(rec.get("mok_args") or ())
 
 
+def variant_of(rec):
+    """What the run changed from the commit's defaults: the megakernel's environment knobs
+    (config.env, "MOK_X=1") and the extra mok bench options; () for a default run. A variant
+    stands beside the default record of its key, never for it, and is left out of the plots."""
+    knobs = ((rec.get("config") or {}).get("env")) or {}
+    return tuple(f"{k}={v}" for k, v in sorted(knobs.items())) + mok_args_of(rec)
+
+
 def commit_text(rec):
     """The commit (commit_label), the megakernel's environment knobs the run set (config.env: a
     record made with MOK_X=1 did not time the commit's default) and the extra mok bench options."""
-    knobs = ((rec.get("config") or {}).get("env")) or {}
-    return " ".join([commit_label(rec)] + [f"{k}={v}" for k, v in sorted(knobs.items())] + list(mok_args_of(rec)))
+    return " ".join([commit_label(rec)] + list(variant_of(rec)))
 
 
 def _commit_of(rec):
@@ -200,7 +207,7 @@ def sweep_groups(loaded):
     plotted (a failed one has no FAIL beside it on a line); give contract records only."""
     by_series = {}
     for path, rec in loaded:
-        if records.record_passes(rec) and not mok_args_of(rec):  # (plots time the defaults only)
+        if records.record_passes(rec) and not variant_of(rec):  # (plots time the defaults only)
             by_series.setdefault(series_key(rec), []).append((path, rec))
     out = {}
     for key, items in by_series.items():
@@ -539,7 +546,8 @@ def markdown(recs, plots, out_dir, repeats=None, off_contract=None):
              "counts T shared rows they do not have: k+1 over k too high); "
              "speedup = PyTorch pipeline ms / mok ms (the eager pipeline of bench/peer_torch.py: no CUDA "
              "graphs, no torch.compile; peers before a93cc1c combined in fp32 elementwise and "
-             "synchronised on bincount, so their speedups are higher than today's peer gives); "
+             "synchronised on bincount, and peers before b587a86 unpermuted with an index_copy_ scatter "
+             "and copied each row twice at EP = 1, so their speedups are higher than today's peer gives); "
              "speedup at ceiling = PyTorch pipeline ms over the "
              "time the rank's performed FLOPs take at the dense bf16 GEMM rate measured in the same run "
              "(the speedup of a layer that ran at cuBLAS's dense rate and did nothing else: beyond it "
@@ -547,7 +555,7 @@ def markdown(recs, plots, out_dir, repeats=None, off_contract=None):
              "measured in the same run (a sustained 8192^3 torch.matmul at the power cap; MoK's formula; 'performed': the FLOPs really done, which is the "
              "honest fraction for shapes without a shared expert). peer = the PyTorch peer's code the record "
              "was measured against (checks.peer_code: a hash of its files): \"today's\" is this checkout's; "
-             "records before a93cc1c's fixes, and any before the id was kept, show as \"earlier\". When several "
+             "records before b587a86's peer, and any before the id was kept, show as \"earlier\". When several "
              "records share shape, EP mode and size, routing, tokens, precision, GPU and extra mok bench options, "
              "the newest against "
              "today's peer is shown, else the newest. Only records made to MoK's timing contract "

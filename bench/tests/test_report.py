@@ -366,6 +366,18 @@ class Report(unittest.TestCase):
             self.assertEqual(sorted(r["mok"]["forward"]["median_ms"] for r in shown), [0.5, 1.0])
             self.assertIn("--comm-sms 32", report.commit_text(next(r for r in shown if r.get("mok_args"))))
             self.assertEqual([r["mok"]["forward"]["median_ms"] for r in report.bar_records(shown)], [1.0])
+        # So does one made with a megakernel knob in its environment (config.env), even when
+        # it is the newest and slower.
+        with tempfile.TemporaryDirectory() as d:
+            plain = with_peer(today, 1.0, "2001-01-01T00:00:00Z")
+            knob = with_peer(today, 1.3, "2001-01-05T00:00:00Z")
+            knob.setdefault("config", {})["env"] = {"MOK_STORE_WARP": "0"}
+            loaded = report.load_records([records.write_record(r, d) for r in (plain, knob)])
+            shown = report.newest_per_key(loaded)
+            self.assertEqual(sorted(r["mok"]["forward"]["median_ms"] for r in shown), [1.0, 1.3])
+            self.assertIn("MOK_STORE_WARP=0", report.commit_text(next(r for r in shown if report.variant_of(r))))
+            self.assertEqual([r["mok"]["forward"]["median_ms"] for r in report.bar_records(shown)], [1.0])
+            self.assertEqual(report.sweep_groups(loaded), {})
         # A changed peer file changes the id.
         with tempfile.TemporaryDirectory() as d:
             bench = os.path.dirname(os.path.abspath(report.__file__))
