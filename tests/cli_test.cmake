@@ -108,6 +108,9 @@ elseif(MODE STREQUAL "bad_numbers")
       "--swiglu-limit|nan|option --swiglu-limit: must be a finite number"
       "--capacity|inf|option --capacity: must be a finite number"
       "--seed|-1|option --seed: -1 is out of range"
+      "--seed|18446744073709551615|option --seed: 18446744073709551615 is out of range"
+      "--tokens|99999999999999999999|option --tokens: 99999999999999999999 is out of range"
+      "--tokens|99999999999999999999x|option --tokens: '99999999999999999999x' is not an integer"
       "--iters|2147483647|option --iters: must be in [1, 1000000]"
       "--warmup|2000000|option --warmup: must be in [0, 1000000]")
   foreach(c IN LISTS cases)
@@ -133,6 +136,9 @@ elseif(MODE STREQUAL "bad_input")
   set(small --experts 8 --hidden 256 --intermediate 256 --topk 2 --ep 2 --tokens 64 --shared none)
   # An option missing its value does not swallow the next option; flags count once.
   expect_refused("option --save: needs a value, got the option '--check'" run ${small} --save --check)
+  # An error of the layer's call names the option behind the field it names.
+  expect_refused("raise schedule_capacity_factor (1.0 covers every routing). No token was dropped: nothing ran. [options: --capacity]"
+                 run --shape small --backend cpu --routing worst:0 --capacity 0.01)
   expect_refused("option --check: given twice" run ${small} --check --check)
   # A misspelt option is unknown, wherever it stands (not "needs a value"); the launcher's
   # -n is named as spelled.

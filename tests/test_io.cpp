@@ -131,6 +131,26 @@ TEST(Npy, ReadsF32AsBf16WithRoundToNearestEven) {
   for (int i = 0; i < 8; ++i) EXPECT_EQ(b.data<std::uint16_t>()[i], want[i]) << i;
 }
 
+// load_exact (mok run --expect: a bitwise comparison) converts nothing: an f32 file read
+// as bf16, or an i64 one as i32, is refused naming the file and both dtypes.
+TEST(Npy, LoadExactRefusesWhatLoadWouldConvert) {
+  TempDir dir("npy");
+  HostTensor f(DType::f32, {2, 2});
+  std::memset(f.data<float>(), 0, 16);
+  npy::save(dir.file("f.npy"), f);
+  EXPECT_NO_THROW(npy::load(dir.file("f.npy"), DType::bf16, {2, 2}));
+  EXPECT_THAT(error_message([&] { npy::load_exact(dir.file("f.npy"), DType::bf16, {2, 2}); }),
+              AllOf(HasSubstr(dir.file("f.npy")), HasSubstr("'<f4'"), HasSubstr("'<u2'")));
+  const std::vector<std::int64_t> v = {1, 2};
+  write_npy(dir.file("i.npy"), "{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }", raw_bytes(v));
+  EXPECT_THAT(error_message([&] { npy::load_exact(dir.file("i.npy"), DType::i32); }), HasSubstr("'<i8'"));
+  HostTensor b(DType::bf16, {2, 2});
+  std::memset(b.data<std::uint16_t>(), 0x3f, 8);
+  npy::save(dir.file("b.npy"), b);
+  const HostTensor back = npy::load_exact(dir.file("b.npy"), DType::bf16, {2, 2});
+  EXPECT_EQ(std::memcmp(back.data<std::uint16_t>(), b.data<std::uint16_t>(), 8), 0);
+}
+
 TEST(Npy, ReadsI64AsI32AndRejectsOutOfRange) {
   TempDir dir("npy");
   const std::vector<std::int64_t> v = {0, 7, -3, 2147483647, -2147483648LL, 5};
@@ -445,6 +465,23 @@ TEST(LayerIo, ForwardOnlyLoadNeedsNoDy) {
   // Asking for the backward needs dy: the error names the missing file and the way out.
   const std::string msg = error_message([&] { io::load_layer_data(dir.str(), true); });
   EXPECT_THAT(msg, AllOf(HasSubstr("dy.npy"), HasSubstr("load it with --pass forward")));
+}
+
+// What the caller will hold beside the loaded data (mok run: the CPU reference's slots and
+// work) is in the memory check, made before any tensor is read: too much is a named error.
+TEST(LayerIo, LoadCountsTheCallersMemoryBeforeReading) {
+  TempDir dir("layer");
+  const Problem p = test::make_problem(4, 32, 32, 2, {}, 1, 4);
+  io::save_layer_data(dir.str(), test::make_data(p, 2, false));
+  Problem seen;
+  EXPECT_NO_THROW(io::load_layer_data(dir.str(), false, [&](const Problem& q) {
+    seen = q;
+    return std::uint64_t{1} << 20;
+  }));
+  EXPECT_EQ(seen.describe(), p.describe());
+  for (const std::uint64_t huge : {std::uint64_t{1} << 62, ~std::uint64_t{0}})
+    EXPECT_THAT(error_message([&] { io::load_layer_data(dir.str(), false, [&](const Problem&) { return huge; }); }),
+                AllOf(HasSubstr("--load"), HasSubstr("with the CPU reference"), HasSubstr("GiB of host memory")));
 }
 
 // A problem.json that describes less than the directory holds (fewer ranks, fewer shared

@@ -309,6 +309,9 @@ TEST(BadProblem, FieldRules) {
       {[](Problem& p) { p.num_experts = 0; }, "Problem.num_experts"},
       {[](Problem& p) { p.num_experts = 6; p.ep_size = 4; }, "ep_size (4)"},  // E % R != 0
       {[](Problem& p) { p.ep_size = 0; }, "Problem.ep_size"},
+      // (Per-expert and per-rank host state, and the schedule's time in R, stay bounded.)
+      {[](Problem& p) { p.num_experts = kMaxExperts * 2; }, "Problem.num_experts = 131072: must be in [1, 65536]"},
+      {[](Problem& p) { p.num_experts = 8192; p.ep_size = 8192; }, "Problem.ep_size = 8192: must be in [1, 4096]"},
       {[](Problem& p) { p.hidden = 0; }, "Problem.hidden"},
       {[](Problem& p) { p.intermediate = -3; }, "Problem.intermediate"},
       {[](Problem& p) { p.tokens_per_rank = 0; }, "Problem.tokens_per_rank"},

@@ -20,6 +20,11 @@ Precision precision_from_string(const std::string& name);  // throws mok::Error
 
 constexpr int kMaxTopK = 255;        // MoK's bound, kept so k fits in a byte
 constexpr int kMxBlock = 32;         // MXFP8 block length along the contraction dimension
+// Far beyond any MoE layer in use (512 experts, EP 64 today), and small enough that what the
+// library keeps per expert and per rank (routing, schedules, every rank's ids) stays small
+// next to the tensors, and a run's time stays linear in the work, not in E or R squared.
+constexpr int kMaxExperts = 65536;
+constexpr int kMaxEpSize = 4096;     // also `mok launch -n`'s bound
 
 struct Problem {
   int num_experts = 0;                   // E: routed experts in the whole EP group

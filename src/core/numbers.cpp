@@ -26,6 +26,12 @@ long long parse_integer(const std::string& text, long long lo, long long hi, con
     if (starts_with_blank(text)) throw std::invalid_argument("leading blank");
     n = std::stoll(text, &used);
     if (used != text.size()) throw std::invalid_argument("trailing");
+  } catch (const std::out_of_range&) {
+    // An integer beyond 64 bits is out of range, not "not an integer" (if it is all digits).
+    const std::size_t digits = text.find_first_of("+-") == 0 ? 1 : 0;
+    if (text.size() > digits && text.find_first_not_of("0123456789", digits) == std::string::npos)
+      throw Error(what + ": " + text + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    throw Error(what + ": '" + text + "' is not an integer");
   } catch (const std::exception&) {
     throw Error(what + ": '" + text + "' is not an integer");
   }

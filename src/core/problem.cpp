@@ -22,7 +22,8 @@ void Problem::validate() const {
   auto field = [](const char* name, long long value, const std::string& rule) {
     return std::string("Problem.") + name + " = " + std::to_string(value) + ": " + rule;
   };
-  require(num_experts >= 1, field("num_experts", num_experts, "must be >= 1"));
+  require(num_experts >= 1 && num_experts <= kMaxExperts,
+          field("num_experts", num_experts, "must be in [1, " + std::to_string(kMaxExperts) + "]"));
   require(hidden >= 1, field("hidden", hidden, "must be >= 1"));
   require(intermediate >= 1, field("intermediate", intermediate, "must be >= 1"));
   require(top_k >= 1 && top_k <= kMaxTopK,
@@ -30,7 +31,8 @@ void Problem::validate() const {
   require(top_k <= num_experts,
           field("top_k", top_k, "must be <= num_experts (" + std::to_string(num_experts) +
                                     "): a token's experts are distinct"));
-  require(ep_size >= 1, field("ep_size", ep_size, "must be >= 1"));
+  require(ep_size >= 1 && ep_size <= kMaxEpSize,
+          field("ep_size", ep_size, "must be in [1, " + std::to_string(kMaxEpSize) + "]"));
   require(num_experts % ep_size == 0,
           field("num_experts", num_experts,
                 "must be divisible by ep_size (" + std::to_string(ep_size) + ")"));

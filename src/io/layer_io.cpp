@@ -255,7 +255,8 @@ std::optional<Problem> read_problem_json(const std::string& dir, const std::stri
   return problem_from_json(text.str(), pj.string());
 }
 
-LayerData load_layer_data(const std::string& dir, const bool with_backward) {
+LayerData load_layer_data(const std::string& dir, const bool with_backward,
+                          const std::function<std::uint64_t(const Problem&)>& extra_host_bytes) {
   const std::string context = "--load " + dir;
   const std::optional<Problem> problem = read_problem_json(dir, context);
   if (!problem)
@@ -300,7 +301,10 @@ LayerData load_layer_data(const std::string& dir, const bool with_backward) {
                   std::to_string(S) + " shared expert(s): the files hold another problem");
   }
 
-  require_host_memory(layer_data_host_bytes(p, with_backward), context + " (" + p.describe() + ")");
+  const std::uint64_t data_bytes = layer_data_host_bytes(p, with_backward);
+  const std::uint64_t extra = extra_host_bytes ? extra_host_bytes(p) : 0;
+  require_host_memory(data_bytes > ~extra ? ~std::uint64_t{0} : data_bytes + extra,
+                      context + " (" + p.describe() + (extra ? ", with the CPU reference" : "") + ")");
   // Shapes come from a freshly made LayerData of the same problem (which also allocates and
   // poisons the outputs); its generated values are then replaced by the files'.
   Routing placeholder;

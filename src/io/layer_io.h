@@ -7,6 +7,8 @@
 //   d_router_weights, d_w_gate, d_w_up, d_w_down, shared<s>_d_w_gate, ...
 // bf16 tensors are '<u2' bit patterns (see io/npy.h). Missing tensors are not written.
 #pragma once
+#include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -28,7 +30,10 @@ void save_layer_data(const std::string& dir, const LayerData& data);
 
 // Loads DIR/problem.json and every input tensor (x, top_experts, router_weights, weights,
 // dy when present); outputs are allocated and poisoned. Each file's shape and dtype are
-// checked against the problem; routing is validated.
-LayerData load_layer_data(const std::string& dir, bool with_backward);
+// checked against the problem; routing is validated. Before any tensor is read, the host
+// memory the data takes plus `extra_host_bytes(problem)` (what the caller will hold beside it:
+// the CPU reference's slots and work, say) is checked against what the host has.
+LayerData load_layer_data(const std::string& dir, bool with_backward,
+                          const std::function<std::uint64_t(const Problem&)>& extra_host_bytes = {});
 
 }  // namespace mok::io

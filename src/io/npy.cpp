@@ -193,6 +193,15 @@ void check_shape(const std::string& path, const std::vector<std::int64_t>& expec
   require_shape(path, read_header(path), expect_shape);
 }
 
+HostTensor load_exact(const std::string& path, DType dtype, const std::vector<std::int64_t>& expect_shape) {
+  const std::string want = descr_of(dtype);
+  const Header h = read_header(path);
+  if (h.descr != want)
+    fail(path, "dtype '" + h.descr + "' is not " + to_string(dtype) + "'s own ('" + want +
+                   "'): its values would be converted, and the comparison is of the file's bits");
+  return load(path, dtype, expect_shape);
+}
+
 HostTensor load(const std::string& path, DType dtype, const std::vector<std::int64_t>& expect_shape) {
   const Header h = read_header(path);
   if (h.fortran_order) fail(path, "fortran_order arrays are not supported; save in C order");

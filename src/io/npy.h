@@ -35,5 +35,8 @@ void save(const std::string& path, const HostTensor& tensor);
 // Loads `path` as a tensor of `dtype`. If `expect_shape` is non-empty the file's shape
 // must equal it. Throws mok::Error naming the file and the rule it broke.
 HostTensor load(const std::string& path, DType dtype, const std::vector<std::int64_t>& expect_shape = {});
+// load, without the conversions it allows ('<f4' rounded to bf16, '<i8' narrowed to i32): the
+// file's dtype must be `dtype`'s own, for comparisons that promise the file's very bits.
+HostTensor load_exact(const std::string& path, DType dtype, const std::vector<std::int64_t>& expect_shape = {});
 
 }  // namespace mok::npy

@@ -50,6 +50,7 @@
 
 #include "core/numbers.h"
 #include "mok/cli_args.h"
+#include "mok/problem.h"
 
 namespace mok::cli {
 namespace {
@@ -299,7 +300,8 @@ int launch_command(const std::vector<std::string>& argv) {
   }
   if (!given_n) throw Error(std::string("mok launch: -n N (the number of ranks) is required; ") + usage);
   const long long n = *given_n;
-  require(n >= 1 && n <= 4096, "mok launch: -n must be in [1, 4096], got " + std::to_string(n));
+  require(n >= 1 && n <= kMaxEpSize,
+          "mok launch: -n must be in [1, " + std::to_string(kMaxEpSize) + "], got " + std::to_string(n));
   // (At most 1e7 s, about 116 days: a deadline that far fits the clock.)
   require(timeout_s >= 0 && timeout_s <= 1e7, "mok launch: --timeout must be in [0, 1e7] seconds (0 = none)");
   require(grace_s >= 0 && grace_s <= 1e7, "mok launch: --grace must be in [0, 1e7] seconds (between SIGTERM and "

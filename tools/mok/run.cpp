@@ -182,7 +182,7 @@ int run_command(const std::vector<std::string>& argv) {
         if (!npy::regular_file_at(f, "option --expect " + *expect_dir))
           throw Error("option --expect " + *expect_dir + ": no file " + f);
         try {
-          expected_y[r] = npy::load(f, DType::bf16, {problem.tokens_per_rank, problem.hidden});
+          expected_y[r] = npy::load_exact(f, DType::bf16, {problem.tokens_per_rank, problem.hidden});
         } catch (const Error& e) {
           throw Error("option --expect " + *expect_dir + ": " + e.what());
         }
@@ -194,7 +194,12 @@ int run_command(const std::vector<std::string>& argv) {
   std::string shape_name;
   if (load_dir) {
     args.finish();
-    data = io::load_layer_data(*load_dir, do_bwd);
+    // The CPU reference (the backend, or --check's comparison) holds its slots and work too:
+    // counted with the files' data before any is read.
+    const bool reference_runs = !on_cuda || check;
+    data = io::load_layer_data(*load_dir, do_bwd, [&](const Problem& lp) {
+      return reference_runs ? reference_host_bytes(lp, do_bwd) : 0;
+    });
     if (ep_mode == "auto" && on_cuda && data.problem.ep_size > 8) options.ep_mode = EpMode::rank_slice;
     check_mode_options(data.problem);
     claim_save_dir();
@@ -263,14 +268,16 @@ int run_command(const std::vector<std::string>& argv) {
     return median(ms);
   };
 
+  // (Errors from the calls, a schedule over its capacity say, name the options that set the
+  // fields they name: naming_options.)
   if (do_fwd) {
     Row r{"forward"};
     if (on_cuda) {
       const auto fa = mine(mirror->forward_args());
-      r.ms = timed([&] { layer.forward(fa); });
+      r.ms = naming_options([&] { return timed([&] { layer.forward(fa); }); });
     } else {
       const auto fa = data.forward_args();
-      r.ms = timed([&] { layer.forward(fa); });
+      r.ms = naming_options([&] { return timed([&] { layer.forward(fa); }); });
     }
     r.tflops = ranks_computed * p.mok_forward_flops() / (r.ms * 1e-3) / 1e12;
     rows.push_back(r);
@@ -279,10 +286,10 @@ int run_command(const std::vector<std::string>& argv) {
     Row r{"backward"};
     if (on_cuda) {
       const auto ba = mine(mirror->backward_args());
-      r.ms = timed([&] { layer.backward(ba); });
+      r.ms = naming_options([&] { return timed([&] { layer.backward(ba); }); });
     } else {
       const auto ba = data.backward_args();
-      r.ms = timed([&] { layer.backward(ba); });
+      r.ms = naming_options([&] { return timed([&] { layer.backward(ba); }); });
     }
     r.tflops = ranks_computed * 2 * p.mok_forward_flops() / (r.ms * 1e-3) / 1e12;
     rows.push_back(r);
