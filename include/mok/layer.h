@@ -109,8 +109,8 @@ struct LayerOptions {
   // cuda backend: the layer's GPU (distributed: the launcher's local rank instead). Every call
   // runs there whichever device the calling thread has current, and leaves that one current.
   int cuda_device = 0;
-  // cuda backend: a cudaStream_t of that GPU, nullptr = its legacy default stream. It must
-  // outlive the Layer: the destructor waits on it (the CUDA runtime cannot tell a destroyed
+  // cuda backend: a cudaStream_t of that GPU (one of another GPU is refused when the Layer is
+  // made), nullptr = its legacy default stream. It must outlive the Layer: the destructor waits on it (the CUDA runtime cannot tell a destroyed
   // stream's handle from a live one; using it is undefined, a crash in practice).
   void* cuda_stream = nullptr;
 };

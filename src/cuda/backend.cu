@@ -498,6 +498,24 @@ struct CallArgs {
 
 class CudaBackend final : public BackendImpl {
  public:
+  // The caller's stream must belong to the layer's device: one of another device fails only
+  // at the first launch into it ("invalid resource handle"), without naming the stream. The
+  // legacy and per-thread default streams are the current device's, which every call sets.
+  static void check_stream_device(void* handle, int device, const std::string& whose_device) {
+    const auto stream = static_cast<cudaStream_t>(handle);
+    if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return;
+    int stream_device = -1;
+    const cudaError_t e = cudaStreamGetDevice(stream, &stream_device);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();  // (not sticky: cleared, so that it is not reported later as another call's)
+      throw Error(std::string("LayerOptions.cuda_stream: not a stream CUDA knows (") + cudaGetErrorString(e) +
+                  "): it must be a live stream of the layer's device");
+    }
+    require(stream_device == device, "LayerOptions.cuda_stream: a stream of GPU " + std::to_string(stream_device) +
+                                         ", but the layer runs on GPU " + std::to_string(device) + " (" +
+                                         whose_device + "): give a stream of that GPU");
+  }
+
   CudaBackend(const Problem& p, const Config& c, const LayerOptions& o) : problem_(p), config_(c), options_(o) {
 #ifdef MOK_MEASURE_LEAVE_OUT
     std::fprintf(stderr, "mok: MEASUREMENT BUILD (MOK_MEASURE_LEAVE_OUT=%s): the CUDA forward's outputs are wrong\n",
@@ -505,8 +523,11 @@ class CudaBackend final : public BackendImpl {
 #endif
     on_device_.remember();  // (the group below sets its rank's device)
     validate_rules();
+    if (o.ep_mode != EpMode::distributed) check_stream_device(o.cuda_stream, o.cuda_device, "LayerOptions.cuda_device");
     if (o.ep_mode == EpMode::distributed) {
       const auto env = comm::GroupEnvironment::from_environment();
+      // (Before the group forms: a rank that fails here is one its peers name as missing.)
+      check_stream_device(o.cuda_stream, env.local_rank, "the launcher's local rank (" + env.source + ")");
       require(env.world_size == p.ep_size, "ep_mode = distributed: the group has " + std::to_string(env.world_size) +
                                                " processes (" + env.source + ") but Problem.ep_size = " +
                                                std::to_string(p.ep_size));

@@ -1278,6 +1278,32 @@ TEST(GpuDevices, ALayerOnAnotherGpuRunsThereAndLeavesTheCallersDevice) {
   }
 }
 
+// A stream of GPU 0 given to a layer on GPU 1 is refused when the layer is made, naming the
+// option (it failed at the first launch, "invalid resource handle", naming nothing).
+TEST(GpuDevices, AStreamOfAnotherGpuIsRefusedNamingIt) {
+  MOK_REQUIRE_GPU();
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  if (devices < 2) {
+    GTEST_SKIP() << "one GPU here: a stream of another GPU than the layer's needs two";
+  }
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  const OwnedStream stream_of_0;
+  LayerOptions o;
+  o.backend = Backend::cuda;
+  o.cuda_device = 1;
+  o.cuda_stream = stream_of_0.stream;
+  const Problem p = make_problem(16, 256, 128, 4, {128}, 2, 64);
+  try {
+    Layer layer(p, Config{}, o);
+    FAIL() << "a layer on GPU 1 took a stream of GPU 0";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("LayerOptions.cuda_stream: a stream of GPU 0, but the layer runs on GPU 1"));
+  }
+  o.cuda_device = 0;  // the same stream on its own GPU is fine
+  EXPECT_NO_THROW(Layer(p, Config{}, o));
+}
+
 // ---- errors ------------------------------------------------------------------------------
 
 TEST(GpuErrors, ExpertIdOutOfRangeIsReportedAndPoisonsOutput) {
