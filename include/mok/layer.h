@@ -27,7 +27,10 @@
 // mok::Error naming the argument and the rule it broke, before any work starts. On the CUDA
 // backend what only the data can tell (an expert id out of range or repeated in a token's row,
 // a weight that is not finite, more rows for a rank than the schedule's capacity) is found on
-// the device: y is NaN and Layer::synchronize throws the error.
+// the device: y is NaN and Layer::synchronize throws the error. The error stays recorded
+// until that synchronize reports it: forwards queued or made after it, CUDA graph replays
+// included, skip their routed work and give NaN too, whatever their inputs (synchronize
+// before relying on a forward after a failed one).
 //
 // Threads: calls on one Layer from several threads run one at a time (each waits for the one
 // in progress; abandon_group too, so it cannot interrupt a call: the group's wait limits do).
