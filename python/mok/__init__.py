@@ -13,9 +13,12 @@ torch.bfloat16 tensor, or a numpy uint16 array of bf16 bit patterns (numpy has n
 The rules (shapes, dtypes, which ranks a mode takes) are mok::Layer's (include/mok/layer.h);
 a broken one raises MokError naming the argument, as the C++ API does. On the cuda backend a
 call is asynchronous on the layer's stream (`cuda_stream`, a cudaStream_t handle such as
-torch.cuda.current_stream().cuda_stream): keep the tensors alive until synchronize() or the
-stream's own ordering says the work is done, and the stream alive until the layer is closed
-(closing waits on it). Without `cuda_stream` the layer runs on the
+torch.cuda.current_stream().cuda_stream): keep the stream alive until the layer is closed
+(closing waits on it). PyTorch CUDA tensors a call was given are marked as used on the
+layer's stream (Tensor.record_stream, outside CUDA graph captures), so PyTorch's caching
+allocator does not hand their memory out again, when the caller drops them, before the
+queued work has run; other memory (a numpy array's, another allocator's) the caller keeps
+until synchronize() or the stream's own ordering says the work is done. Without `cuda_stream` the layer runs on the
 legacy default stream, which PyTorch's side streams (non-blocking) are not ordered with:
 tensors written on one are read too early unless that stream is the layer's.
 
@@ -398,8 +401,8 @@ def _ranks(ranks, struct, keys, fill):
     """The ctypes array for `ranks`, and the list of rank dicts, which the caller keeps until
     the C call returns: the array holds raw pointers only (tensors made on the fly, in a
     generator say, live as long as that list). That is long enough on the cpu backend only: a
-    cuda call returns with its work queued, and the caller keeps its tensors alive until it
-    has run (Layer's notes)."""
+    cuda call returns with its work queued: Layer._used_on_stream marks PyTorch's tensors as
+    used there (the module's notes)."""
     if isinstance(ranks, Mapping) or not hasattr(ranks, "__iter__"):
         raise MokTypeError(f"ranks: a list of dicts, one per rank held here; got a {type(ranks).__name__}")
     ranks = list(ranks)
@@ -545,6 +548,7 @@ class Layer:
         options = _Options(_BACKENDS[backend], _EP_MODES[ep_mode], _int32(active_rank, "active_rank"),
                            _int32(cpu_threads, "cpu_threads"), _int32(cuda_device, "cuda_device"), cuda_stream)
         self._problem = copy.deepcopy(problem)  # (the caller's object may change; the layer's does not)
+        self._cuda_stream = cuda_stream  # (None or 0: the legacy default stream)
         self._ep_mode, self._active_rank = ep_mode, active_rank
         _drain_parked()
         handle = ctypes.c_void_p()
@@ -565,6 +569,7 @@ class Layer:
             array, n, kept = _ranks(ranks, _RankForward, _FORWARD_KEYS,
                                     lambda c, rank, name: setattr(c, "y", _tensor(rank.get("y"), name + ".y", True)))
             _check(_lib().mok_layer_forward(self._live(), array, n))
+            self._used_on_stream(kept)
             _written(rank.get("y") for rank in self._written_ranks(kept))
 
     def backward(self, ranks):
@@ -580,8 +585,29 @@ class Layer:
                     raise MokError(f"{name}.d_shared: {count} entries for {c.num_shared} shared experts")
             array, n, kept = _ranks(ranks, _RankBackward, _BACKWARD_KEYS, fill)
             _check(_lib().mok_layer_backward(self._live(), array, n))
+            self._used_on_stream(kept)
             _written(t for rank in self._written_ranks(kept) for t in [rank.get(key) for key in _GRADIENT_KEYS] +
                      [w for entry in (rank.get("d_shared") or []) for w in entry])
+
+    def _used_on_stream(self, kept):
+        """Marks every PyTorch CUDA tensor of the call's rank dicts as used on the layer's
+        stream (Tensor.record_stream), so that the caching allocator reuses none of them, once
+        the caller drops it, before the work queued there by now has run: a tensor made on the
+        fly (`x.bfloat16()`) on another stream would otherwise be handed out again at once.
+        Not inside a CUDA graph capture (the graph's memory pool keeps its tensors), nor on the
+        cpu backend."""
+        torch = sys.modules.get("torch")
+        if torch is None or not self._native.cuda or _capturing():
+            return
+        stream = None
+        for rank in kept:
+            for value in rank.values():
+                for t in (w for entry in value for w in entry) if isinstance(value, list) else (value,):
+                    if isinstance(t, torch.Tensor) and t.is_cuda:
+                        if stream is None:
+                            stream = (torch.cuda.ExternalStream(self._cuda_stream, device=t.device)
+                                      if self._cuda_stream else torch.cuda.default_stream(t.device))
+                        t.record_stream(stream)
 
     def _written_ranks(self, kept):
         """The rank dicts whose outputs a call wrote: all, but in a rank slice only the active

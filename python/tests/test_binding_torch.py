@@ -140,6 +140,41 @@ class TorchCuda(unittest.TestCase):
             expect_replays_give(self, graph, stream, gpu, first, times=3, fill=0.0)
             layer.synchronize()
 
+    def test_the_callers_tensors_are_marked_used_on_the_layers_stream(self):
+        # A tensor made on the fly on the caller's stream and dropped at once must not be handed
+        # out again before the layer's stream has read it: record_stream on every CUDA tensor
+        # of the call (the shared experts' too), with the layer's stream; none in a capture.
+        ranks = [to_torch(r, "cuda") for r in make_inputs(PROBLEM, 21)]
+        stream = torch.cuda.Stream()
+        seen = []
+        original = torch.Tensor.record_stream
+
+        def spy(t, s):
+            seen.append((t.data_ptr(), s.cuda_stream))
+            return original(t, s)
+
+        torch.Tensor.record_stream = spy
+        try:
+            with mok.Layer(PROBLEM, backend="cuda", cuda_stream=stream.cuda_stream) as layer:
+                layer.forward(ranks)
+                layer.synchronize()
+                want = {(t.data_ptr(), stream.cuda_stream) for r in ranks for key, v in r.items()
+                        for t in ([w for e in v for w in e] if key == "shared" else [v])}
+                self.assertEqual(set(seen), want)
+                seen.clear()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, stream=stream):
+                    layer.forward(ranks)
+                self.assertEqual(seen, [], "record_stream inside a capture")
+                graph.replay()
+                layer.synchronize()
+            with mok.Layer(PROBLEM, backend="cuda") as layer:  # the legacy default stream
+                layer.forward(ranks)
+                layer.synchronize()
+                self.assertTrue(seen and all(s == torch.cuda.default_stream().cuda_stream for _, s in seen), seen)
+        finally:
+            torch.Tensor.record_stream = original
+
     def test_a_fresh_y_per_call_and_then_a_graph_with_its_own_y(self):
         """A training loop's allocator hands out a new y per call: after more than the layer's 8
         argument slots, a capture with yet another y (allocated in the graph's pool) takes the
