@@ -388,6 +388,28 @@ TEST(GroupErrors, AnAbandonedForwardSaysItTouchedNoPeer) {
               HasSubstr("rank 3 of the EP group recorded a device error: rank 3's EP group was being aborted"));
 }
 
+// A timed-out device wait says which wait, on what: a shared expert's down GEMM names a token
+// tile (not a routed row tile), a pull names the tile it waits to pull.
+TEST(GroupErrors, ATimedOutWaitNamesItsSite) {
+  using namespace mok::cuda;
+  DeviceError e{};
+  e.code = kWaitTimeout;
+  e.rank = 1;
+  e.index = 12;
+  e.value = 3;
+  const std::pair<int, const char*> sites[] = {
+      {kWaitRowsReady, "a GEMM waiting for its pulled rows, row tile 12 (counter stuck at 3)"},
+      {kWaitActReady, "a down GEMM waiting for its SwiGLU rows, row tile 12"},
+      {kWaitSharedActReady, "a shared expert's down GEMM waiting for its SwiGLU rows, token tile 12"},
+      {kWaitRingFree, "the pull of row tile 12 waiting for its ring slot"},
+      {99, "wait site 99, item 12"}};
+  for (const auto& [where, want] : sites) {
+    e.where = where;
+    EXPECT_THAT(describe_device_error(e, 512, 8),
+                ::testing::AllOf(HasSubstr("device wait timed out on rank 1: "), HasSubstr(want)));
+  }
+}
+
 // MOK_NCCL_LIBRARY set for one test, restored after it.
 class NcclLibrary : public ::testing::Test {
  protected:

@@ -27,11 +27,26 @@ std::string describe_device_error(const DeviceError& e, int T, int k) {
         << "the forward's output was poisoned with NaN";
       break;
     case kWaitTimeout: {
-      const char* site = e.where == kWaitRowsReady ? "a GEMM waiting for its pulled rows"
-                         : e.where == kWaitActReady ? "a down GEMM waiting for its SwiGLU rows"
-                                                    : "a pull waiting for a free ring slot";
-      s << "device wait timed out on rank " << e.rank << ": " << site << ", row tile " << e.index
-        << " (counter stuck at " << e.value << ")";
+      s << "device wait timed out on rank " << e.rank << ": ";
+      switch (e.where) {
+        case kWaitRowsReady:
+          s << "a GEMM waiting for its pulled rows, row tile " << e.index;
+          break;
+        case kWaitActReady:
+          s << "a down GEMM waiting for its SwiGLU rows, row tile " << e.index;
+          break;
+        case kWaitSharedActReady:
+          s << "a shared expert's down GEMM waiting for its SwiGLU rows, token tile " << e.index;
+          break;
+        case kWaitRingFree:
+          // (The counter is that of the tile whose ring slot this one reuses, a ring earlier.)
+          s << "the pull of row tile " << e.index << " waiting for its ring slot, which the down GEMMs of the "
+            << "row tile a ring earlier free";
+          break;
+        default:
+          s << "wait site " << e.where << ", item " << e.index;
+      }
+      s << " (counter stuck at " << e.value << ")";
       break;
     }
     case kScheduleMismatch:

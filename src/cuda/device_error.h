@@ -23,7 +23,8 @@ enum DeviceErrorCode : int {
 enum WaitSite : int {
   kWaitRowsReady = 1,   // a GEMM waited for its rows to be pulled
   kWaitActReady = 2,    // a down GEMM waited for its SwiGLU rows
-  kWaitRingFree = 3,    // a pull waited for a ring slot to be released
+  kWaitRingFree = 3,    // a pull waited for a ring slot to be released (index: the tile to pull)
+  kWaitSharedActReady = 4,  // a shared expert's down GEMM waited for its SwiGLU rows (index: token tile)
 };
 
 struct DeviceError {

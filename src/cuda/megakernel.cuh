@@ -82,7 +82,7 @@ __device__ __forceinline__ TileJob describe_task(const ForwardParams& p, Task ta
       j.k_tiles = plan.shared[s].width / kTileK;
       j.wait_flag = plan.shared[s].act_ready + tile;
       j.wait_target = plan.shared[s].gateup_tiles;
-      j.wait_site = kWaitActReady;
+      j.wait_site = kWaitSharedActReady;
       break;
     }
   }
