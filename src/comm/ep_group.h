@@ -8,7 +8,10 @@
 // bounded by Limits::start_ms; comm/rendezvous.h). Rank 0 removes the id and the arrival
 // marks once the group formed. Symmetric buffers come from ncclMemAlloc registered as
 // windows; peers are reached through load/store (LSA) pointers, so every rank must be in one
-// NVLink domain. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 is set before NCCL starts).
+// NVLink domain. NVLink multicast stays off: NCCL_NVLS_ENABLE=0 is set before mok's NCCL
+// starts, which is in time unless NCCL already ran in this process (PyTorch's, when
+// MOK_NCCL_LIBRARY names the same library: NCCL reads the variable once), so launchers other
+// than `mok launch` must export it (README).
 // No CUDA or NCCL type appears here: handles are opaque.
 #pragma once
 #include <cstddef>
