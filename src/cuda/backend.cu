@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <exception>
@@ -18,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <memory>
 #include <list>
 #include <optional>
 #include <sstream>
@@ -460,9 +462,10 @@ struct ArgSlot {
   // Recorded on the stream behind the slot's latest upload outside a capture: once it has
   // completed, the pinned host copy may be rewritten (the device copy is rewritten by a copy
   // on the same stream, so it waits for every forward that read it by stream order alone).
-  // A slot uploaded in a capture is the graph's for good and never handed over, so a slot
-  // handed over always had its last upload recorded (a slot never used: nothing recorded,
-  // and the event counts as complete).
+  // A slot uploaded in a capture is handed over only once its graphs are gone and their
+  // launches done (GraphPins), so the event, which records eager uploads only, is all a
+  // hand-over waits for (a slot never used: nothing recorded, and the event counts as
+  // complete).
   cudaEvent_t uploaded = nullptr;
   ArgSlot() = default;
   ArgSlot(ArgSlot&& o) noexcept : host(o.host), device(std::move(o.device)), uploaded(o.uploaded) {
@@ -475,12 +478,33 @@ struct ArgSlot {
   }
 };
 
+// How many CUDA graphs that captured a call hold each argument slot: such a graph reads the
+// slot (and may re-upload it from the slot's host copy) on every replay, so the slot is not
+// given to another tensor set while one lives. Each capture adds one, and a CUDA user object
+// retained by the graph being captured takes it back when the last of that graph and its
+// executable graphs is gone and their launches are done (also when a capture that failed or
+// was abandoned is discarded). Shared with those user objects, which may outlive the layer.
+struct GraphPins {
+  static constexpr std::size_t kSlots = 8;
+  std::array<std::atomic<int>, kSlots> graphs{};
+};
+
+// One graph's hold on one slot: the user object's data, freed by its destructor.
+struct GraphPin {
+  std::shared_ptr<GraphPins> pins;
+  std::size_t slot;
+  // Called by CUDA on a thread of its own, once nothing can use the slot through the graph:
+  // no CUDA call here (the runtime forbids them in a user object's destructor).
+  static void CUDART_CB release(void* data) {
+    auto* pin = static_cast<GraphPin*>(data);
+    pin->pins->graphs[pin->slot].fetch_sub(1, std::memory_order_acq_rel);
+    delete pin;
+  }
+};
+
 struct CallArgs {
   std::vector<const void*> key;
   std::size_t slot = 0;
-  // A CUDA graph captured a call with these tensors: it reads the slot (and may re-upload it
-  // from the slot's host copy) on every replay, so the slot is never given to another set.
-  bool captured = false;
   // The device copy was written outside a capture. A set first seen in a capture was copied
   // only into that graph, which writes the device copy when it replays. Until an eager call
   // has uploaded it, every call with it copies it first: an eager one on the stream, a later
@@ -1306,29 +1330,38 @@ class CudaBackend final : public BackendImpl {
       }
     }
     cudaStreamCaptureStatus status;
-    MOK_CUDA_CHECK(cudaStreamIsCapturing(stream_, &status));
+    cudaGraph_t capture_graph = nullptr;
+    MOK_CUDA_CHECK(cudaStreamGetCaptureInfo(stream_, &status, nullptr, &capture_graph));
     const bool capturing = status != cudaStreamCaptureStatusNone;
     for (auto it = cache_.begin(); it != cache_.end(); ++it)
       if (it->key == key) {
+        if (status == cudaStreamCaptureStatusActive) pin_for_graph(it->slot, capture_graph);
         if (!it->uploaded_eagerly) {
           MOK_CUDA_CHECK(cudaMemcpyAsync(slots_[it->slot].device.as<void>(), slots_[it->slot].host, arg_slot_bytes(),
                                          cudaMemcpyHostToDevice, stream_));
           it->uploaded_eagerly = !capturing;
         }
-        it->captured = it->captured || capturing;
         cache_.splice(cache_.begin(), cache_, it);
         return cache_.front();
       }
-    // A slot no cached set holds, else the least recently used uncaptured set's.
+    // A slot no cached set holds, else the least recently used set's that no live graph holds.
     std::vector<bool> held(slots_.size(), false);
     for (const CallArgs& c : cache_) held[c.slot] = true;
     std::size_t slot = std::find(held.begin(), held.end(), false) - held.begin();
     auto victim = cache_.rend();
     if (slot == slots_.size()) {
-      victim = std::find_if(cache_.rbegin(), cache_.rend(), [](const CallArgs& c) { return !c.captured; });
+      auto unpinned = [&](const CallArgs& c) { return pins_->graphs[c.slot].load(std::memory_order_acquire) == 0; };
+      victim = std::find_if(cache_.rbegin(), cache_.rend(), unpinned);
+      // A graph destroyed just now lets go of its slot on CUDA's thread a moment later (its
+      // user object's destructor): that is waited for, briefly, before the error.
+      for (int ms = 0; victim == cache_.rend() && ms < 1000; ++ms) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        victim = std::find_if(cache_.rbegin(), cache_.rend(), unpinned);
+      }
       require(victim != cache_.rend(),
-              "forward: all " + std::to_string(slots_.size()) + " argument slots hold tensor sets of captured CUDA "
-              "graphs, which replay them; call with one of those sets, or use another Layer for more");
+              "forward: all " + std::to_string(slots_.size()) + " argument slots hold tensor sets of CUDA graphs "
+              "still alive, which replay them; call with one of those sets, destroy graphs no longer needed "
+              "(with their executable graphs), or use another Layer for more");
       slot = victim->slot;
     }
     // The slot's host copy is rewritten below: the copy that last uploaded it must be done. It
@@ -1341,7 +1374,6 @@ class CudaBackend final : public BackendImpl {
     CallArgs a;
     a.key = std::move(key);
     a.slot = slot;
-    a.captured = capturing;
     a.uploaded_eagerly = !capturing;
 
     // Layout: RankMaps[num_ranks] | x_source[R] | tops[R] | weights[R] | CallRank[num_ranks].
@@ -1395,8 +1427,29 @@ class CudaBackend final : public BackendImpl {
     a.tops = reinterpret_cast<const int**>(dev + maps_bytes + ptr_bytes);
     a.weights = reinterpret_cast<const float**>(dev + maps_bytes + 2 * ptr_bytes);
     a.calls = reinterpret_cast<CallRank*>(dev + maps_bytes + 3 * ptr_bytes);
+    // (Pinned last: a throw above leaves neither an entry nor a pin for this set.)
+    if (status == cudaStreamCaptureStatusActive) pin_for_graph(slot, capture_graph);
     cache_.push_front(std::move(a));
     return cache_.front();
+  }
+
+  // `graph` (being captured) holds argument slot `slot` until it and its executable graphs are
+  // gone (GraphPins).
+  void pin_for_graph(std::size_t slot, cudaGraph_t graph) {
+    auto* pin = new GraphPin{pins_, slot};
+    pins_->graphs[slot].fetch_add(1, std::memory_order_acq_rel);
+    cudaUserObject_t object = nullptr;
+    const cudaError_t created = cudaUserObjectCreate(&object, pin, GraphPin::release, 1, cudaUserObjectNoDestructorSync);
+    if (created != cudaSuccess) {
+      GraphPin::release(pin);
+      MOK_CUDA_CHECK(created);
+    }
+    // (The graph takes over the one reference: its release runs the destructor.)
+    const cudaError_t retained = cudaGraphRetainUserObject(graph, object, 1, cudaGraphUserObjectMove);
+    if (retained != cudaSuccess) {
+      cudaUserObjectRelease(object, 1);  // (runs GraphPin::release, on CUDA's thread)
+      MOK_CUDA_CHECK(retained);
+    }
   }
 
   // Waits until the copy that last uploaded `slot` (always outside a capture) has read its
@@ -1433,7 +1486,7 @@ class CudaBackend final : public BackendImpl {
     return num_ranks_ * sizeof(RankMaps) + 3 * problem_.ep_size * sizeof(void*) + num_ranks_ * sizeof(CallRank);
   }
 
-  static constexpr std::size_t kCacheEntries = 8;
+  static constexpr std::size_t kCacheEntries = GraphPins::kSlots;
 
   // Declared first, so destroyed last: the constructor and the destructor enter the layer's
   // device here, so that members constructed or freed on the way (a constructor that throws
@@ -1487,6 +1540,7 @@ class CudaBackend final : public BackendImpl {
   std::vector<RankMaps> fixed_maps_;
   std::list<CallArgs> cache_;
   std::vector<ArgSlot> slots_;
+  std::shared_ptr<GraphPins> pins_ = std::make_shared<GraphPins>();
   // ScheduleParams::abandoned, raised before this rank's group is aborted (allocated in a
   // group, or for MOK_TEST_FAULT=abandoned_group), and the eager forwards' marks
   // (drain_before_abort). Declared before group_, whose before-abort hook uses them: the group

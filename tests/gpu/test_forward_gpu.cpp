@@ -1191,6 +1191,54 @@ TEST(GpuGraph, ACaptureAfterEightTensorSetsTakesTheLeastRecentlyUsedSlot) {
   expect_y(10, "the first graph, replayed after the second capture");
 }
 
+// A graph holds its tensor set's argument slot only while it (or an executable graph made
+// from it) lives: captures with a new set each time, each graph destroyed after its replay,
+// go on past the 8 slots (the 9th was refused: every slot stayed "captured" for the layer's
+// life). Eight graphs alive hold all 8 slots: a ninth set is refused naming them, and
+// destroying one lets it in.
+TEST(GpuGraph, ADestroyedGraphLetsGoOfItsArgumentSlot) {
+  MOK_REQUIRE_GPU();
+  TensorSets ts(make_problem(16, 256, 128, 4, {128}, 2, 64), 21);
+  const std::vector<std::uint16_t> eager = global_y(run_gpu_all_ranks(ts.host).data);
+  for (int i = 0; i < 12; ++i) {
+    cudaGraph_t graph = capture_forward(*ts.layer, ts.stream, ts.sets[i]->forward_args());
+    ASSERT_NE(graph, nullptr) << "capture " << i;
+    replay_graph(graph, ts.stream, *ts.layer, 1);
+    cudaGraphDestroy(graph);
+    ASSERT_FALSE(HasFatalFailure()) << "replay " << i;
+    expect_same_bits(global_y(ts.outputs(i)), eager, "the graph of tensor set " + std::to_string(i));
+  }
+  std::vector<cudaGraph_t> alive;
+  for (int i = 12; i < 20; ++i) {
+    alive.push_back(capture_forward(*ts.layer, ts.stream, ts.sets[i]->forward_args()));
+    ASSERT_NE(alive.back(), nullptr) << "capture " << i;
+  }
+  ASSERT_EQ(cudaStreamBeginCapture(ts.stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  std::string refused;
+  try {
+    ts.forward(20);
+  } catch (const Error& e) {
+    refused = e.what();
+  }
+  cudaGraph_t ninth = nullptr;
+  cudaStreamEndCapture(ts.stream, &ninth);
+  if (ninth != nullptr) cudaGraphDestroy(ninth);
+  (void)cudaGetLastError();
+  EXPECT_THAT(refused, ::testing::HasSubstr("argument slots hold tensor sets of CUDA graphs still alive"));
+  cudaGraphDestroy(alive.front());
+  alive.erase(alive.begin());
+  cudaGraph_t graph = capture_forward(*ts.layer, ts.stream, ts.sets[20]->forward_args());
+  ASSERT_NE(graph, nullptr) << "a capture after a graph was destroyed";
+  alive.push_back(graph);
+  for (int i = 0; i < 8; ++i) {
+    ts.sets[13 + i]->poison_outputs();
+    replay_graph(alive[i], ts.stream, *ts.layer, 1);
+    ASSERT_FALSE(HasFatalFailure());
+    expect_same_bits(global_y(ts.outputs(13 + i)), eager, "live graph of tensor set " + std::to_string(13 + i));
+  }
+  for (cudaGraph_t g : alive) cudaGraphDestroy(g);
+}
+
 // Eight argument slots hold the tensor sets seen last; a new set (a fresh y per call, as a
 // training loop's allocator hands out) takes the least recently used one. Rewriting its host
 // copy needs only that copy's last upload to be done, not the stream: the host must not wait
