@@ -135,6 +135,11 @@ TEST(Schedule, RandomRoutingsMatchBruteForce) {
           expect_same(s, brute(p, tile, r.top_experts, d));
           for (auto b : s.expert_begin) EXPECT_EQ(b % tile, 0);
         }
+        // Every rank's at once (one pass over the ids): the same schedules.
+        const auto ptrs = pointers(r.top_experts);
+        const std::vector<RankSchedule> all = build_schedules(p, tiles(tile), ptrs);
+        ASSERT_EQ(all.size(), static_cast<std::size_t>(R));
+        for (int d = 0; d < R; ++d) expect_same(all[d], brute(p, tile, r.top_experts, d));
       }
 }
 
@@ -151,6 +156,8 @@ TEST(Schedule, CapacityOverflowThrowsNeverDrops) {
   EXPECT_THAT(msg, HasSubstr("rank 0"));
   EXPECT_THAT(msg, HasSubstr("schedule_capacity_factor"));
   EXPECT_NO_THROW(build(p, c, r.top_experts, 1));  // rank 1 receives nothing
+  const auto ptrs = pointers(r.top_experts);
+  EXPECT_EQ(error_message([&] { build_schedules(p, c, ptrs); }), msg);  // the same error, for rank 0
 
   // Through the Layer: the error is raised before any output is written.
   LayerData data = make_layer_data(p, r, 1, false);

@@ -33,4 +33,10 @@ struct RankSchedule {
 RankSchedule build_schedule(const Problem& problem, const Config& config,
                             std::span<const std::int32_t* const> top_experts, int dest_rank);
 
+// Every rank's schedule, equal to build_schedule's for each rank (the same error, for the
+// first rank over its capacity), from one pass over the ids: build_schedule per rank reads
+// every rank's ids R times.
+std::vector<RankSchedule> build_schedules(const Problem& problem, const Config& config,
+                                          std::span<const std::int32_t* const> top_experts);
+
 }  // namespace mok

@@ -127,9 +127,7 @@ std::vector<RankSchedule> build_all_schedules(const Problem& problem, const Conf
                                               std::span<const RankInputs> inputs) {
   std::vector<const std::int32_t*> tops;
   for (const auto& in : inputs) tops.push_back(in.top_experts.as<const std::int32_t>());
-  std::vector<RankSchedule> scheds;
-  for (int d = 0; d < problem.ep_size; ++d) scheds.push_back(build_schedule(problem, config, tops, d));
-  return scheds;
+  return build_schedules(problem, config, tops);
 }
 
 SlotBuffer routed_rows_rank(const Problem& p, ThreadPool& pool, const RankSchedule& sched, int dest,
