@@ -181,12 +181,17 @@ def mok_args_of(rec):
     return tuple(rec.get("mok_args") or ())
 
 
+# config.env entries that bound waits and change no kernel: a run that set them timed the default.
+WAIT_LIMIT_KNOBS = frozenset({"MOK_WAIT_TIMEOUT_MS", "MOK_GROUP_START_TIMEOUT_MS"})
+
+
 def variant_of(rec):
     """What the run changed from the commit's defaults: the megakernel's environment knobs
-    (config.env, "MOK_X=1") and the extra mok bench options; () for a default run. A variant
-    stands beside the default record of its key, never for it, and is left out of the plots."""
+    (config.env, "MOK_X=1"; wait limits aside) and the extra mok bench options; () for a
+    default run. A variant stands beside the default record of its key, never for it, and is
+    left out of the plots."""
     knobs = ((rec.get("config") or {}).get("env")) or {}
-    return tuple(f"{k}={v}" for k, v in sorted(knobs.items())) + mok_args_of(rec)
+    return tuple(f"{k}={v}" for k, v in sorted(knobs.items()) if k not in WAIT_LIMIT_KNOBS) + mok_args_of(rec)
 
 
 def commit_text(rec):
@@ -556,7 +561,8 @@ def markdown(recs, plots, out_dir, repeats=None, off_contract=None):
              "honest fraction for shapes without a shared expert). peer = the PyTorch peer's code the record "
              "was measured against (checks.peer_code: a hash of its files): \"today's\" is this checkout's; "
              "records before b587a86's peer, and any before the id was kept, show as \"earlier\". When several "
-             "records share shape, EP mode and size, routing, tokens, precision, GPU and extra mok bench options, "
+             "records share shape, EP mode and size, routing, tokens, precision, GPU, extra mok bench options and "
+             "megakernel environment knobs (config.env, wait limits aside), "
              "the newest against "
              "today's peer is shown, else the newest. Only records made to MoK's timing contract "
              f"({checks.WARMUP} warm-up and {checks.ITERS} timed iterations for mok and the PyTorch peer, its "

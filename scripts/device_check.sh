@@ -7,15 +7,18 @@
 # the repository root whatever the current directory (--bin and $OUT are taken from there;
 # paths among the --bench arguments are read from the repository root).
 #
-#   scripts/device_check.sh [--bin DIR] [--skip-tests] [--skip-sanitizer] [--bench ARGS...]
+#   scripts/device_check.sh [--bin DIR] [--pack] [--skip-tests] [--skip-sanitizer] [--bench [ARGS...]]
 #
 # --bin DIR   use prebuilt binaries in DIR (mok, mok_gpu_tests) instead of building; the
 #             library python/mok loads is DIR/../lib/libmok.so. (Building here needs
 #             GoogleTest's CMake package, which a machine without a package registry may
 #             lack: then build elsewhere, sm_90a, and carry the binaries.)
-# --pack      leave one combined log ($OUT/device_log.txt) plus $OUT/results/ (the device
-#             tool brings back at most 8 files), rewritten after every step and on exit or TERM
-# --bench ... run bench/run.py with these arguments (after the tests, before the sanitizers)
+# --pack      leave one combined log ($OUT/device_log.txt: the last 200 kB of each log) plus
+#             $OUT/results/ (the device tool brings back at most 8 files), rewritten after
+#             every step and on exit or TERM
+# --bench ... run bench/run.py with these arguments, none for its default runs (after the
+#             tests, before the sanitizers); its records go to $OUT/results/ unless the
+#             arguments give --results-dir
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
 FINAL_OUT=$OUT
@@ -27,6 +30,7 @@ BIN=""
 RUN_TESTS=1
 RUN_SAN=1
 BENCH_ARGS=()
+RUN_BENCH=0
 GTEST_FILTER=${GTEST_FILTER:-*}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -34,13 +38,13 @@ while [ $# -gt 0 ]; do
     --skip-tests) RUN_TESTS=0; shift ;;
     --skip-sanitizer) RUN_SAN=0; shift ;;
     --pack) shift ;;
-    --bench) shift; BENCH_ARGS=("$@"); break ;;
+    --bench) shift; RUN_BENCH=1; BENCH_ARGS=("$@"); break ;;
     *) echo "device_check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 [ -n "$BIN" ] && BIN=$(realpath -m "$BIN")
 OUT=$(realpath -m "$OUT"); FINAL_OUT=$(realpath -m "$FINAL_OUT")
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 summary=()
 # --pack: the summary and every log in one file (also when a step ends the script early).
@@ -49,7 +53,7 @@ write_pack() {
   {
     printf '%s\n' "${summary[@]}"
     for f in gpu.txt cmake.log build.log ptxas.txt gpu_checks.txt gpu_tests.log gpu_tests_store_warp_off.log binding.log group.log \
-      group_tests.log bench.log sanitizer_memcheck.log sanitizer_racecheck.log sanitizer_group.log \
+      group_tests.log bench_tests.log bench.log sanitizer_memcheck.log sanitizer_racecheck.log sanitizer_group.log \
       sanitizer_group_synccheck.log; do
       [ -f "$OUT/$f" ] && { echo; echo "######## $f"; tail -c 200000 "$OUT/$f"; }
     done
@@ -67,7 +71,9 @@ note "gpu: $(tail -1 "$OUT/gpu.txt")"
 
 if [ -z "$BIN" ]; then
   start=$(date +%s)
-  if cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1 &&
+  # (The GPU build needs nvcc: found on PATH or in the toolkit's usual place, else an error.)
+  command -v nvcc > /dev/null || export PATH=$PATH:/usr/local/cuda/bin
+  if cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOK_REQUIRE_CUDA=ON > "$OUT/cmake.log" 2>&1 &&
      ninja -C build > "$OUT/build.log" 2>&1; then
     note "build: ok in $(( $(date +%s) - start )) s"
   else
@@ -203,8 +209,22 @@ if [ $RUN_TESTS = 1 ]; then
   [ $brc = 0 ] || tail -30 "$OUT/binding.log"
 fi
 
-if [ ${#BENCH_ARGS[@]} -gt 0 ]; then
-  PYTHONUNBUFFERED=1 timeout ${BENCH_TIMEOUT:-400} python3 bench/run.py --mok-bin "$(printf %q "$BIN/mok")" "${BENCH_ARGS[@]}" 2>&1 | tee "$OUT/bench.log"
+# The benchmark suite's own tests with PyTorch present (CI has none): the peers' pipelines on
+# torch's CPU backend against the work directory's references, among the rest.
+if [ $RUN_TESTS = 1 ]; then
+  timeout 300 python3 -m unittest discover -s bench/tests -v > "$OUT/bench_tests.log" 2>&1
+  trc=$?
+  [ $trc = 0 ] || FAILED=1
+  note "bench/tests (with torch): rc=$trc, $(grep -E '^Ran|^OK|^FAILED' "$OUT/bench_tests.log" | tr '\n' ' ')"
+  [ $trc = 0 ] || tail -30 "$OUT/bench_tests.log"
+fi
+
+if [ $RUN_BENCH = 1 ]; then
+  # (The records where the device tool brings them back, unless the arguments say where.)
+  results=(--results-dir "$FINAL_OUT/results")
+  for a in "${BENCH_ARGS[@]}"; do case "$a" in --results-dir|--results-dir=*) results=() ;; esac; done
+  PYTHONUNBUFFERED=1 timeout "${BENCH_TIMEOUT:-400}" python3 bench/run.py --mok-bin "$(printf %q "$BIN/mok")" \
+    "${results[@]}" "${BENCH_ARGS[@]}" 2>&1 | tee "$OUT/bench.log"
   brc=${PIPESTATUS[0]}
   [ $brc = 0 ] || FAILED=1
   note "bench: rc=$brc"

@@ -87,10 +87,33 @@ for delay in 0.01 0.03 0.05; do
     fail "a SIGTERM $delay s into a launch of 100: rc $rc after $ms ms (143 within the grace expected)"
 done
 
+# 6. A second signal kills at once what the ranks left behind too, not only the ranks (rank 0
+#    exits 0 leaving a child that ignores SIGTERM; rank 1 ignores it; the grace is 30 s).
+t0=$(now_ms)
+"$mok" launch -n 2 --grace 30 -- sh -c \
+  'if [ "$MOK_RANK" = 0 ]; then (trap "" TERM; sleep 7794) & exit 0; fi; trap "" TERM; sleep 7795' \
+  > "$work/both.log" 2>&1 &
+launcher=$!
+sleep 1
+kill -TERM $launcher
+sleep 0.5
+kill -TERM $launcher 2> /dev/null
+bounded_wait $launcher
+ms=$(($(now_ms) - t0))
+[ $rc -eq 143 ] && [ $ms -lt 15000 ] ||
+  fail "a second SIGTERM with a rank's leftovers to stop: rc $rc after $ms ms (143 at once expected): $(cat "$work/both.log")"
+
+# 7. A signal that comes as the last rank ends: the launch fails with 128+N, saying so (not
+#    that it stopped leftovers there were none of).
+"$mok" launch -n 1 -- sh -c 'kill -TERM $PPID; exit 0' > "$work/last.log" 2>&1 &
+bounded_wait $!
+[ $rc -eq 143 ] && grep -q "got signal Terminated" "$work/last.log" && ! grep -q "processes the ranks left" "$work/last.log" ||
+  fail "a SIGTERM as the last rank ended: rc $rc: $(cat "$work/last.log")"
+
 # Nothing of these launches may be left running.
 for f in /proc/[0-9]*/cmdline; do
   case "$(tr '\000' ' ' < "$f" 2> /dev/null)" in
-    "sleep 779"[123]" ")
+    "sleep 779"[1-5]" ")
       pid=$(basename "$(dirname "$f")")
       fail "left running: $pid"
       kill -9 "$pid" 2> /dev/null

@@ -378,6 +378,13 @@ class Report(unittest.TestCase):
             self.assertIn("MOK_STORE_WARP=0", report.commit_text(next(r for r in shown if report.variant_of(r))))
             self.assertEqual([r["mok"]["forward"]["median_ms"] for r in report.bar_records(shown)], [1.0])
             self.assertEqual(report.sweep_groups(loaded), {})
+        # A wait limit changes no kernel: a newer record that set one stands for the key.
+        with tempfile.TemporaryDirectory() as d:
+            plain = with_peer(today, 1.0, "2001-01-01T00:00:00Z")
+            limit = with_peer(today, 1.1, "2001-01-05T00:00:00Z")
+            limit.setdefault("config", {})["env"] = {"MOK_GROUP_START_TIMEOUT_MS": "300000"}
+            loaded = report.load_records([records.write_record(r, d) for r in (plain, limit)])
+            self.assertEqual([r["mok"]["forward"]["median_ms"] for r in report.newest_per_key(loaded)], [1.1])
         # A changed peer file changes the id.
         with tempfile.TemporaryDirectory() as d:
             bench = os.path.dirname(os.path.abspath(report.__file__))

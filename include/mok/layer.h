@@ -154,12 +154,14 @@ class Layer {
   // rank's weights and outputs (rank_slice mode), or this process's rank only (distributed).
   // On the CUDA backend the call is asynchronous on the stream given in the options: the host
   // does not wait for the device (a new tensor set waits only while the host is as many new
-  // sets ahead of the stream as there are slots no CUDA graph captured: 8 with none; in
+  // sets ahead of the stream as there are slots no live CUDA graph holds: 8 with none; in
   // distributed mode an eager forward also waits, within the group's wait limit, while the
-  // megakernel of the forward 16 calls back is unfinished). It captures into a CUDA graph; the 8 tensor sets seen last are kept ready
-  // (their pointers and tensor maps uploaded), and the sets graphs captured stay reserved for
-  // their replays (a capture with a new set takes the slot of the least recently used set no
-  // graph captured, as an eager call does).
+  // megakernel of the forward 16 calls back is unfinished). It captures into a CUDA graph; the
+  // 8 tensor sets seen last are kept ready (their pointers and tensor maps uploaded), and a set
+  // a graph captured stays reserved for its replays while that graph or an executable graph
+  // made from it lives (a capture with a new set takes the slot of the least recently used set
+  // no live graph holds, as an eager call does; with all 8 held, a new set waits up to a second
+  // for a graph destroyed just now to let go, then throws).
   void forward(std::span<const RankForward> ranks);
   // The backward pass: built on the cpu backend (the reference); the cuda backend throws
   // mok::Error saying it is not built yet.

@@ -463,9 +463,9 @@ struct ArgSlot {
   // completed, the pinned host copy may be rewritten (the device copy is rewritten by a copy
   // on the same stream, so it waits for every forward that read it by stream order alone).
   // A slot uploaded in a capture is handed over only once its graphs are gone and their
-  // launches done (GraphPins), so the event, which records eager uploads only, is all a
-  // hand-over waits for (a slot never used: nothing recorded, and the event counts as
-  // complete).
+  // launches done (GraphPins), so the event, which records every eager upload (a new set's,
+  // and a set first seen in a capture when an eager call uploads it), is all a hand-over waits
+  // for (a slot never used: nothing recorded, and the event counts as complete).
   cudaEvent_t uploaded = nullptr;
   ArgSlot() = default;
   ArgSlot(ArgSlot&& o) noexcept : host(o.host), device(std::move(o.device)), uploaded(o.uploaded) {
@@ -1339,6 +1339,9 @@ class CudaBackend final : public BackendImpl {
         if (!it->uploaded_eagerly) {
           MOK_CUDA_CHECK(cudaMemcpyAsync(slots_[it->slot].device.as<void>(), slots_[it->slot].host, arg_slot_bytes(),
                                          cudaMemcpyHostToDevice, stream_));
+          // (Recorded like any eager upload: the slot may be handed over once its graphs are
+          // gone, and its host copy must not be rewritten under this copy.)
+          if (!capturing) MOK_CUDA_CHECK(cudaEventRecord(slots_[it->slot].uploaded, stream_));
           it->uploaded_eagerly = !capturing;
         }
         cache_.splice(cache_.begin(), cache_, it);

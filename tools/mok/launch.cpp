@@ -578,7 +578,10 @@ int launch_command(const std::vector<std::string>& argv) {
     if (!which.empty())
       std::fprintf(stderr, "mok launch: processes started by %s are still running after it ended; stopping them\n",
                    which.c_str());
-    const std::vector<pid_t> unkillable = stop_process_groups(leftover, grace_s, signalled_since(g_launcher_signals));
+    // (Killed at once if a second signal already hurried the ranks' stop, or one comes now.)
+    const int signals_now = g_launcher_signals;
+    const std::vector<pid_t> unkillable = stop_process_groups(
+        leftover, grace_s, [&] { return killed || g_launcher_signals != signals_now; });
     if (!unkillable.empty())
       std::fprintf(stderr, "mok launch: %zu process group(s) of the launch did not end even after SIGKILL; leaving "
                    "them\n", unkillable.size());
@@ -597,11 +600,12 @@ int launch_command(const std::vector<std::string>& argv) {
   std::error_code ec;
   std::filesystem::remove_all(launch_dir, ec);
   if (failed_rank < 0 && g_launcher_signals != signals_at_start) {
-    // (Every rank had ended well; the signal came while their leftovers were being stopped.)
+    // (Every rank had ended well; the signal came as the last of them ended, or while their
+    // leftovers were being stopped.)
     failed_rank = static_cast<int>(n);
     exit_code = 128 + g_launcher_signal;
     failure = std::string("the launcher got signal ") + strsignal(g_launcher_signal) +
-              " while it stopped the processes the ranks left";
+              (leftover.empty() ? " as its ranks ended" : " while it stopped the processes the ranks left");
   }
   if (failed_rank >= 0) {
     std::fprintf(stderr, "mok launch: failed: %s\n", failure.c_str());
