@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what the build needs (Debian packages, pinned Python packages for bench/ tests)
-# when missing, then configures and builds mok into build/ (CUDA sm_90a when nvcc exists).
+# Installs what the build needs (Debian packages) when missing, then configures and builds
+# mok into build/ (CUDA sm_90a when nvcc exists). scripts/test.sh makes the pinned Python
+# environment its tests use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()

@@ -6,7 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-(cd build && ctest --output-on-failure -j2)
+(cd build && ctest --output-on-failure -j2 | tee ctest.log)
+skipped=$(grep -cE "\(Skipped\)|\*\*\*Skipped" build/ctest.log || true)
+if [ "$skipped" -gt 0 ]; then
+  echo "test: $skipped C++ test(s) skipped: they need a GPU (or NCCL on one) and this machine has none usable;" \
+       "scripts/device_check.sh runs them on a GPU"
+fi
 # The megakernel's machine code (wgmmas present, no spills, the setmaxnreg budget): no GPU
 # needed. Exit 3: mok was built without the CUDA backend (no nvcc here), nothing to check.
 # (Under MOK_REQUIRE_CUDA=1, as in CI, a build without device code is a failure too.)
@@ -33,3 +38,4 @@ unittests "bench/tests" build/bench_tests.log discover -s bench/tests
 # python/mok, the binding through build/lib/libmok.so, on the CPU backend with numpy; its
 # PyTorch CUDA test skips here, saying why (scripts/device_check.sh runs it on a GPU).
 MOK_LIBRARY=build/lib/libmok.so unittests "python/tests" build/python_tests.log discover -s python/tests
+echo "test: every suite passed"

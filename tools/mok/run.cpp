@@ -91,6 +91,9 @@ int run_command(const std::vector<std::string>& argv) {
   const RoutingSpec routing_spec = RoutingSpec::parse(args.take_or("routing", "gaussian"));
 
   LayerOptions options;
+  if (!gpu && !args.has("backend"))
+    std::printf("mok run: no usable CUDA GPU here: the CPU reference backend runs (on a Hopper GPU the CUDA "
+                "backend does)\n");
   options.backend = naming_options([&] { return backend_from_string(args.take_or("backend", gpu ? "cuda" : "cpu")); });
   // With no --ep-mode, a large EP group on the GPU runs as one rank's slice.
   const std::string ep_mode = args.take_or("ep-mode", "auto");
