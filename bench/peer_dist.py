@@ -13,7 +13,8 @@ y_ref), then, on its GPU, runs the pipeline users write around grouped GEMMs:
      (bench/peer_torch.py's expert_ffn), unpermute by a gather;
   4. all_to_all_single of the result rows back to their sources (the combine), unpermute
      into [T*k, H] slots (a gather), router-weighted sum plus the shared experts (local_y).
-It checks y against y_ref (MoK's bar) on every rank before timing; times the forward with
+It checks y against y_ref and its combine slots (every row of its tokens, after the combine
+all-to-all) against slots_ref (MoK's bar) on every rank before timing; times the forward with
 CUDA events per iteration on every rank, the slowest rank per iteration making the figure
 (as mok bench's group record does); and measures NCCL's own all-to-all bandwidth (the
 NVLink ceiling) and the dense bf16 GEMM rate on rank 0. Rank 0 writes DIR/peer.json.
@@ -128,6 +129,10 @@ class RankWork:
         self.top = torch.from_numpy(load("top_experts").astype(np.int64)).to(device).reshape(-1)
         self.router_weights = torch.from_numpy(load("router_weights")).float().to(device)
         self.y_ref = bf16_tensor(load("y_ref"), device)
+        # Every row of this rank's tokens as the reference computed it, slot by slot: the
+        # peer's combine slots are checked with them (a few wrong rows could pass y's bar).
+        self.slots_ref = bf16_tensor(load("slots_ref"), device)
+        self.slots = None  # the last forward's combine slots
         weights = {name: load(name) for name in ("w_gate", "w_up", "w_down")}
         weights["shared"] = [{name: load(f"shared{s}_{name}") for name in ("w_gate", "w_up", "w_down")}
                              for s in range(len(widths))]
@@ -154,6 +159,7 @@ class RankWork:
         back = self.x.new_empty((self.T * self.k, self.H))
         dist.all_to_all_single(back, out, send_splits, recv_splits)
         slots = unpermute_slots(back, order, torch)
+        self.slots = slots
         return local_y(self.x, self.shared, self.router_weights, slots, self.limit)
 
 
@@ -240,6 +246,10 @@ def main(argv=None):
         tol = checks.tolerance(work.doc["problem"]["precision"])
         stats = checks.compare(work.forward().float(), work.y_ref.float(), torch)
         stats["passes"] = checks.passes(stats, tol)
+        slots = checks.compare(work.slots.float(), work.slots_ref.float(), torch)
+        slots["passes"] = checks.passes(slots, tol)
+        stats["slots"] = slots
+        stats["passes"] = stats["passes"] and slots["passes"]
         all_stats = [None] * world
         dist.all_gather_object(all_stats, stats)
         result["check"] = {"passes": all(s["passes"] for s in all_stats),

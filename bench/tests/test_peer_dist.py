@@ -1,6 +1,8 @@
 """The distributed peer's exchange plan (bench/peer_dist.py), on the CPU with numpy: R ranks
 simulated in one process, all-to-all by concatenation, experts as per-(rank, expert) scales,
 so every slot's expected row is known exactly."""
+import os
+import sys
 import unittest
 
 import numpy as np
@@ -66,6 +68,64 @@ class MulticastOff(unittest.TestCase):
         peer_dist.multicast_off(env)
         self.assertEqual(env, {"NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1",
                                "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "OTHER": "x"})
+
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+
+def rank_dir_from_single(work_dir, rank_dir):
+    """A group rank's directory (what `mok bench --ep-mode distributed` writes for peer_dist.py)
+    made from a synthetic EP = 1 work directory: at EP = 1 the rank's tokens are all the rows
+    and every slot holds exactly one."""
+    import json
+    import shutil
+    os.makedirs(rank_dir)
+    for name in ("mok.json", "w_gate.npy", "w_up.npy", "w_down.npy", "x_local.npy", "router_weights.npy",
+                 "y_ref.npy") + tuple(f for f in os.listdir(work_dir) if f.startswith("shared")):
+        shutil.copy(os.path.join(work_dir, name), rank_dir)
+    load = lambda n: np.load(os.path.join(work_dir, n))  # noqa: E731
+    slot, expert, rows = load("row_slot.npy"), load("row_expert.npy"), load("rows_ref.npy")
+    with open(os.path.join(work_dir, "mok.json")) as f:
+        k = json.load(f)["problem"]["top_k"]
+    assert np.array_equal(np.sort(slot), np.arange(slot.size)), "an EP = 1 work directory fills every slot once"
+    top = np.empty(slot.size, np.int32)
+    top[slot] = expert
+    np.save(os.path.join(rank_dir, "top_experts.npy"), top.reshape(-1, k))
+    slots_ref = np.empty_like(rows)
+    slots_ref[slot] = rows
+    np.save(os.path.join(rank_dir, "slots_ref.npy"), slots_ref)
+
+
+@unittest.skipIf(torch is None or not hasattr(torch, "_grouped_mm"),
+                 "PyTorch (with torch._grouped_mm) is not installed: peer_dist CPU test skipped")
+class RankWorkOnCpu(unittest.TestCase):
+    """RankWork's whole forward as one process of a gloo group on the CPU: its y and its combine
+    slots pass against the references, and slots that lost a row fail."""
+
+    def test_a_group_of_one_passes_and_its_slots_are_checked(self):
+        import tempfile
+        import torch.distributed as dist
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        import checks
+        from synth_workdir import make_workdir
+        with tempfile.TemporaryDirectory() as d:
+            single, rank0 = os.path.join(d, "single"), os.path.join(d, "rank0")
+            make_workdir(single, ep_size=1, ep_mode="all", num_experts=4, top_k=2, shared=(64,))
+            rank_dir_from_single(single, rank0)
+            dist.init_process_group("gloo", init_method="file://" + os.path.join(d, "rdv"), rank=0, world_size=1)
+            try:
+                work = peer_dist.RankWork(rank0, torch.device("cpu"))
+                tol = checks.tolerance("bf16")
+                y = work.forward()
+                self.assertTrue(checks.passes(checks.compare(y.float(), work.y_ref.float(), torch), tol))
+                self.assertTrue(checks.passes(checks.compare(work.slots.float(), work.slots_ref.float(), torch), tol))
+                work.slots[3] = 0  # one slot's row lost
+                self.assertFalse(checks.passes(checks.compare(work.slots.float(), work.slots_ref.float(), torch), tol))
+            finally:
+                dist.destroy_process_group()
 
 
 if __name__ == "__main__":

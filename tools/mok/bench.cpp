@@ -405,6 +405,7 @@ int bench_command(const std::vector<std::string>& argv) {
   // through WORK_DIR (rows_for<r>.npy, slots_for<r>.npy), so every rank checks all its slots
   // and y against references none of the GPUs produced.
   HostTensor y_ref(DType::bf16, {T, H});
+  ref::SlotBuffer ref_slots;  // a group: the reference rows in this rank's slots (slots_ref.npy)
   std::vector<float> a, b;
   auto add_row = [&](const std::uint16_t* got, const std::uint16_t* want) {
     for (int c = 0; c < H; ++c) {
@@ -419,7 +420,7 @@ int bench_command(const std::vector<std::string>& argv) {
   } else {
     compute_reference();
     // Reference slots of this rank's tokens: its own rows, then the other ranks' files.
-    ref::SlotBuffer ref_slots(slot_elems);
+    ref_slots.assign(slot_elems, 0);
     std::vector<char> covered(static_cast<std::size_t>(T) * k, 0);
     std::vector<std::vector<std::int64_t>> slots_for(R);
     std::vector<std::vector<std::uint16_t>> rows_for(R);
@@ -499,6 +500,9 @@ int bench_command(const std::vector<std::string>& argv) {
     npy::save(path(bench_file_name(BenchFile::kDyLocal)), dy);
   } else {
     npy::save(path(bench_file_name(BenchFile::kTopExperts)), mine.top_experts);
+    // (peer_dist checks its combine slots, every row of this rank's tokens, against these.)
+    npy::save(path(bench_file_name(BenchFile::kSlotsRef)),
+              tensor_from(DType::bf16, {std::int64_t(T) * k, H}, ref_slots.data()));
   }
   npy::save(path(bench_file_name(BenchFile::kWGate)), mine.w_gate);
   npy::save(path(bench_file_name(BenchFile::kWUp)), mine.w_up);

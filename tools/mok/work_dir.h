@@ -28,6 +28,7 @@ enum class BenchFile : int {
   kXLocal,
   kRouterWeights,
   kYRef,
+  kSlotsRef,        // a group rank's reference rows in its combine slots ([T*k, H]), for peer_dist's check
   kCount
 };
 // A switch: a file added without a name is a -Wswitch warning.
@@ -50,6 +51,7 @@ constexpr const char* bench_file_name(BenchFile f) {
     case BenchFile::kXLocal: return "x_local.npy";
     case BenchFile::kRouterWeights: return "router_weights.npy";
     case BenchFile::kYRef: return "y_ref.npy";
+    case BenchFile::kSlotsRef: return "slots_ref.npy";
     case BenchFile::kCount: break;
   }
   return "";
