@@ -101,6 +101,34 @@ INSTANTIATE_TEST_SUITE_P(Routings, GpuSchedule,
                                            ScheduleCase{"gaussian", 8}, ScheduleCase{"zipf:1.5", 4},
                                            ScheduleCase{"hot:1.0:5", 2}, ScheduleCase{"worst:1", 4}));
 
+// The cases above have few ids, so the schedule kernels take 128-id chunks; MoK's shapes at
+// their real token counts (0.8-1.3M ids) take 512-id chunks, chosen once the large chunks still
+// give every SM a count/scatter block (backend.cu: 8 warps a block). Enough ids for that on
+// this GPU, with the GEMMs kept small, and the schedule against the CPU builder's.
+TEST(GpuScheduleLargeChunks, BitwiseEqualToCpuBuilder) {
+  MOK_REQUIRE_GPU();
+  cudaDeviceProp prop;
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  const int R = 8, k = 8;
+  const long long large_chunk_ids = 512LL * 8 * prop.multiProcessorCount;  // the threshold
+  const int T = static_cast<int>((large_chunk_ids * 5 / 4 / (R * k) + 63) / 64 * 64);
+  const Problem p = make_problem(64, 256, 128, k, {}, R, T);
+  ASSERT_GE(static_cast<long long>(R) * T * k, large_chunk_ids);
+  const LayerData host = make_data(p, "gaussian");
+  const GpuRun gpu = run_gpu_all_ranks(host);
+  std::vector<const std::int32_t*> tops;
+  for (const auto& r : host.ranks) tops.push_back(r.top_experts.data<std::int32_t>());
+  const std::vector<RankSchedule> cpu_sched = build_schedules(p, Config{}, tops);
+  ASSERT_EQ(gpu.schedules.size(), cpu_sched.size());
+  for (std::size_t d = 0; d < cpu_sched.size(); ++d) {
+    ASSERT_EQ(gpu.schedules[d].size(), cpu_sched[d].rows.size()) << "rank " << d;
+    for (std::size_t i = 0; i < cpu_sched[d].rows.size(); ++i)
+      ASSERT_EQ(gpu.schedules[d][i], cpu_sched[d].rows[i]) << "rank " << d << " row " << i;
+  }
+  for (int r = 0; r < R; ++r)
+    EXPECT_FALSE(std::isnan(num::bf16_to_float(gpu.data.ranks[r].y.data<std::uint16_t>()[0]))) << "rank " << r;
+}
+
 // ---- forward vs reference, all ranks on one GPU ("virtual ranks") ------------------------
 
 struct ForwardCase {
@@ -295,6 +323,27 @@ TEST_P(GpuRankSlice, RowsAndOutputMatchReference) {
   const Comparison rows = compare(rows_gpu.data(), rows_cpu.data(), static_cast<std::int64_t>(rows_cpu.size()));
   std::printf("[check] slice %s rows (%zu): %s\n", c.shape.c_str(), rows_cpu.size() / H, rows.describe().c_str());
   EXPECT_TRUE(rows.passes(tol.max_abs, tol.rel)) << rows.describe();
+  // And nothing else was written: a slot no row of the schedule names keeps what it held (the
+  // other ranks' their NaN, the active rank's the pattern). A stray push, a padding row sent
+  // to a slot, a row sent to the wrong slot, would be a write racing a peer's on NVLink.
+  {
+    std::vector<std::vector<char>> named(R, std::vector<char>(static_cast<std::size_t>(T) * k, 0));
+    for (const auto& row : sched.rows)
+      if (row.src_rank >= 0) named[row.src_rank][row.slot] = 1;
+    std::size_t stray = 0, first_rank = 0, first_slot = 0;
+    for (int r = 0; r < R; ++r)
+      for (std::size_t slot = 0; slot < named[r].size(); ++slot) {
+        if (named[r][slot]) continue;
+        const std::uint16_t* got = &gpu_combine[r][slot * H];
+        for (int h = 0; h < H; ++h)
+          if (got[h] != (r == c.active ? pattern[slot * H + h] : std::uint16_t{0xffff})) {
+            if (stray++ == 0) first_rank = r, first_slot = slot;
+            break;
+          }
+      }
+    EXPECT_EQ(stray, 0u) << "slots written that no scheduled row names, the first combine_slots(" << first_rank
+                         << ")[" << first_slot << "]";
+  }
 
   // Expected y: the active rank's own rows from the reference, the rest as filled in.
   ref::SlotBuffer expected_slots = pattern;
@@ -503,6 +552,10 @@ TEST(GpuTaskPairs, RankSliceIsBitwiseEqualToUnpaired) {
   const auto b = run_slice(pairs);
   ASSERT_EQ(a.size(), b.size());
   EXPECT_TRUE(a == b) << "rank 5's pushed rows or y differ with task pairs";
+  // (Equal because both did the work: y was written over its NaN poison, rows were pushed.)
+  const auto y_at = a.end() - host.ranks[5].y.numel();
+  EXPECT_EQ(std::count(y_at, a.end(), std::uint16_t{0xffff}), 0) << "rank 5's y was not written";
+  EXPECT_GT(std::count_if(a.begin(), y_at, [](std::uint16_t v) { return v != 0; }), 0) << "no row was pushed";
 }
 
 // An environment variable set for a scope (the megakernel's knobs are read when a Layer
@@ -1118,6 +1171,7 @@ TEST(GpuGraph, AnEagerCallWithASetFirstSeenInACaptureUploadsItFirst) {
   cs.layer->forward(cs.mirror->forward_args());  // (no replay yet)
   cs.layer->synchronize();
   expect_same_bits(cs.captured_y(), cs.eager, "an eager call with the captured tensor set");
+  cs.mirror->poison_outputs();  // (the replays must write y themselves)
   ASSERT_NO_FATAL_FAILURE(cs.replay(2));
   expect_same_bits(cs.captured_y(), cs.eager, "the replays after it");
 }
@@ -1373,11 +1427,13 @@ TEST(GpuErrors, ExpertIdOutOfRangeIsReportedAndPoisonsOutput) {
   }
   mirror.copy_outputs_to(host);
   expect_all_y_nan(host, "after an expert id out of range");
-  // The error was reported once; a valid call afterwards works.
+  // The error was reported once; a valid call afterwards works, and its y is right.
   LayerData good = make_data(p, "gaussian");
   DeviceMirror mirror2(good, 0);
   layer.forward(mirror2.forward_args());
   EXPECT_NO_THROW(layer.synchronize());
+  mirror2.copy_outputs_to(good);
+  expect_close(good, run_reference(good), Precision::bf16, "a valid forward after an expert id out of range");
 }
 
 // A real group (EpMode::distributed) of this one process, through NCCL. It needs the NCCL
@@ -1631,8 +1687,12 @@ TEST(GpuErrors, MisalignedXOrYIsAClearError) {
                     ::testing::AllOf(::testing::HasSubstr(which), ::testing::HasSubstr("16-byte aligned"))));
   }
   cudaFree(shifted);
+  mirror.poison_outputs();
   EXPECT_NO_THROW(layer.forward(args));  // the refused calls launched nothing
   EXPECT_NO_THROW(layer.synchronize());
+  LayerData out = host;
+  mirror.copy_outputs_to(out);
+  expect_close(out, run_reference(host), Precision::bf16, "the aligned forward after the refused ones");
 }
 
 // The layer's combine slots are written by every forward (in a rank slice, the active rank
@@ -1812,10 +1872,14 @@ TEST(GpuRoutingErrorsRandom, EveryBadEntryIsNamedWhereverItSits) {
       mirror.copy_outputs_to(host);
       expect_all_y_nan(host, "k=" + std::to_string(k) + ", " + want);
     }
-    // And clean ids pass (no repeat found where there is none).
+    // And clean ids pass (no repeat found where there is none), with the right y.
     DeviceMirror mirror(clean, 0);
+    mirror.poison_outputs();
     layer.forward(mirror.forward_args());
     EXPECT_NO_THROW(layer.synchronize()) << "k=" << k;
+    LayerData out = clean;
+    mirror.copy_outputs_to(out);
+    expect_close(out, run_reference(clean), Precision::bf16, "clean ids after the errors, k=" + std::to_string(k));
   }
 }
 
