@@ -121,8 +121,8 @@ std::vector<pid_t> stop_process_groups(const std::vector<pid_t>& pgids, double g
 // A process that outlives a launcher killed outright (SIGKILL, the OOM killer), so that what
 // the ranks started does not run on without it: a rank's PR_SET_PDEATHSIG reaches only the
 // rank's first process, not the workers or wrappers it started. The guardian learns each
-// rank's process group through a pipe; when the pipe closes without the launcher's "done"
-// (the kernel closes it as the launcher dies, however it dies) it stops those groups, SIGTERM
+// rank's process group through a Unix socket pair; when the socket closes without the
+// launcher's "done" (a zero pid; the kernel closes it as the launcher dies, however it dies) it stops those groups, SIGTERM
 // then SIGKILL after the grace, and removes the rendezvous directory. It sits in a process
 // group of its own and ignores the terminal's signals (the launcher handles those); it holds
 // neither the launcher's stdin nor its stdout, and lets go of stderr once it has said what it
