@@ -1128,6 +1128,10 @@ TEST(GpuGraph, ReplayIsBitwiseIdenticalAndShowsOneMegakernel) {
   EXPECT_EQ(count("stage_x_kernel"), 0);
   EXPECT_EQ(count("combine_epilogue_kernel"), 1);
   EXPECT_EQ(count("schedule_"), 3);
+  // One memset (the counters, DESIGN's launch table), and the upload of this tensor set's
+  // argument slot: first seen in this capture, only the graph's replays write it.
+  EXPECT_EQ(captured.memsets, 1);
+  EXPECT_GE(captured.memcpys, 1);
 
   ASSERT_NO_FATAL_FAILURE(cs.replay(5));
   expect_same_bits(cs.captured_y(), cs.eager, "graph replay vs eager");
