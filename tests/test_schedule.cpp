@@ -166,6 +166,38 @@ TEST(Schedule, CapacityOverflowThrowsNeverDrops) {
   EXPECT_TRUE(std::isnan(test::element(data.ranks[0].y, 0)));
 }
 
+TEST(Schedule, CapacityBoundaryIsExact) {
+  // Rank 0's experts filled to its capacity exactly, in whole tiles: accepted, nothing
+  // dropped; one row more (a tile more of padding): refused, naming both counts.
+  const Problem p = test::make_problem(8, 32, 32, 2, {}, 2, 256);
+  const Config c = tiles(64, 0.1);
+  const std::int64_t capacity = schedule_capacity_rows(p, c);
+  ASSERT_EQ(capacity, 832);  // ceil(512 + 0.1 * 512) + 4 * 63, rounded up to 64
+  std::vector<std::int64_t> rows = test::whole_tile_rows(p, capacity, 64);
+  const Routing full = test::routing_with_rank0_rows(p, rows);
+  RankSchedule at;
+  ASSERT_NO_THROW(at = build(p, c, full.top_experts, 0));
+  EXPECT_EQ(at.expert_rows, rows);
+  EXPECT_EQ(at.real_rows(), capacity);
+  EXPECT_EQ(at.padded_rows(), capacity);
+
+  rows[1] += 1;  // 512 + 321 real rows: 896 padded
+  const Routing over = test::routing_with_rank0_rows(p, rows);
+  const std::string msg = error_message([&] { build(p, c, over.top_experts, 0); });
+  EXPECT_THAT(msg, HasSubstr("rank 0 receives 896 padded rows, more than its capacity of 832"));
+
+  // Through the Layer: the full rank's forward runs and writes every y; the other is refused
+  // before any output is written.
+  LayerData ok = make_layer_data(p, full, 3, false);
+  Layer layer(p, c, test::cpu_options());
+  ASSERT_NO_THROW(layer.forward(ok.forward_args()));
+  for (const auto& r : ok.ranks)
+    for (std::int64_t i = 0; i < r.y.numel(); ++i) ASSERT_FALSE(std::isnan(test::element(r.y, i))) << i;
+  LayerData refused = make_layer_data(p, over, 3, false);
+  EXPECT_THAT(error_message([&] { layer.forward(refused.forward_args()); }), HasSubstr("capacity of 832"));
+  EXPECT_TRUE(std::isnan(test::element(refused.ranks[0].y, 0)));
+}
+
 TEST(Schedule, CapacityFactorOneNeverOverflows) {
   // All tokens of every rank routed to one rank's experts, over a grid of shapes and tiles.
   int checked = 0;

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -105,6 +106,52 @@ inline void run_reference(LayerData& data, bool backward, const Config& config =
   if (backward) layer.backward(data.backward_args());
 }
 
+
+// A routing whose rank 0 experts receive exactly `rows_per_expert[e]` rows (e < E/R), every
+// other slot going to other ranks' experts. Laid out as one sequence over (slot j, token g)
+// in slot-major order, expert after expert, so that an expert's rows (at most R*T of them)
+// fall on distinct tokens and a token's slots on distinct experts. Needs R >= 2 and
+// k <= E - E/R (the other ranks' experts fill the rest); the weights are 1/k.
+inline Routing routing_with_rank0_rows(const Problem& p, const std::vector<std::int64_t>& rows_per_expert) {
+  const int R = p.ep_size, k = p.top_k, E = p.num_experts, E_loc = p.local_experts();
+  const std::int64_t T = p.tokens_per_rank, tokens = std::int64_t(R) * T;
+  if (R < 2 || k > E - E_loc || static_cast<int>(rows_per_expert.size()) != E_loc)
+    throw std::invalid_argument("routing_with_rank0_rows: needs R >= 2, k <= E - E/R and E/R counts");
+  std::vector<std::vector<std::int32_t>> top(R, std::vector<std::int32_t>(std::size_t(T) * k, -1));
+  std::int64_t pos = 0;  // slot-major: token pos % tokens, slot pos / tokens
+  for (int e = 0; e < E_loc; ++e) {
+    if (rows_per_expert[e] > tokens) throw std::invalid_argument("routing_with_rank0_rows: an expert takes <= R*T rows");
+    for (std::int64_t n = 0; n < rows_per_expert[e]; ++n, ++pos) {
+      const std::int64_t g = pos % tokens, j = pos / tokens;
+      if (j >= k) throw std::invalid_argument("routing_with_rank0_rows: more rows than R*T*k");
+      top[g / T][std::size_t(g % T) * k + j] = e;
+    }
+  }
+  // The rest: slot j of token g to another rank's expert E_loc + (g + j) mod (E - E_loc),
+  // distinct over a token's slots (k <= E - E_loc) and never rank 0's.
+  for (std::int64_t g = 0; g < tokens; ++g)
+    for (int j = 0; j < k; ++j) {
+      std::int32_t& id = top[g / T][std::size_t(g % T) * k + j];
+      if (id < 0) id = E_loc + static_cast<std::int32_t>((g + j) % (E - E_loc));
+    }
+  Routing r;
+  r.top_experts = std::move(top);
+  r.router_weights.assign(R, std::vector<float>(std::size_t(T) * k, 1.0f / k));
+  return r;
+}
+
+// Rank 0 expert counts that fill `padded_rows` (a multiple of `tile`) with whole tiles,
+// expert after expert, none above R*T rows (each token sends an expert at most one row).
+inline std::vector<std::int64_t> whole_tile_rows(const Problem& p, std::int64_t padded_rows, int tile) {
+  const std::int64_t most = std::int64_t(p.ep_size) * p.tokens_per_rank / tile * tile;
+  std::vector<std::int64_t> rows(p.local_experts(), 0);
+  for (auto& n : rows) {
+    n = std::min(most, padded_rows);
+    padded_rows -= n;
+  }
+  if (padded_rows != 0) throw std::invalid_argument("whole_tile_rows: rank 0's experts cannot hold that many rows");
+  return rows;
+}
 // The global batch of `a` with its tokens moved over positions and ranks and about a
 // quarter of them replaced by `fresh`'s tokens (same problem; the weights stay a's): token n
 // of `a` (global index rank*T + t) sits at global position moved_to[n] of `data`, or was

@@ -1984,6 +1984,39 @@ TEST(GpuErrors, CapacityTooSmallIsAnErrorNotADrop) {
   expect_all_y_nan(out, "after a capacity overflow");
 }
 
+// The device's capacity check at its boundary, as the CPU builder's (Schedule.
+// CapacityBoundaryIsExact): rank 0 filled to its capacity exactly, in whole tiles, runs and
+// matches the reference; one row more is refused and y poisoned.
+TEST(GpuErrors, CapacityBoundaryIsExact) {
+  MOK_REQUIRE_GPU();
+  const Problem p = make_problem(16, 256, 128, 4, {}, 4, 256);
+  Config c;
+  c.schedule_capacity_factor = 0.1;
+  const std::int64_t capacity = schedule_capacity_rows(p, c);
+  std::vector<std::int64_t> rows = whole_tile_rows(p, capacity, c.tile_rows);
+  const LayerData full = make_layer_data(p, routing_with_rank0_rows(p, rows), kSeed, false);
+  const GpuRun gpu = run_gpu_all_ranks(full, c);
+  ASSERT_EQ(gpu.stats.size(), 4u);
+  EXPECT_EQ(gpu.stats[0].real_rows, capacity);
+  EXPECT_EQ(gpu.stats[0].padded_rows, capacity);
+  expect_close(gpu.data, run_reference(full, c), p.precision, "rank 0 at its capacity");
+
+  rows[1] += 1;  // a tile more of padding
+  const LayerData over = make_layer_data(p, routing_with_rank0_rows(p, rows), kSeed, false);
+  LayerOptions o;
+  o.backend = Backend::cuda;
+  Layer layer(p, c, o);
+  DeviceMirror mirror(over, 0);
+  zero_y(mirror);
+  layer.forward(mirror.forward_args());
+  const std::string want = "rank 0 receives " + std::to_string(capacity + c.tile_rows) +
+                           " padded rows, more than its capacity of " + std::to_string(capacity);
+  EXPECT_THAT([&] { layer.synchronize(); }, ::testing::ThrowsMessage<Error>(::testing::HasSubstr(want)));
+  LayerData out = over;
+  mirror.copy_outputs_to(out);
+  expect_all_y_nan(out, "one row over the capacity");
+}
+
 TEST(GpuErrors, AlignmentRuleIsNamed) {
   MOK_REQUIRE_GPU();
   LayerOptions o;
