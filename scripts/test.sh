@@ -2,7 +2,8 @@
 # Quick start, command 2: set up, build, and run every test this machine can run: the C++
 # suite (ctest; GPU tests skip with a message when no GPU is present), the megakernel's SASS
 # checks (scripts/check_sass.sh), the benchmark suite's CPU tests (record arithmetic, report
-# generation) and the Python binding's (python/mok) in a pinned Python venv.
+# generation) and the Python binding's (python/mok) in a pinned Python venv, also as
+# installed by `pip install .` (tests/install_python.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -38,4 +39,6 @@ unittests "bench/tests" build/bench_tests.log discover -s bench/tests
 # python/mok, the binding through build/lib/libmok.so, on the CPU backend with numpy; its
 # PyTorch CUDA test skips here, saying why (scripts/device_check.sh runs it on a GPU).
 MOK_LIBRARY=build/lib/libmok.so unittests "python/tests" build/python_tests.log discover -s python/tests
+# pip install . into a fresh venv (CPU-only) and the binding's tests against that package.
+tests/install_python.sh
 echo "test: every suite passed"

@@ -30,8 +30,8 @@ values.
 
 Calls on one Layer from several threads run one at a time (close() included).
 
-The library is found at $MOK_LIBRARY, else in the repository's build directories
-(build/lib, build-cuda/lib).
+The library is found at $MOK_LIBRARY, else beside this module (`pip install .` puts it
+there), else in the repository's build directories (build/lib, build-cuda/lib).
 """
 import atexit
 import copy
@@ -117,16 +117,19 @@ class _RankBackward(ctypes.Structure):
 
 
 def library_path():
-    """The libmok.so this module loads: $MOK_LIBRARY, else the first build directory's that exists."""
+    """The libmok.so this module loads: $MOK_LIBRARY, else the one installed beside this module,
+    else the first of the repository's build directories that holds one."""
     if os.environ.get("MOK_LIBRARY"):
         return os.environ["MOK_LIBRARY"]
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    tried = [os.path.join(repo, d, "lib", "libmok.so") for d in ("build", "build-cuda")]
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.dirname(os.path.dirname(here))
+    tried = [os.path.join(here, "libmok.so")] + [os.path.join(repo, d, "lib", "libmok.so")
+                                                 for d in ("build", "build-cuda")]
     for path in tried:
         if os.path.exists(path):
             return path
-    raise MokError("libmok.so not found (tried " + ", ".join(tried) + "): build mok (scripts/setup.sh) or set "
-                   "MOK_LIBRARY to its path")
+    raise MokError("libmok.so not found (tried " + ", ".join(tried) + "): pip install mok's checkout, build it "
+                   "(scripts/setup.sh), or set MOK_LIBRARY to its path")
 
 
 _lib_handle = None

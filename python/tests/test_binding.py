@@ -5,6 +5,9 @@ backward gradients' cosine >= 0.9999. Also: bitwise determinism, and errors that
 argument.
 
     MOK_LIBRARY=build/lib/libmok.so python3 -m unittest discover -s python/tests
+
+With MOK_TEST_INSTALLED=1 the `mok` under test is the one installed in this Python (pip
+install ., tests/install_python.sh) and its own libmok.so, not this checkout's python/.
 """
 import os
 import sys
@@ -13,11 +16,20 @@ import unittest
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))
+TEST_INSTALLED = os.environ.get("MOK_TEST_INSTALLED") == "1"
+if not TEST_INSTALLED:
+    sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))  # MoK's bars and the bf16 helpers, shared
 import checks  # noqa: E402
 import mok  # noqa: E402
 import workdir  # noqa: E402
+
+if TEST_INSTALLED:  # (else a checkout's module or library could pass for the installed ones)
+    _package = os.path.dirname(os.path.abspath(mok.__file__))
+    if os.path.commonpath([_package, os.path.dirname(HERE)]) == os.path.dirname(HERE) or \
+            os.environ.get("MOK_LIBRARY") or mok.library_path() != os.path.join(_package, "libmok.so"):
+        raise RuntimeError(f"MOK_TEST_INSTALLED=1 but mok is {mok.__file__} with {mok.library_path()}: not an "
+                           "installed package with its own libmok.so")
 
 TOL, COS = checks.tolerance("bf16"), 0.9999
 to_bf16 = workdir.f32_to_bf16_bits  # float -> bf16 bit patterns (uint16), round to nearest even
