@@ -210,5 +210,13 @@ TEST(CApi, NamedShapesAndTheAbiVersion) {
   EXPECT_THAT(mok_last_error(), HasSubstr("ep_size"));
 }
 
+TEST(CApi, VersionAndCommitAreTheLibrarys) {
+  // The same strings through either interface, in their stated forms.
+  EXPECT_EQ(std::string(mok_version()), mok::version());
+  EXPECT_EQ(std::string(mok_build_commit()), mok::build_commit());
+  EXPECT_THAT(mok::version(), ::testing::MatchesRegex("[0-9]+\\.[0-9]+\\.[0-9]+"));
+  EXPECT_THAT(mok::build_commit(), ::testing::MatchesRegex("([0-9a-f]{12}(-dirty)?)|unknown"));
+}
+
 }  // namespace
 }  // namespace mok::test

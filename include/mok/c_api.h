@@ -90,6 +90,9 @@ int mok_c_abi_version(void);
 /* The message of this thread's last failed call ("" when none failed yet). */
 const char* mok_last_error(void);
 int mok_cuda_available(void);
+/* mok::version() and mok::build_commit(): static strings. */
+const char* mok_version(void);
+const char* mok_build_commit(void);
 /* Fills *config with the library's defaults; NULL is ignored. */
 void mok_default_config(mok_config* config);
 

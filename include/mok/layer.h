@@ -210,4 +210,10 @@ class Layer {
 bool cuda_available();
 std::string cuda_device_name();
 
+// The library's version (CMake's project version, e.g. "0.1.0"; pip's and find_package's too)
+// and the commit it was built from: 12 hex digits, with "-dirty" when tracked files differed
+// from it, or "unknown" when built outside a git checkout.
+std::string version();
+std::string build_commit();
+
 }  // namespace mok

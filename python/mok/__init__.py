@@ -206,6 +206,24 @@ def cuda_available():
     return bool(_lib().mok_cuda_available())
 
 
+def version():
+    """The library's version (CMake's project version, e.g. "0.1.0", also the pip package's)."""
+    return _static_string(_lib().mok_version)
+
+
+def build_commit():
+    """The commit the library was built from: 12 hex digits, "-dirty" appended when tracked
+    files differed from it, or "unknown" when built outside a git checkout."""
+    return _static_string(_lib().mok_build_commit)
+
+
+def _static_string(fn):
+    """A C API function's static string. (Typed at the call: a libmok.so of the same ABI built
+    before the function existed still loads, and only this call fails.)"""
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
+
+
 def shapes():
     """The named shapes' names (`mok shapes` lists them with their dimensions)."""
     names, i = [], 0

@@ -425,6 +425,14 @@ class Errors(unittest.TestCase):
         with self.assertRaisesRegex(mok.MokError, "qwen3.5-397b-a17b"):  # the error lists the known names
             mok.Problem.from_shape("qwen9")
 
+    def test_version_is_the_projects(self):
+        # The library's version is the one CMakeLists.txt declares (pip's, through pyproject.toml).
+        import re
+        with open(os.path.join(HERE, "..", "..", "CMakeLists.txt")) as f:
+            declared = re.search(r"project\(mok LANGUAGES CXX VERSION ([0-9.]+)\)", f.read()).group(1)
+        self.assertEqual(mok.version(), declared)
+        self.assertRegex(mok.build_commit(), r"^([0-9a-f]{12}(-dirty)?|unknown)$")
+
     def test_the_config_has_the_librarys_choices(self):
         with mok.Layer(SMALL, config={"schedule_capacity_factor": 1.0}) as layer:
             c = layer.config

@@ -218,6 +218,16 @@ int mok_c_abi_version(void) { return MOK_C_ABI_VERSION; }
 
 const char* mok_last_error(void) { return last_error.c_str(); }
 
+const char* mok_version(void) {
+  static const std::string v = mok::version();
+  return v.c_str();
+}
+
+const char* mok_build_commit(void) {
+  static const std::string c = mok::build_commit();
+  return c.c_str();
+}
+
 int mok_cuda_available(void) {
   int available = 0;
   guarded([&] { available = mok::cuda_available() ? 1 : 0; });

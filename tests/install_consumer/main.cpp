@@ -1,7 +1,8 @@
 // Built against an installed mok (tests/install_consumer.sh). Through libmok.so's C++ API:
 // a forward on the CPU backend writes every y and is bitwise repeatable, and bad input
-// raises mok::Error across the library boundary naming the argument; through its C API, the
-// ABI version. Exits non-zero, saying why, on any failure.
+// raises mok::Error across the library boundary naming the argument; the library's version
+// is the CMake package's; through its C API, the ABI and version. Exits non-zero, saying why,
+// on any failure.
 #include <mok/c_api.h>
 #include <mok/mok.h>
 
@@ -24,6 +25,8 @@ void expect(bool ok, const std::string& what) {
 
 int main() {
   expect(mok_c_abi_version() > 0, "mok_c_abi_version() is positive");
+  expect(mok::version() == MOK_PACKAGE_VERSION && std::string(mok_version()) == MOK_PACKAGE_VERSION,
+         "the library's version (" + mok::version() + ") is the package's (" MOK_PACKAGE_VERSION ")");
 
   mok::Problem p;
   p.num_experts = 8;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "mok/cli_args.h"
+#include "mok/layer.h"
 
 namespace {
 
@@ -14,6 +15,7 @@ commands:
   shapes   list the named shapes
   bench    time the CUDA forward MoK's way and write the peers' inputs (bench/run.py drives it)
   launch   start one process per rank: mok launch -n N [--timeout S] [--grace S] [--peer-grace S] -- COMMAND ...
+  version  the library's version, the commit it was built from and whether the CUDA backend is in it
 With no arguments, mok runs the default shape on the best available backend.
 )";
 
@@ -22,6 +24,7 @@ With no arguments, mok runs the default shape on the best available backend.
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) args[0] = "help";
+  if (!args.empty() && args[0] == "--version") args[0] = "version";
   std::string command = "run";
   if (!args.empty() && args[0].rfind("--", 0) != 0) {
     command = args[0];
@@ -35,6 +38,15 @@ int main(int argc, char** argv) {
     else if (command == "launch") rc = mok::cli::launch_command(args);
     else if (command == "help") {
       std::fputs(kHelp, stdout);
+      rc = 0;
+    } else if (command == "version") {
+      if (!args.empty()) throw mok::Error("mok version: takes no options, got '" + args[0] + "'");
+#ifdef MOK_HAS_CUDA
+      const char* backends = "CUDA backend built (sm_90a)";
+#else
+      const char* backends = "CPU reference only (built without the CUDA backend)";
+#endif
+      std::printf("mok %s (commit %s; %s)\n", mok::version().c_str(), mok::build_commit().c_str(), backends);
       rc = 0;
     } else {
       std::fprintf(stderr, "mok: unknown command '%s'\n%s", command.c_str(), kHelp);
