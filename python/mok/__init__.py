@@ -30,8 +30,9 @@ values.
 
 Calls on one Layer from several threads run one at a time (close() included).
 
-The library is found at $MOK_LIBRARY, else beside this module (`pip install .` puts it
-there), else in the repository's build directories (build/lib, build-cuda/lib).
+The library is found at $MOK_LIBRARY, else in the package's directory (`pip install .` puts
+it there; `pip install -e .` too, in site-packages), else in the repository's build
+directories (build/lib, build-cuda/lib).
 """
 import atexit
 import copy
@@ -117,14 +118,15 @@ class _RankBackward(ctypes.Structure):
 
 
 def library_path():
-    """The libmok.so this module loads: $MOK_LIBRARY, else the one installed beside this module,
-    else the first of the repository's build directories that holds one."""
+    """The libmok.so this module loads: $MOK_LIBRARY, else the one installed in the package's
+    directory, else the first of the repository's build directories that holds one."""
     if os.environ.get("MOK_LIBRARY"):
         return os.environ["MOK_LIBRARY"]
-    here = os.path.dirname(os.path.abspath(__file__))
-    repo = os.path.dirname(os.path.dirname(here))
-    tried = [os.path.join(here, "libmok.so")] + [os.path.join(repo, d, "lib", "libmok.so")
-                                                 for d in ("build", "build-cuda")]
+    # (Every directory of the package: an editable install, pip install -e, keeps this module
+    # in the checkout and the library in site-packages.)
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    tried = [os.path.join(os.path.abspath(d), "libmok.so") for d in __path__] + \
+        [os.path.join(repo, d, "lib", "libmok.so") for d in ("build", "build-cuda")]
     for path in tried:
         if os.path.exists(path):
             return path
