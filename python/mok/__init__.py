@@ -22,6 +22,9 @@ until synchronize() or the stream's own ordering says the work is done. Without 
 legacy default stream, which PyTorch's side streams (non-blocking) are not ordered with:
 tensors written on one are read too early unless that stream is the layer's.
 
+Under torch.compile, call layer.forward_op(ranks) (PyTorch tensors): the same forward as the
+operator torch.ops.mok.forward, traced as one node that writes y, without a graph break.
+
 Outputs (y, the gradients) are written in place, outside autograd: an output that requires
 grad is refused, and so is any tensor whose memory holds other numbers than its values (a
 sparse tensor, a lazily negated or conjugated view, a masked or misaligned numpy array). A written tensor's version
@@ -38,6 +41,7 @@ import atexit
 import copy
 import ctypes
 import gc
+import itertools
 import operator
 import os
 import sys
@@ -491,6 +495,82 @@ def _drain_parked():
 atexit.register(_drain_parked)
 
 
+# ---- the forward as a PyTorch operator (Layer.forward_op) -----------------------------------
+# torch.ops.mok.forward: an opaque operator that writes its y tensors, so that torch.compile
+# traces a model calling the layer as one node (fullgraph too) instead of breaking its graph
+# at the ctypes call. Its arguments are tensors and ints only: the layer travels as an id into
+# _op_layers, and the rank dicts as one flat list of the tensors present plus their places.
+_OP_INPUT_KEYS = ("x", "top_experts", "router_weights", "w_gate", "w_up", "w_down")
+_op_layers = weakref.WeakValueDictionary()  # Layer._op_id -> Layer (closed and dropped: gone)
+_op_ids = itertools.count(1)
+_torch_ops = None  # torch.ops, once mok::forward is registered
+
+
+def _register_forward_op():
+    """Registers torch.ops.mok.forward (once per process; torch must be importable)."""
+    global _torch_ops
+    if _torch_ops is not None:
+        return
+    import torch
+
+    @torch.library.custom_op("mok::forward", mutates_args=("y",))
+    def forward(layer_id: int, inputs: list[torch.Tensor], places: list[int], y: list[torch.Tensor]) -> None:
+        layer = _op_layers.get(layer_id)
+        if layer is None:
+            raise MokError(f"torch.ops.mok.forward: layer {layer_id} was closed or dropped")
+        layer.forward(_op_ranks(inputs, places, y))
+
+    @forward.register_fake
+    def _(layer_id, inputs, places, y):  # (what tracing sees: y written in place, nothing returned)
+        return None
+
+    _torch_ops = torch.ops
+
+
+def _op_places(ranks):
+    """The flat argument lists of torch.ops.mok.forward for `ranks` (dicts of tensors): the
+    inputs present, in rank order; their places: the rank count, then per rank its number of
+    inputs, a (key, shared index) pair for each (key 6 + i: a shared expert's i-th tensor) and
+    1 if it has a y, else 0; and the y tensors present."""
+    inputs, places, y = [], [len(ranks)], []
+    for rank in ranks:
+        pairs = []
+        for k, key in enumerate(_OP_INPUT_KEYS):
+            if rank.get(key) is not None:
+                inputs.append(rank[key])
+                pairs += [k, 0]
+        for s, triple in enumerate(rank.get("shared") or []):
+            for i, w in enumerate(triple):
+                inputs.append(w)
+                pairs += [len(_OP_INPUT_KEYS) + i, s]
+        places += [len(pairs) // 2] + pairs + [int(rank.get("y") is not None)]
+        if rank.get("y") is not None:
+            y.append(rank["y"])
+    return inputs, places, y
+
+
+def _op_ranks(inputs, places, y):
+    """The rank dicts back from _op_places' lists."""
+    ranks, pos, tensors, outputs = [], 1, iter(inputs), iter(y)
+    for _ in range(places[0]):
+        rank, shared = {}, []
+        count, pos = places[pos], pos + 1
+        for _ in range(count):
+            key, s, pos = places[pos], places[pos + 1], pos + 2
+            if key < len(_OP_INPUT_KEYS):
+                rank[_OP_INPUT_KEYS[key]] = next(tensors)
+            else:
+                shared += [[None] * 3 for _ in range(s + 1 - len(shared))]
+                shared[s][key - len(_OP_INPUT_KEYS)] = next(tensors)
+        if shared:
+            rank["shared"] = [tuple(triple) for triple in shared]
+        if places[pos]:
+            rank["y"] = next(outputs)
+        ranks.append(rank)
+        pos += 1
+    return ranks
+
+
 class _Native:
     """The C layer. Layer.close() destroys it at once, or, while combine_slots views still point
     into its memory (cuda backend), leaves that to the end of the last of them: each view holds
@@ -578,6 +658,8 @@ class Layer:
         _check(lib.mok_layer_create(ctypes.byref(problem._c()), ctypes.byref(c), ctypes.byref(options),
                                     ctypes.byref(handle)))
         self._native = _Native(handle, distributed=ep_mode == "distributed", cuda=backend == "cuda")
+        self._op_id = next(_op_ids)  # (forward_op's handle on this layer)
+        _op_layers[self._op_id] = self
 
     def _live(self):
         _drain_parked()
@@ -594,6 +676,16 @@ class Layer:
             _check(_lib().mok_layer_forward(self._live(), array, n))
             self._used_on_stream(kept)
             _written(rank.get("y") for rank in self._written_ranks(kept))
+
+    def forward_op(self, ranks):
+        """forward() through the PyTorch operator torch.ops.mok.forward, for PyTorch tensors:
+        torch.compile traces it as one node that writes y (fullgraph=True too), where
+        forward()'s ctypes call breaks the graph. The checks and errors are forward()'s, raised
+        when the operator runs. Forward only: the operator has no autograd formula."""
+        if _torch_ops is None:
+            _register_forward_op()
+        inputs, places, y = _op_places(list(ranks))
+        _torch_ops.mok.forward(self._op_id, inputs, places, y)
 
     def backward(self, ranks):
         """mok::Layer::backward: the forward's keys but y, and dy in; dx, d_router_weights,

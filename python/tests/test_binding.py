@@ -425,6 +425,21 @@ class Errors(unittest.TestCase):
         with self.assertRaisesRegex(mok.MokError, "qwen3.5-397b-a17b"):  # the error lists the known names
             mok.Problem.from_shape("qwen9")
 
+    def test_the_operators_flat_arguments_give_back_the_rank_dicts(self):
+        # Layer.forward_op's encoding (tensors and ints only) loses no tensor and no place: a
+        # rank slice's other ranks without weights or y, two shared experts, an empty one.
+        ranks = [{"x": "x0", "top_experts": "t0", "router_weights": "w0", "shared": []},
+                 {"x": "x1", "top_experts": "t1", "router_weights": "w1", "w_gate": "g1", "w_up": "u1",
+                  "w_down": "d1", "shared": [("sg0", "su0", "sd0"), ("sg1", "su1", "sd1")], "y": "y1"},
+                 {"x": "x2", "top_experts": "t2", "router_weights": "w2", "y": "y2", "w_gate": None}]
+        inputs, places, y = mok._op_places(ranks)
+        self.assertEqual(y, ["y1", "y2"])
+        self.assertTrue(all(isinstance(v, int) for v in places))
+        back = mok._op_ranks(inputs, places, y)
+        want = [{k: v for k, v in r.items() if v is not None and v != []} for r in ranks]
+        self.assertEqual(back, want)
+        self.assertNotEqual(mok._op_ranks(inputs[::-1], places, y), want)  # (the check can fail)
+
     def test_version_is_the_projects(self):
         # The library's version is the one CMakeLists.txt declares (pip's, through pyproject.toml).
         import re

@@ -96,6 +96,37 @@ class TorchCpu(unittest.TestCase):
                 layer.forward([dict(ranks[0], x=torch._neg_view(ranks[0]["x"])), ranks[1]])
 
 
+    def test_forward_op_is_forward_eagerly_and_under_torch_compile(self):
+        # torch.ops.mok.forward: the bits of forward(), called eagerly and traced by
+        # torch.compile as one node (fullgraph: no graph break), y written in place.
+        ranks = [to_torch(r, "cpu") for r in make_inputs(PROBLEM, 21)]
+        with mok.Layer(PROBLEM, cpu_threads=2) as layer:
+            layer.forward(ranks)
+            want = [r["y"].clone() for r in ranks]
+
+            def run(rs):
+                layer.forward_op(rs)
+                return [r["y"] + 0 for r in rs]
+
+            for name, fn in (("eager", run), ("aot_eager", torch.compile(run, fullgraph=True, backend="aot_eager")),
+                             ("inductor", torch.compile(run, fullgraph=True))):
+                for r in ranks:
+                    r["y"].fill_(float("nan"))
+                out = fn(ranks)
+                for i, r in enumerate(ranks):
+                    self.assertTrue(torch.equal(r["y"], want[i]), f"{name}: rank {i}'s y differs from forward()'s")
+                    self.assertTrue(torch.equal(out[i], want[i]), f"{name}: rank {i}'s y as traced differs")
+            torch._dynamo.reset()
+            # forward()'s errors, raised when the operator runs.
+            bad = [dict(r) for r in ranks]
+            bad[1]["top_experts"] = ranks[1]["top_experts"].clone()
+            bad[1]["top_experts"][2, 1] = 77
+            with self.assertRaisesRegex(mok.MokError, r"top_experts\[rank 1\]\[token 2, slot 1\] = 77"):
+                layer.forward_op(bad)
+        with self.assertRaisesRegex(mok.MokError, "used after close"):
+            layer.forward_op(ranks)
+
+
 class TorchCuda(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -223,6 +254,22 @@ class TorchCuda(unittest.TestCase):
             layer.synchronize()
             for a, b in zip(gpu, served):
                 self.assertTrue(torch.equal(a["y"], b["y"]))
+
+    def test_forward_op_under_torch_compile_gives_forwards_bits(self):
+        gpu = [to_torch(r, "cuda") for r in make_inputs(PROBLEM, 22)]
+        stream = torch.cuda.current_stream()
+        with mok.Layer(PROBLEM, backend="cuda", cuda_stream=stream.cuda_stream) as layer:
+            layer.forward(gpu)
+            layer.synchronize()
+            want = [y_bits(r) for r in gpu]
+            compiled = torch.compile(lambda rs: layer.forward_op(rs), fullgraph=True)
+            for r in gpu:
+                r["y"].fill_(float("nan"))
+            compiled(gpu)
+            layer.synchronize()
+            for i, r in enumerate(gpu):
+                self.assertTrue(np.array_equal(y_bits(r), want[i]), f"rank {i}: the compiled operator's y differs")
+        torch._dynamo.reset()
 
     def test_a_rank_slice_with_its_slots_filled_gives_the_bits_of_virtual_ranks(self):
         ranks = make_inputs(PROBLEM, 15)
