@@ -25,6 +25,16 @@ bounded_wait() {
   wait "$1"
   rc=$?
 }
+# Signals the background launcher $1 twice (SIGTERM after 1 s, again 0.5 s later, while it is
+# stopping the ranks), then bounded_wait; sets ms to the time since t0.
+term_twice() {
+  sleep 1
+  kill -TERM "$1"
+  sleep 0.5
+  kill -TERM "$1" 2> /dev/null
+  bounded_wait "$1"
+  ms=$(($(now_ms) - t0))
+}
 
 # 1. Started with SIGCHLD ignored (the kernel would reap the ranks unseen): it still sees
 #    them end, and exits 0 at once instead of waiting for ever.
@@ -51,13 +61,7 @@ bounded_wait $launcher
 #    30 s) kills them at once.
 t0=$(now_ms)
 "$mok" launch -n 2 --grace 30 -- sh -c 'trap "" TERM; sleep 7791' > "$work/again.log" 2>&1 &
-launcher=$!
-sleep 1
-kill -TERM $launcher
-sleep 0.5
-kill -TERM $launcher 2> /dev/null
-bounded_wait $launcher
-ms=$(($(now_ms) - t0))
+term_twice $!
 [ $rc -eq 143 ] && [ $ms -lt 15000 ] && grep -q "killing them now" "$work/again.log" ||
   fail "a second SIGTERM while stopping: rc $rc after $ms ms (143 at once expected): $(cat "$work/again.log")"
 
@@ -93,13 +97,7 @@ t0=$(now_ms)
 "$mok" launch -n 2 --grace 30 -- sh -c \
   'if [ "$MOK_RANK" = 0 ]; then (trap "" TERM; sleep 7794) & exit 0; fi; trap "" TERM; sleep 7795' \
   > "$work/both.log" 2>&1 &
-launcher=$!
-sleep 1
-kill -TERM $launcher
-sleep 0.5
-kill -TERM $launcher 2> /dev/null
-bounded_wait $launcher
-ms=$(($(now_ms) - t0))
+term_twice $!
 [ $rc -eq 143 ] && [ $ms -lt 15000 ] ||
   fail "a second SIGTERM with a rank's leftovers to stop: rc $rc after $ms ms (143 at once expected): $(cat "$work/both.log")"
 
