@@ -1,6 +1,7 @@
 #include "gpu/gpu_util.h"
 
 #include <cuda_runtime.h>
+#include <gmock/gmock.h>
 
 #include <algorithm>
 #include <cmath>
@@ -76,6 +77,21 @@ void expect_all_y_nan(const LayerData& data, const std::string& what) {
     EXPECT_EQ(numbers, 0) << what << ": rank " << r << "'s y keeps " << numbers << " of " << data.ranks[r].y.numel()
                           << " elements that are not NaN";
   }
+}
+
+void expect_refused_and_y_poisoned(Layer& layer, LayerData& host, const std::vector<std::string>& want,
+                                   const std::string& what) {
+  DeviceMirror mirror(host, 0);
+  zero_y(mirror);
+  layer.forward(mirror.forward_args());
+  try {
+    layer.synchronize();
+    ADD_FAILURE() << what << ": no error from synchronize()";
+  } catch (const Error& e) {
+    for (const std::string& w : want) EXPECT_THAT(e.what(), ::testing::HasSubstr(w)) << what;
+  }
+  mirror.copy_outputs_to(host);
+  expect_all_y_nan(host, what);
 }
 
 void expect_close(const LayerData& gpu, const LayerData& ref, Precision precision, const std::string& what) {

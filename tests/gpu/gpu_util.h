@@ -54,4 +54,10 @@ std::int64_t elements_not_nan(const HostTensor& t);
 // Every element of every rank's y in `data` is NaN.
 void expect_all_y_nan(const LayerData& data, const std::string& what);
 
+// One CUDA forward of `host` on `layer` (its y zeroed on the device first) that synchronize()
+// must refuse with a mok::Error holding every string of `want`; the y it leaves, copied back
+// into `host`, must be all NaN (the device error poisoned it, nothing was half written).
+void expect_refused_and_y_poisoned(Layer& layer, LayerData& host, const std::vector<std::string>& want,
+                                   const std::string& what);
+
 }  // namespace mok::test
