@@ -198,10 +198,12 @@ class Work:
         self.remote_rows = torch.nonzero(row_slot < 0).flatten()
         self.combine_local = bf16(arrays["combine_local"]).clone()  # (on the CPU .to() would share the array)
         self.send_buffer = torch.empty(int(self.remote_rows.numel()), self.H, dtype=torch.bfloat16, device=device)
-        # Every slot filled by a row of this rank (one GPU, EP = 1): the slots are then one
-        # gather of the expert outputs, slot by slot (slot_row: the arrival row of each slot).
+        # Every slot filled by a row of this rank and no row sent elsewhere (one GPU, EP = 1):
+        # the slots are then one gather of the expert outputs, slot by slot (slot_row: the
+        # arrival row of each slot). (A slice's own rows may fill all of its slots while other
+        # ranks' rows still arrive, under worst-case routing: those go to the send buffer.)
         self.slot_row = None
-        if int(self.own_rows.numel()) == slots:
+        if int(self.own_rows.numel()) == slots and int(self.remote_rows.numel()) == 0:
             self.slot_row = torch.empty(slots, dtype=torch.long, device=row_slot.device)
             self.slot_row[self.own_slots] = self.own_rows
         self.rows_ref = bf16(arrays["rows_ref"])

@@ -37,7 +37,8 @@ def _ffn(x, wg, wu, wd, limit):
 def make_workdir(work_dir, *, num_experts=8, hidden=256, intermediate=128, top_k=2, shared=(128,),
                  ep_size=2, tokens=64, ep_mode="slice", active_rank=0, swiglu_limit=None,
                  precision="bf16", shape="synthetic-fixture", routing="gaussian", seed=1,
-                 warmup=0, iters=1, forward_ms=1.0, backward_ms=None):
+                 warmup=0, iters=1, forward_ms=1.0, backward_ms=None, top_experts=None):
+    """top_experts: int [R*T, k], every token's experts (else drawn at random)."""
     E, H, I, k, R, T = num_experts, hidden, intermediate, top_k, ep_size, tokens
     if E % R:
         raise ValueError("num_experts must be a multiple of ep_size")
@@ -50,6 +51,10 @@ def make_workdir(work_dir, *, num_experts=8, hidden=256, intermediate=128, top_k
 
     x = round_bf16(rng.standard_normal((R * T, H), dtype=np.float32))
     top = np.argsort(rng.random((R * T, E)), axis=1)[:, :k].astype(np.int32)
+    if top_experts is not None:
+        top = np.ascontiguousarray(top_experts, dtype=np.int32)
+        if top.shape != (R * T, k):
+            raise ValueError(f"top_experts must be [{R * T}, {k}], got {list(top.shape)}")
     w = rng.random((R * T, k), dtype=np.float32) + np.float32(0.05)
     w = (w / w.sum(axis=1, keepdims=True)).astype(np.float32)
     wg = round_bf16(rng.standard_normal((E, I, H), dtype=np.float32) / np.float32(np.sqrt(H)))

@@ -64,6 +64,27 @@ class PeerOnCpu(unittest.TestCase):
                 res = self.peer.check_forward(self.peer.Work(doc, arrays, "cpu"), tol)
                 self.assertTrue(res["passes"], res)
 
+    def test_a_slice_whose_slots_are_all_its_own_still_sends_the_remote_rows(self):
+        # Every token of both ranks routed to rank 0's experts (worst-case routing, E/R >= k):
+        # rank 0's own rows fill all of its T*k slots, and rank 1's rows still arrive and must
+        # go back through the send buffer. (The one-gather shortcut is for EP = 1 alone.)
+        import numpy as np
+        T, k = 64, 2
+        top = np.stack([np.arange(2 * T) % 4, (np.arange(2 * T) + 1) % 4], axis=1)
+        with tempfile.TemporaryDirectory() as d:
+            make_workdir(d, tokens=T, top_k=k, top_experts=top)
+            doc, arrays = workdir.load_work(d)
+            w = self.peer.Work(doc, arrays, "cpu")
+            self.assertEqual(int(w.own_rows.numel()), T * k)
+            self.assertEqual(int(w.remote_rows.numel()), T * k)
+            res = self.peer.check_forward(w, checks.tolerance(doc["problem"]["precision"]))
+            self.assertTrue(res["passes"], res)
+            sent = w.routed_out()[w.remote_rows]
+            ref = w.rows_ref[w.remote_rows]
+            self.assertTrue(torch.isfinite(sent.float()).all())
+            st = checks.compare(sent.float(), ref.float(), torch)
+            self.assertTrue(checks.passes(st, checks.tolerance(doc["problem"]["precision"])), st)
+
     def test_the_profile_lists_where_a_forward_goes(self):
         with tempfile.TemporaryDirectory() as d:
             make_workdir(d)
