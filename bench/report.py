@@ -5,10 +5,11 @@
     python3 bench/report.py FILE.json ...   # only these records
 
 Runs anywhere (no GPU, no torch): matplotlib with the Agg backend. When several records
-share (shape, EP mode, routing, tokens per rank, precision), the newest (by its "date",
-then by file name) wins, among the records made to MoK's timing contract only (500 warm-up
-and 100 timed iterations for mok and the peer, the peer measured in the same run); the others
-are listed in an "Off-contract records" table and nowhere else.
+share (shape, EP mode and size, routing, tokens per rank, precision, GPU, variant), the newest
+against today's peer wins (by its "date", then by file name), else the newest, among the
+records made to MoK's timing contract only (500 warm-up and 100 timed iterations for mok and
+the peer, the peer measured in the same run, its ceilings at 500 / 200); the others are
+listed in an "Off-contract records" table and nowhere else.
 """
 import argparse
 import functools
@@ -200,6 +201,19 @@ def commit_text(rec):
     return " ".join([commit_label(rec)] + list(variant_of(rec)))
 
 
+def gpu_short(rec):
+    """The record's GPU in a word ("NVIDIA H100 80GB HBM3" -> "H100"; "?" when unrecorded)."""
+    name = str((rec.get("gpu") or {}).get("name") or "?")
+    name = name[len("NVIDIA "):] if name.startswith("NVIDIA ") else name
+    return name.split()[0] if name.split() else "?"
+
+
+def run_text(rec):
+    """Which run a row of the secondary tables comes from: commit (with variant) and GPU, so
+    that two records of one shape (an H100's and an H200's, say) are told apart."""
+    return f"{commit_text(rec)}, {gpu_short(rec)}"
+
+
 def _commit_of(rec):
     """What tells two binaries apart in sweeps and repeats: 12 digits of the sha, and dirty."""
     return commit_label(rec, 12)
@@ -259,7 +273,8 @@ def repeat_groups(loaded):
     groups = {}
     for _, rec in loaded:
         config = json.dumps(rec.get("config"), sort_keys=True)  # a different --mok-arg is not a repeat
-        groups.setdefault(record_key(rec) + (_commit_of(rec), config, str(peer_code_of(rec))), []).append(rec)
+        groups.setdefault(record_key(rec) + (_commit_of(rec), config, mok_args_of(rec), str(peer_code_of(rec))),
+                          []).append(rec)
     return {k: sorted(v, key=lambda r: r.get("date", "")) for k, v in groups.items() if len(v) >= 2}
 
 
@@ -285,7 +300,7 @@ def repeat_lines(loaded):
         pt = [values(r)["pt_ms"] for r in recs]
         dense = [values(r)["dense"] for r in recs]
         sm, sp, sd = spread(mok), spread(pt), spread(dense)
-        shape, _, _, _, tokens, _, _, commit, _, _ = key
+        shape, _, _, _, tokens, _, _, commit, _, _, _ = key
         cells = [shape, ep_text(recs[0]), tokens, commit, len(recs), " / ".join(fmt(v, ".3f") for v in mok),
                  pct(sm), " / ".join(fmt(v, ".3f") for v in pt),
                  pct(sp), " / ".join(fmt(v, ".0f") for v in dense),
@@ -401,14 +416,15 @@ def routing_lines(recs):
              "1.00 is perfectly balanced; the slowest expert or rank sets the pace. Measured rank: the "
              "rank a slice ran (by default the busiest) and the real rows its experts received.", "",
              "| shape | EP mode | tokens | routing | max/mean rows per expert | max/mean rows per rank "
-             "| measured rank (rows) |",
-             "|---|---|---|---|---|---|---|"]
+             "| measured rank (rows) | run |",
+             "|---|---|---|---|---|---|---|---|"]
     for rec in recs:
         r = rec.get("routing") or {}
         rows = (rec.get("rows") or {}).get("real")
         measured = "–" if rec.get("active_rank") is None else f"{rec['active_rank']} ({fmt(rows, 'd')})"
         cells = [rec["shape"], ep_text(rec), rec["tokens_per_rank"], routing_spec(rec),
-                 fmt(r.get("max_over_mean_expert"), ".2f"), fmt(r.get("max_over_mean_rank"), ".2f"), measured]
+                 fmt(r.get("max_over_mean_expert"), ".2f"), fmt(r.get("max_over_mean_rank"), ".2f"), measured,
+                 run_text(rec)]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return lines + [""]
 
@@ -441,14 +457,14 @@ def phase_lines(recs):
              "what runs overlapped in the timed run, so the phases add up to a little more than the "
              "timed median). pass: how that pass ran its forwards, back to back as in the timed run, "
              "or (older records) one at a time with a host wait after each. The pass follows the "
-             "timed run's 600 forwards; ncu's per-kernel times after 10 (scripts/device_perf.sh) "
+             "timed run (500 warm-up and 100 timed forwards, an untimed one between them); ncu's per-kernel times after 10 (scripts/device_perf.sh) "
              "put the megakernel ~10% lower. setup = counter "
              "reset (and in a real group: staging x, gathering the ids), schedule = the schedule and "
              "plan kernels, megakernel = dispatch, every expert FFN and the combine push, epilogue = "
              "the fixed-order sum into y.", "",
              "| shape | EP mode | tokens | " + " | ".join(f"{n} ms" for n in names)
-             + " | sum ms | timed median ms | megakernel share | pass |",
-             "|" + "---|" * (len(names) + 7)]
+             + " | sum ms | timed median ms | megakernel share | pass | run |",
+             "|" + "---|" * (len(names) + 8)]
     for rec in with_phases:
         med = _get(rec, "mok", "forward_phases", "median_ms")
         total = sum(med.values())
@@ -457,7 +473,7 @@ def phase_lines(recs):
                 [fmt(med.get(n), ".3f") for n in names] + \
                 [fmt(total, ".3f"), fmt(values(rec)["mok_ms"], ".3f"),
                  fmt(None if mega is None or total <= 0 else 100 * mega / total, ".1f", "%"),
-                 phase_pass(rec)]
+                 phase_pass(rec), run_text(rec)]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return lines + [""]
 
@@ -490,12 +506,12 @@ def clock_lines(recs):
              "forwards at 512 tokens: ~30 ms) gets few samples.", "",
              "| shape | EP mode | tokens | mok | PyTorch pipeline | grouped GEMMs | dense ceiling "
              "| power cap (mok) | tensor peak at mok's clock TFLOP/s | mok performed of peak "
-             "| dense ceiling of peak | mok pJ/FLOP | dense ceiling pJ/FLOP |", "|" + "---|" * 13]
+             "| dense ceiling of peak | mok pJ/FLOP | dense ceiling pJ/FLOP | run |", "|" + "---|" * 14]
     for rec in sampled:
         c = rec["clocks"]
         if c.get("error") and not any(isinstance(c.get(k), dict) and c[k].get("samples")
                                       for k in ("mok_forward", "pytorch_forward")):
-            cells = [rec["shape"], ep_text(rec), rec["tokens_per_rank"], f"not sampled: {c['error']}"] + ["–"] * 9
+            cells = [rec["shape"], ep_text(rec), rec["tokens_per_rank"], f"not sampled: {c['error']}"] + ["–"] * 9 + [run_text(rec)]
         else:
             cap = (c.get("mok_forward") or {}).get("sw_power_cap_share")
             # Worked out from the record's parts when it predates the stored values (9c2d48c's).
@@ -509,7 +525,7 @@ def clock_lines(recs):
                      fmt(c.get("tensor_peak_bf16_tflops_at_mok_clock"), ".0f"),
                      pct(c.get("mok_forward_performed_of_tensor_peak")),
                      pct(c.get("dense_bf16_of_tensor_peak_at_its_clock")),
-                     fmt(mok_pj, ".2f"), fmt(dense_pj, ".2f")]
+                     fmt(mok_pj, ".2f"), fmt(dense_pj, ".2f"), run_text(rec)]
         lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")
     return lines + [""]
 
@@ -597,13 +613,15 @@ def markdown(recs, plots, out_dir, repeats=None, off_contract=None):
         lines += ["## Backward", "", "TFLOP/s by MoK's formula (twice the forward's); performed: the FLOPs "
                   "really done (for shapes without a shared expert MoK's count is (k+1)/k too high).", "",
                   "| shape | EP mode | routing | tokens | mok ms | mok TFLOP/s | PyTorch ms "
-                  "| PyTorch TFLOP/s | PyTorch TFLOP/s performed | speedup |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| PyTorch TFLOP/s | PyTorch TFLOP/s performed | speedup | run |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for rec in bwd:
             v = values(rec)
             sp = records.ratio(v["pt_bwd_ms"], v["mok_bwd_ms"])
             cells = [rec["shape"], ep_text(rec), routing_spec(rec), rec["tokens_per_rank"],
                      fmt(v["mok_bwd_ms"], ".3f"), fmt(v["mok_bwd_tflops"], ".1f"), fmt(v["pt_bwd_ms"], ".3f"),
-                     fmt(v["pt_bwd_tflops"], ".1f"), fmt(v["pt_bwd_tflops_performed"], ".1f"), fmt(sp, ".2f", "x")]
+                     fmt(v["pt_bwd_tflops"], ".1f"), fmt(v["pt_bwd_tflops_performed"], ".1f"), fmt(sp, ".2f", "x"),
+                     run_text(rec)]
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         lines.append("")
     lines += noise_lines(recs)
@@ -615,8 +633,8 @@ def markdown(recs, plots, out_dir, repeats=None, off_contract=None):
     lines += ["## Ceilings measured with each record", "",
               "| shape | tokens | ceiling warm-up / timed iterations | dense bf16 TFLOP/s "
               "| fp8 e4m3 TFLOP/s (fast accum / exact) | copy GB/s "
-              "| mok HBM GB/s (min bytes) | PyTorch HBM GB/s (min bytes) |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| mok HBM GB/s (min bytes) | PyTorch HBM GB/s (min bytes) | run |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for rec in recs:
         c = rec.get("ceilings") or {}
         peer_timing = _get(rec, "timing", "peer") or {}
@@ -626,7 +644,7 @@ def markdown(recs, plots, out_dir, repeats=None, off_contract=None):
             fmt(c.get("dense_bf16_tflops"), ".0f"),
             fmt(c.get("fp8_e4m3_tflops"), ".0f") + " / " + fmt(c.get("fp8_e4m3_exact_accum_tflops"), ".0f"),
             fmt(c.get("copy_gbps"), ".0f"), fmt(_get(rec, "bytes", "mok_hbm_gbps"), ".0f"),
-            fmt(_get(rec, "bytes", "pytorch_hbm_gbps"), ".0f"))) + " |")
+            fmt(_get(rec, "bytes", "pytorch_hbm_gbps"), ".0f"), run_text(rec))) + " |")
     lines.append("")
     if plots:
         lines += ["## Plots", ""]
@@ -674,7 +692,9 @@ def write_text(path, text):
 
 def _label(rec, multi_routing):
     ep = rec["problem"].get("ep_size")
-    lab = f"{rec['shape']}\nEP={ep} T={rec['tokens_per_rank']}"
+    lab = f"{rec['shape']}\nEP={ep} T={rec['tokens_per_rank']}\n{gpu_short(rec)}"
+    if not todays_peer(rec):
+        lab += ", earlier peer"
     if multi_routing:
         lab += f"\n{routing_spec(rec)}"
     if rec["precision"] != "bf16":
@@ -708,14 +728,20 @@ def _grouped_bars(path, recs, series, ylabel, title, percent=False):
     plt.close(fig)
 
 
+# A sweep's lines, (legend, values() key): one FLOP count for every line, the FLOPs really
+# performed (the grouped GEMMs' figure is 6*N*H*I already), as in the bar plots; MoK's count
+# would draw a shape without shared experts (k+1)/k high against the dense ceiling.
+SWEEP_SERIES = (("mok forward", "mok_tflops_performed"), ("PyTorch pipeline", "pt_tflops_performed"),
+                ("PyTorch grouped GEMMs only", "gg_tflops"), ("mok backward", "mok_bwd_tflops_performed"),
+                ("PyTorch backward", "pt_bwd_tflops_performed"))
+
+
 def _sweep_plot(path, key, recs):
     plt = _plt()
     shape, mode, routing, precision = key
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     toks = [int(r["tokens_per_rank"]) for r in recs]
-    for name, k in (("mok forward", "mok_tflops"), ("PyTorch pipeline", "pt_tflops"),
-                    ("PyTorch grouped GEMMs only", "gg_tflops"), ("mok backward", "mok_bwd_tflops"),
-                    ("PyTorch backward", "pt_bwd_tflops")):
+    for name, k in SWEEP_SERIES:
         ys = [values(r)[k] for r in recs]
         if any(y is not None for y in ys):
             ax.plot(toks, [float("nan") if y is None else y for y in ys], marker="o", label=name)

@@ -223,6 +223,11 @@ class Report(unittest.TestCase):
             other = copy.deepcopy(loaded[1][1])
             other["config"] = dict(other["config"] or {}, task_band_tiles=8)
             self.assertEqual(len(report.repeat_groups(loaded + [("x", other)])), 1)
+            # Nor is a run with other mok bench options (another active rank: other work), whose
+            # config is the same.
+            moved = copy.deepcopy(loaded[1][1])
+            moved["mok_args"] = ["--active-rank", "3"]
+            self.assertEqual([len(v) for v in report.repeat_groups(loaded + [("y", moved)]).values()], [2])
             self.assertEqual([r["mok"]["forward"]["median_ms"] for r in recs], [10.0, 1.0])
             self.assertAlmostEqual(report.spread([10.0, 1.0]), 9.0)
             self.assertIsNone(report.spread([1.0]))
@@ -324,6 +329,35 @@ class Report(unittest.TestCase):
         self.assertAlmostEqual(v["pt_tflops_performed"], v["mok_tflops_performed"], places=6)
         self.assertAlmostEqual(v["pt_frac_performed"], v["mok_frac_performed"], places=6)
         self.assertGreater(v["mok_frac"], 1.4 * v["mok_frac_performed"])  # (MoK's count: k+1 over k, k = 2)
+
+    def test_records_of_one_shape_on_two_gpus_are_told_apart(self):
+        # An H100's and an H200's record of one shape are two bar groups and two rows of every
+        # table: the plots' labels and the tables' run column name the GPU (and an earlier peer).
+        with tempfile.TemporaryDirectory() as d:
+            loaded = report.load_records(fixture_records(d))
+        q = [r for _, r in loaded if r["shape"] == "qwen3.5-397b-a17b" and r["tokens_per_rank"] == 2048][-1]
+        q = copy.deepcopy(q)
+        q["gpu"]["name"] = "NVIDIA H200"
+        q["peers"]["pytorch_pipeline"]["code"] = report.checks.peer_code("peer_torch")
+        q["mok"]["forward_phases"] = {"median_ms": {"megakernel": 1.0}, "method": "back to back"}
+        h100 = copy.deepcopy(q)
+        h100["gpu"]["name"] = "NVIDIA H100 80GB HBM3"
+        self.assertEqual((report.gpu_short(q), report.gpu_short(h100)), ("H200", "H100"))
+        labels = [report._label(r, False) for r in (q, h100)]
+        self.assertEqual([lab.splitlines()[-1] for lab in labels], ["H200", "H100"])
+        earlier = copy.deepcopy(h100)
+        earlier["peers"]["pytorch_pipeline"]["code"] = "peer_torch:000000000000"
+        self.assertEqual(report._label(earlier, False).splitlines()[-1], "H100, earlier peer")
+        for lines in (report.routing_lines([q, h100]), report.phase_lines([q, h100])):
+            rows = [line for line in lines if line.startswith("| qwen3.5-397b-a17b")]
+            self.assertEqual(len(rows), 2, lines)
+            self.assertTrue(rows[0].endswith(", H200 |") and rows[1].endswith(", H100 |"), rows)
+
+    def test_a_sweep_draws_every_line_by_the_flops_performed(self):
+        # (gg_tflops is the grouped GEMMs' own figure, 6*N*H*I: performed FLOPs already.)
+        self.assertEqual([k for _, k in report.SWEEP_SERIES],
+                         ["mok_tflops_performed", "pt_tflops_performed", "gg_tflops",
+                          "mok_bwd_tflops_performed", "pt_bwd_tflops_performed"])
 
     def test_a_record_against_todays_peer_stands_for_its_shape(self):
         # Three records of one key: the oldest against today's peer (its code id as the peer
