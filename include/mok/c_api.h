@@ -87,7 +87,8 @@ typedef struct mok_rank_backward {
 typedef struct mok_layer mok_layer;
 
 int mok_c_abi_version(void);
-/* The message of this thread's last failed call ("" when none failed yet). */
+/* The message of this thread's last failed call ("" when none failed yet). The pointer is
+ * valid until this thread's next failed call: copy the message before calling again. */
 const char* mok_last_error(void);
 int mok_cuda_available(void);
 /* mok::version() and mok::build_commit(): static strings. */

@@ -42,6 +42,7 @@ import copy
 import ctypes
 import gc
 import itertools
+import math
 import operator
 import os
 import sys
@@ -285,6 +286,10 @@ class Problem:
                 limit = float(self.swiglu_limit)
             except (TypeError, ValueError):
                 raise MokError(f"Problem.swiglu_limit = {self.swiglu_limit!r}: must be a number or None") from None
+            as_f32 = ctypes.c_float(limit).value  # (the C interface's type: out of range would read as inf or 0)
+            if (math.isinf(as_f32) and not math.isinf(limit)) or (as_f32 == 0 and limit != 0):
+                raise MokError(f"Problem.swiglu_limit = {self.swiglu_limit!r}: outside float32's range (the layer "
+                               "holds it as a float32)")
             p.has_swiglu_limit, p.swiglu_limit = 1, limit
         return p
 
@@ -301,7 +306,7 @@ def _tensor(a, name, output=False):
     t = _Tensor()
     if a is None:
         return t
-    module = type(a).__module__.split(".")[0]
+    torch = sys.modules.get("torch")
     if _numpy_array(a):
         import numpy as np
         kinds = {np.dtype(np.uint16): _BF16, np.dtype(np.float32): _F32, np.dtype(np.int32): _I32,
@@ -321,8 +326,7 @@ def _tensor(a, name, output=False):
             raise MokError(f"{name}: the layer writes this output, and the array is read-only")
         t.data, t.dtype, t.device = a.ctypes.data, kinds[a.dtype], _CPU
         shape, strides = a.shape, [s // a.itemsize for s in a.strides]
-    elif module == "torch":
-        import torch
+    elif torch is not None and isinstance(a, torch.Tensor):  # (a subclass's too)
         kinds = {torch.bfloat16: _BF16, torch.float32: _F32, torch.int32: _I32, torch.int64: _I64}
         if a.dtype not in kinds:
             raise MokTypeError(f"{name}: torch dtype {a.dtype} is not one mok takes (bfloat16, float32, int32, "
@@ -336,6 +340,9 @@ def _tensor(a, name, output=False):
             raise MokError(f"{name}: the layer writes this output in place, outside autograd, and it requires "
                            "grad (its gradient would be wrong); pass a tensor that does not (torch.empty, or "
                            ".detach() of it)")
+        if a.data_ptr() % a.element_size():
+            raise MokError(f"{name}: the data is not aligned to its {a.element_size()}-byte elements "
+                           "(torch.frombuffer with an odd offset, say); pass an aligned copy (.clone())")
         t.data, t.dtype = a.data_ptr(), kinds[a.dtype]
         if a.device.type == "cuda":
             t.device, t.device_index = _CUDA, a.device.index or 0
@@ -424,36 +431,44 @@ def _fill_common(c, rank, n):
     c.num_shared, c.shared = _shared(rank.get("shared"), n + ".shared")
 
 
-def _ranks(ranks, struct, keys, fill):
-    """The ctypes array for `ranks`, and the list of rank dicts, which the caller keeps until
-    the C call returns: the array holds raw pointers only (tensors made on the fly, in a
-    generator say, live as long as that list). That is long enough on the cpu backend only: a
-    cuda call returns with its work queued: Layer._used_on_stream marks PyTorch's tensors as
-    used there (the module's notes)."""
+def _rank_dicts(ranks, keys):
+    """`ranks` as a list of dicts (a fresh one each) whose keys are all among `keys`, their
+    shared experts as lists of (w_gate, w_up, w_down) tuples (_shared_list); else MokError
+    naming the rank and key."""
     if isinstance(ranks, Mapping) or not hasattr(ranks, "__iter__"):
         raise MokTypeError(f"ranks: a list of dicts, one per rank held here; got a {type(ranks).__name__}")
     ranks = list(ranks)
     for r, rank in enumerate(ranks):
         if not isinstance(rank, Mapping):
             raise MokTypeError(f"ranks[{r}]: a dict of the rank's tensors, got a {type(rank).__name__}")
+        unknown = set(rank) - keys
+        if unknown:
+            raise MokError(f"ranks[{r}]: unknown key(s) {sorted(unknown)}; the keys are {sorted(keys)}")
     # (Shared experts as lists of tuples, kept with the rank: see _shared_list.)
-    ranks = [dict(rank, **{key: _shared_list(rank[key], f"ranks[{r}].{key}")
-                           for key in ("shared", "d_shared") if rank.get(key) is not None})
-             for r, rank in enumerate(ranks)]
+    return [dict(rank, **{key: _shared_list(rank[key], f"ranks[{r}].{key}")
+                          for key in ("shared", "d_shared") if rank.get(key) is not None})
+            for r, rank in enumerate(ranks)]
+
+
+def _ranks(ranks, struct, keys, fill):
+    """The ctypes array for `ranks`, and the list of rank dicts, which the caller keeps until
+    the C call returns: the array holds raw pointers only (tensors made on the fly, in a
+    generator say, live as long as that list). That is long enough on the cpu backend only: a
+    cuda call returns with its work queued: Layer._used_on_stream marks PyTorch's tensors as
+    used there (the module's notes)."""
+    ranks = _rank_dicts(ranks, keys)
     array = (struct * max(1, len(ranks)))()
     for r, rank in enumerate(ranks):
         n = f"ranks[{r}]"
-        unknown = set(rank) - keys
-        if unknown:
-            raise MokError(f"{n}: unknown key(s) {sorted(unknown)}; the keys are {sorted(keys)}")
         _fill_common(array[r], rank, n)
         fill(array[r], rank, n)
     return array, len(ranks), ranks
 
 
-# CUDA layers whose last holder went while this thread's current stream was capturing a CUDA
-# graph through PyTorch: a destroy then (cudaFree, NCCL) would break the capture, so they wait
-# here for the next call on any Layer, or the interpreter's exit. (handle, distributed) pairs.
+# CUDA layers closed, or whose last holder went, while this thread's current stream was
+# capturing a CUDA graph through PyTorch: a destroy then (cudaFree, NCCL) would break the
+# capture, so they wait here for the next call on any Layer, or the interpreter's exit.
+# (handle, distributed, after_error) triples.
 # What this cannot see: a capture on another thread or stream (PyTorch's default "global"
 # capture mode forbids a cudaFree from any thread), or one not made through PyTorch; drop
 # views and close layers outside captures.
@@ -486,10 +501,10 @@ def _destroy(handle, distributed, after_error):
 def _drain_parked():
     while _parked and not _capturing():
         try:
-            handle, distributed = _parked.pop()
+            handle, distributed, after_error = _parked.pop()
         except IndexError:  # (another thread took the last one)
             break
-        _destroy(handle, distributed, None)
+        _destroy(handle, distributed, after_error)
 
 
 atexit.register(_drain_parked)
@@ -504,13 +519,18 @@ _OP_INPUT_KEYS = ("x", "top_experts", "router_weights", "w_gate", "w_up", "w_dow
 _op_layers = weakref.WeakValueDictionary()  # Layer._op_id -> Layer (closed and dropped: gone)
 _op_ids = itertools.count(1)
 _torch_ops = None  # torch.ops, once mok::forward is registered
+_register_lock = threading.Lock()  # (two threads' first forward_op must not both register it)
 
 
 def _register_forward_op():
     """Registers torch.ops.mok.forward (once per process; torch must be importable)."""
     global _torch_ops
-    if _torch_ops is not None:
-        return
+    with _register_lock:
+        if _torch_ops is None:
+            _torch_ops = _define_forward_op()
+
+
+def _define_forward_op():
     import torch
 
     @torch.library.custom_op("mok::forward", mutates_args=("y",))
@@ -524,7 +544,7 @@ def _register_forward_op():
     def _(layer_id, inputs, places, y):  # (what tracing sees: y written in place, nothing returned)
         return None
 
-    _torch_ops = torch.ops
+    return torch.ops
 
 
 def _op_places(ranks):
@@ -541,12 +561,28 @@ def _op_places(ranks):
                 pairs += [k, 0]
         for s, triple in enumerate(rank.get("shared") or []):
             for i, w in enumerate(triple):
-                inputs.append(w)
-                pairs += [len(_OP_INPUT_KEYS) + i, s]
+                if w is not None:  # (a missing one is forward()'s to name, when the operator runs)
+                    inputs.append(w)
+                    pairs += [len(_OP_INPUT_KEYS) + i, s]
         places += [len(pairs) // 2] + pairs + [int(rank.get("y") is not None)]
         if rank.get("y") is not None:
             y.append(rank["y"])
     return inputs, places, y
+
+
+def _op_tensors_only(ranks):
+    """Refuses, naming it, a value of `ranks` (_rank_dicts' dicts) that is not a PyTorch
+    tensor: the operator's schema takes tensors alone, and torch's own error would not say which."""
+    import torch
+    names = ("w_gate", "w_up", "w_down")
+    for r, rank in enumerate(ranks):
+        values = [(key, rank.get(key)) for key in _OP_INPUT_KEYS + ("y",)]
+        values += [(f"shared[{s}].{names[i]}", w) for s, triple in enumerate(rank.get("shared") or [])
+                   for i, w in enumerate(triple)]
+        for key, value in values:
+            if value is not None and not isinstance(value, torch.Tensor):
+                raise MokTypeError(f"ranks[{r}].{key}: forward_op takes PyTorch tensors, got a "
+                                   f"{type(value).__name__} (forward() takes numpy arrays too)")
 
 
 def _op_ranks(inputs, places, y):
@@ -592,19 +628,20 @@ class _Native:
         return bool(flag.value)
 
     def destroy(self, after_error):
+        """Destroys the layer now, or, inside a CUDA graph capture on this thread's stream,
+        parks it (_parked) for the next call or the interpreter's exit."""
         if self.handle:
             handle, self.handle = self.handle, None
-            _destroy(handle, self.distributed, after_error)
+            if self.cuda and _capturing():
+                _parked.append((handle, self.distributed, after_error))
+            else:
+                _destroy(handle, self.distributed, after_error)
 
     def __del__(self):
         # Reached when nothing holds the layer any more: after a close() that left it to its
         # views, or when a Layer is garbage-collected.
         try:
-            if self.handle and self.cuda and _capturing():
-                _parked.append((self.handle, self.distributed))
-                self.handle = None
-            else:
-                self.destroy(after_error=None)
+            self.destroy(after_error=None)
         except Exception:  # interpreter shutdown: the library may be gone already
             pass
 
@@ -684,7 +721,11 @@ class Layer:
         when the operator runs. Forward only: the operator has no autograd formula."""
         if _torch_ops is None:
             _register_forward_op()
-        inputs, places, y = _op_places(list(ranks))
+        # (forward()'s checks of the containers and keys first: the operator's arguments carry
+        # only the tensors, so an unknown key would otherwise be dropped without a word.)
+        ranks = _rank_dicts(ranks, _FORWARD_KEYS)
+        _op_tensors_only(ranks)
+        inputs, places, y = _op_places(ranks)
         _torch_ops.mok.forward(self._op_id, inputs, places, y)
 
     def backward(self, ranks):

@@ -10,6 +10,7 @@ With MOK_TEST_INSTALLED=1 the `mok` under test is the one installed in this Pyth
 install ., tests/install_python.sh) and its own libmok.so, not this checkout's python/.
 """
 import os
+import re
 import sys
 import unittest
 
@@ -327,6 +328,11 @@ class Errors(unittest.TestCase):
         with self.assertRaisesRegex(mok.MokError, r"Problem.swiglu_limit = 'x': must be a number or None"):
             mok.Layer(mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=2, tokens_per_rank=16,
                                   swiglu_limit="x"))
+        # Beyond float32 (the layer's type) a limit would read as inf or 0: named as given.
+        for limit in (1e39, 1e-50):
+            with self.assertRaisesRegex(mok.MokError, rf"Problem.swiglu_limit = {re.escape(repr(limit))}: outside float32's range"):
+                mok.Layer(mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=2, tokens_per_rank=16,
+                                      swiglu_limit=limit))
         with self.assertRaisesRegex(mok.MokTypeError, r"Problem.shared_intermediate = 5: a list"):
             mok.Layer(mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=2, tokens_per_rank=16,
                                   shared_intermediate=5))

@@ -94,6 +94,18 @@ class TorchCpu(unittest.TestCase):
                 layer.forward([ranks[0], dict(ranks[1], router_weights=ranks[1]["router_weights"].to_sparse())])
             with self.assertRaisesRegex(mok.MokError, r"ranks\[0\]\.x: a lazily negated"):
                 layer.forward([dict(ranks[0], x=torch._neg_view(ranks[0]["x"])), ranks[1]])
+            # Data not aligned to its elements (read through a float*): refused, as for numpy.
+            w = ranks[0]["router_weights"]
+            buf = bytearray(w.numel() * 4 + 1)
+            odd = torch.frombuffer(buf, dtype=torch.float32, offset=1, count=w.numel()).view(w.shape)
+            odd.copy_(w)
+            with self.assertRaisesRegex(mok.MokError, r"ranks\[0\]\.router_weights: the data is not aligned"):
+                layer.forward([dict(ranks[0], router_weights=odd), ranks[1]])
+
+            # A subclass of torch.Tensor is a tensor.
+            class Tagged(torch.Tensor):
+                pass
+            layer.forward([dict(ranks[0], x=ranks[0]["x"].as_subclass(Tagged)), ranks[1]])
 
 
     def test_forward_op_is_forward_eagerly_and_under_torch_compile(self):
@@ -125,6 +137,59 @@ class TorchCpu(unittest.TestCase):
                 layer.forward_op(bad)
         with self.assertRaisesRegex(mok.MokError, "used after close"):
             layer.forward_op(ranks)
+
+    def test_forward_op_takes_and_refuses_what_forward_does(self):
+        ranks = [to_torch(r, "cpu") for r in make_inputs(PROBLEM, 23)]
+        with mok.Layer(PROBLEM, cpu_threads=2) as layer:
+            layer.forward(ranks)
+            want = [r["y"].clone() for r in ranks]
+            # Shared experts as dicts, as forward() takes them.
+            as_dicts = [dict(r, shared=[dict(zip(("w_gate", "w_up", "w_down"), s)) for s in r["shared"]])
+                        for r in ranks]
+            for r in as_dicts:
+                r["y"].fill_(float("nan"))
+            layer.forward_op(as_dicts)
+            for i, r in enumerate(as_dicts):
+                self.assertTrue(torch.equal(r["y"], want[i]), f"rank {i}'s y differs from forward()'s")
+            # An unknown key is refused, not dropped; so is a missing shared tensor, by forward()'s rule.
+            with self.assertRaisesRegex(mok.MokError, r"ranks\[1\]: unknown key\(s\) \['bias'\]"):
+                layer.forward_op([ranks[0], dict(ranks[1], bias=ranks[1]["x"])])
+            holed = [ranks[0], dict(ranks[1], shared=[(ranks[1]["shared"][0][0], None, ranks[1]["shared"][0][2])])]
+            with self.assertRaisesRegex(mok.MokError, r"w_up"):
+                layer.forward_op(holed)
+            # A numpy array (forward() takes it; the operator's schema does not) is named.
+            with self.assertRaisesRegex(mok.MokTypeError, r"ranks\[0\]\.router_weights: forward_op takes PyTorch"):
+                layer.forward_op([dict(ranks[0], router_weights=ranks[0]["router_weights"].numpy()), ranks[1]])
+
+    def test_two_threads_first_forward_op_register_the_operator_once(self):
+        # (A fresh process: the operator is registered on a process's first forward_op.)
+        import subprocess
+        import textwrap
+        paths = [os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."),
+                 os.path.dirname(os.path.abspath(__file__))]
+        script = textwrap.dedent(f"""
+            import sys, threading
+            sys.path[:0] = {paths!r}
+            import torch, mok
+            from test_binding import make_inputs
+            from test_binding_torch import PROBLEM, to_torch
+            layers = [mok.Layer(PROBLEM) for _ in range(8)]
+            inputs = [[to_torch(r, "cpu") for r in make_inputs(PROBLEM, 30 + i)] for i in range(8)]
+            barrier, errors = threading.Barrier(8), []
+            def first_call(i):
+                barrier.wait()
+                try:
+                    layers[i].forward_op(inputs[i])
+                except BaseException as e:
+                    errors.append(repr(e))
+            threads = [threading.Thread(target=first_call, args=(i,)) for i in range(8)]
+            [t.start() for t in threads]
+            [t.join() for t in threads]
+            print("errors:", errors)
+            sys.exit(1 if errors else 0)
+        """)
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
 
 
 class TorchCuda(unittest.TestCase):
@@ -372,12 +437,36 @@ class TorchCuda(unittest.TestCase):
             with torch.cuda.graph(graph, stream=stream):
                 a.add_(1)
                 del slots  # the last view: a destroy now (cudaFree) would break the capture
-        self.assertIn(handle, [h.value for h, _ in mok._parked], "the layer was not left for after the capture")
+        self.assertIn(handle, [h.value for h, _, _ in mok._parked], "the layer was not left for after the capture")
         graph.replay()
         torch.cuda.synchronize()
         self.assertEqual(a[0].item(), 2.0)
         mok.Layer(PROBLEM, backend="cuda").close()  # the next Layer call destroys it
-        self.assertNotIn(handle, [h.value for h, _ in mok._parked])
+        self.assertNotIn(handle, [h.value for h, _, _ in mok._parked])
+
+    def test_a_layer_closed_inside_a_graph_capture_is_destroyed_after_it(self):
+        # close() (or leaving a `with` block) inside torch.cuda.graph: the destroy (cudaFree)
+        # would break the capture, so it waits for the next call, as a dropped last view does.
+        layer = mok.Layer(PROBLEM, backend="cuda")
+        handle = layer._native.handle.value
+        stream = torch.cuda.Stream()
+        a = torch.zeros(256, device="cuda")
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream):
+            a.add_(1)  # (warm-up outside the capture)
+            stream.synchronize()
+            with torch.cuda.graph(graph, stream=stream):
+                a.add_(1)
+                layer.close()
+        self.assertIn(handle, [h.value for h, _, _ in mok._parked], "the layer was not left for after the capture")
+        with self.assertRaisesRegex(mok.MokError, "used after close"):
+            layer.synchronize()
+        graph.replay()
+        torch.cuda.synchronize()
+        self.assertEqual(a[0].item(), 2.0)
+        mok.Layer(PROBLEM, backend="cuda").close()  # the next Layer call destroys it
+        self.assertNotIn(handle, [h.value for h, _, _ in mok._parked])
 
     def _group_of_one(self, p):
         """A distributed layer of this one process, or a skip without a usable NCCL; call it with
