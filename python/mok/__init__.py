@@ -461,7 +461,7 @@ def _ranks(ranks, struct, keys, fill):
     for r, rank in enumerate(ranks):
         n = f"ranks[{r}]"
         _fill_common(array[r], rank, n)
-        fill(array[r], rank, n)
+        fill(array[r], rank, n, r)
     return array, len(ranks), ranks
 
 
@@ -708,8 +708,12 @@ class Layer:
         """mok::Layer::forward: one dict per rank held here (keys: x, top_experts,
         router_weights, w_gate, w_up, w_down, shared = [(w_gate, w_up, w_down), ...], y)."""
         with self._lock:
-            array, n, kept = _ranks(ranks, _RankForward, _FORWARD_KEYS,
-                                    lambda c, rank, name: setattr(c, "y", _tensor(rank.get("y"), name + ".y", True)))
+            def fill(c, rank, name, r):
+                # (In a rank slice the other ranks' y, if given, is neither checked nor written,
+                # so it is not refused as an output: read-only, say.)
+                written = self._ep_mode != "rank_slice" or r == self._active_rank
+                c.y = _tensor(rank.get("y"), name + ".y", written)
+            array, n, kept = _ranks(ranks, _RankForward, _FORWARD_KEYS, fill)
             _check(_lib().mok_layer_forward(self._live(), array, n))
             self._used_on_stream(kept)
             _written(rank.get("y") for rank in self._written_ranks(kept))
@@ -732,7 +736,7 @@ class Layer:
         """mok::Layer::backward: the forward's keys but y, and dy in; dx, d_router_weights,
         d_w_gate, d_w_up, d_w_down, d_shared = [(d_w_gate, d_w_up, d_w_down), ...] out."""
         with self._lock:
-            def fill(c, rank, name):
+            def fill(c, rank, name, r):
                 c.dy = _tensor(rank.get("dy"), name + ".dy")
                 for key in _GRADIENT_KEYS:
                     setattr(c, key, _tensor(rank.get(key), f"{name}.{key}", True))

@@ -361,8 +361,13 @@ class TorchCuda(unittest.TestCase):
         self.assertTrue(bool(own.any()), "the active rank routes no token to its own experts")
         slots[own] = float("nan")
         torch.cuda.synchronize()
+        # Another rank's y, when given, is neither checked nor written: one that requires grad
+        # (refused as an output the layer writes) is taken here and left as it was.
+        sliced[0]["y"] = torch.zeros(PROBLEM.tokens_per_rank, PROBLEM.hidden, dtype=torch.bfloat16, device="cuda",
+                                     requires_grad=True)
         layer.forward(sliced)
         layer.synchronize()
+        self.assertFalse(bool(sliced[0]["y"].detach().any()), "a slice wrote another rank's y")
         del layer
         gc.collect()
         self.assertIsNotNone(native(), "the layer went while a view of its slots was alive")
