@@ -90,6 +90,8 @@ int mok_c_abi_version(void);
 /* The message of this thread's last failed call ("" when none failed yet). The pointer is
  * valid until this thread's next failed call: copy the message before calling again. */
 const char* mok_last_error(void);
+/* 1 when the cuda backend is built and sees a GPU; 0 otherwise, also when asking failed
+ * (mok_last_error() then says why). */
 int mok_cuda_available(void);
 /* mok::version() and mok::build_commit(): static strings. */
 const char* mok_version(void);
@@ -98,7 +100,7 @@ const char* mok_build_commit(void);
 void mok_default_config(mok_config* config);
 
 /* The named shapes (MoK's four, the single-GPU ones, test shapes): the name at `index`,
- * NULL past the last. */
+ * NULL past the last (or if listing them failed: mok_last_error() then says why). */
 const char* mok_shape_name(int32_t index);
 /* mok::problem_from_shape: the shape `name` at `ep_size` ranks of `tokens_per_rank` tokens
  * (0: the shape's own defaults; negative values are errors). The problem is validated: one
