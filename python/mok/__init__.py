@@ -532,8 +532,17 @@ def _register_forward_op():
 
 def _define_forward_op():
     import torch
+    import inspect
 
-    @torch.library.custom_op("mok::forward", mutates_args=("y",))
+    # The layer runs on its own stream, which a CUDA graph that torch.compile records on its
+    # own (mode="reduce-overhead") does not capture: the replays would leave y as it was.
+    # Tagged cudagraph_unsafe, the operator runs outside those graphs (PyTorch >= 2.8 knows
+    # the tag; an older one skips graphs that write their inputs, as this one does).
+    extra = {}
+    if hasattr(torch.Tag, "cudagraph_unsafe") and "tags" in inspect.signature(torch.library.custom_op).parameters:
+        extra["tags"] = (torch.Tag.cudagraph_unsafe,)
+
+    @torch.library.custom_op("mok::forward", mutates_args=("y",), **extra)
     def forward(layer_id: int, inputs: list[torch.Tensor], places: list[int], y: list[torch.Tensor]) -> None:
         layer = _op_layers.get(layer_id)
         if layer is None:

@@ -336,6 +336,45 @@ class TorchCuda(unittest.TestCase):
                 self.assertTrue(np.array_equal(y_bits(r), want[i]), f"rank {i}: the compiled operator's y differs")
         torch._dynamo.reset()
 
+    def test_forward_op_under_reduce_overhead_runs_the_layer_every_call(self):
+        # torch.compile(mode="reduce-overhead") records CUDA graphs on its own stream, which
+        # the layer's does not join: each call must still run the layer on its inputs of the
+        # moment (two input sets alternating in the same tensors), never replay a stale y.
+        gpu = [to_torch(r, "cuda") for r in make_inputs(PROBLEM, 24)]
+        # (The same weights, other tokens and routing.)
+        other = [dict(g, **{k: v for k, v in to_torch(r, "cuda").items() if k in ("x", "top_experts",
+                                                                                 "router_weights", "y")})
+                 for g, r in zip(gpu, make_inputs(PROBLEM, 25))]
+        stream = torch.cuda.current_stream()
+        with mok.Layer(PROBLEM, backend="cuda", cuda_stream=stream.cuda_stream) as layer:
+            want = []
+            for inputs in (gpu, other):
+                layer.forward(inputs)
+                layer.synchronize()
+                want.append([y_bits(r) for r in inputs])
+            saved = [{k: v.clone() for k, v in r.items() if isinstance(v, torch.Tensor)} for r in gpu]
+
+            def run(rs):
+                layer.forward_op(rs)
+                return [r["y"] * 1 for r in rs]
+            compiled = torch.compile(run, mode="reduce-overhead", fullgraph=True)
+            for call in range(6):
+                which = call % 2
+                source = saved if which == 0 else other
+                for r, s in zip(gpu, source):
+                    for key in ("x", "top_experts", "router_weights"):
+                        r[key].copy_(s[key])
+                    r["y"].fill_(float("nan"))
+                out = compiled(gpu)
+                layer.synchronize()
+                torch.cuda.synchronize()
+                for i, r in enumerate(gpu):
+                    self.assertTrue(np.array_equal(y_bits(r), want[which][i]),
+                                    f"call {call}, rank {i}: y is not the layer's for these inputs")
+                    got = out[i].view(torch.int16).cpu().numpy().view(np.uint16)
+                    self.assertTrue(np.array_equal(got, want[which][i]), f"call {call}, rank {i}: returned y differs")
+        torch._dynamo.reset()
+
     def test_a_rank_slice_with_its_slots_filled_gives_the_bits_of_virtual_ranks(self):
         ranks = make_inputs(PROBLEM, 15)
         virtual = [to_torch(r, "cuda") for r in ranks]
