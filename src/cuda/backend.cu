@@ -524,10 +524,17 @@ class CudaBackend final : public BackendImpl {
  public:
   // The caller's stream must belong to the layer's device: one of another device fails only
   // at the first launch into it ("invalid resource handle"), without naming the stream. The
-  // legacy and per-thread default streams are the current device's, which every call sets.
+  // legacy default stream is the current device's, which every call sets. The per-thread
+  // default stream is refused: the handle names another stream on each calling thread, while
+  // every hand-over here (the counters' reset behind the last megakernel, an argument slot
+  // rewritten behind the forwards that read it, synchronize) relies on one stream in order.
   static void check_stream_device(void* handle, int device, const std::string& whose_device) {
     const auto stream = static_cast<cudaStream_t>(handle);
-    if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return;
+    require(stream != cudaStreamPerThread,
+            "LayerOptions.cuda_stream: cudaStreamPerThread is another stream on each calling thread, and a "
+            "layer's calls must run in one stream's order: give a stream of your own (cudaStreamCreate) or the "
+            "default stream (nullptr)");
+    if (stream == nullptr || stream == cudaStreamLegacy) return;
     int stream_device = -1;
     const cudaError_t e = cudaStreamGetDevice(stream, &stream_device);
     if (e != cudaSuccess) {
@@ -743,8 +750,10 @@ class CudaBackend final : public BackendImpl {
 
   void forward(std::span<const RankForward> ranks) override {
     throw_if_group_aborted("forward");
+    // (Outside the try: the abort after a failure runs on the layer's device too.)
+    std::optional<OnDevice> on;
     try {
-      const OnDevice on(options_.cuda_device);
+      on.emplace(options_.cuda_device);
       throw_if_trapped();
       diagnosed([&] { enqueue_forward(ranks); });
     } catch (const std::exception& e) {
@@ -838,8 +847,12 @@ class CudaBackend final : public BackendImpl {
     // Phase timing (record_phases): an event starts each phase; PDL is off then, since the
     // events sit between the kernels. A forward that throws part way records no split (the
     // next one reuses its events).
+    // Not in a capture: its events would be capture dependencies, never times, and the
+    // graph would keep PDL off for good.
+    cudaStreamCaptureStatus capture_status = cudaStreamCaptureStatusNone;
+    MOK_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture_status));
     const std::size_t split = phase_names_.size();
-    const bool timing = split < phase_forwards_;
+    const bool timing = split < phase_forwards_ && capture_status == cudaStreamCaptureStatusNone;
     std::vector<std::string> names;
     auto phase = [&](const char* name) {
       if (!timing) return;
@@ -880,9 +893,7 @@ class CudaBackend final : public BackendImpl {
     // not kept: its replays run wherever the caller launches them).
     ForwardMarks::Pair* marks = nullptr;
     if (group_) {
-      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-      MOK_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
-      if (capture == cudaStreamCaptureStatusNone) {
+      if (capture_status == cudaStreamCaptureStatusNone) {
         marks = &forward_marks_.next();
         const RelaxedCaptureMode relaxed;  // (another thread's global-mode capture stays valid)
         if (cudaEventQuery(marks->megakernel_done) == cudaErrorNotReady)  // (16 forwards ahead)

@@ -1410,6 +1410,57 @@ TEST(GpuDevices, AStreamOfAnotherGpuIsRefusedNamingIt) {
   EXPECT_NO_THROW(Layer(p, Config{}, o));
 }
 
+// The per-thread default stream names another stream on each calling thread: a layer's
+// hand-overs (the counters reset behind the last megakernel, argument slots, synchronize)
+// need one stream's order, so it is refused when the layer is made, naming the option.
+TEST(GpuErrors, APerThreadDefaultStreamIsRefusedNamingIt) {
+  MOK_REQUIRE_GPU();
+  LayerOptions o;
+  o.backend = Backend::cuda;
+  o.cuda_stream = cudaStreamPerThread;
+  const Problem p = make_problem(16, 256, 128, 4, {128}, 2, 64);
+  try {
+    Layer layer(p, Config{}, o);
+    FAIL() << "a layer took cudaStreamPerThread";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("LayerOptions.cuda_stream: cudaStreamPerThread"));
+  }
+  o.cuda_stream = cudaStreamLegacy;  // the legacy default stream is one stream: fine
+  EXPECT_NO_THROW(Layer(p, Config{}, o));
+}
+
+// A forward captured while phases are being recorded is not one of them: its events would be
+// capture dependencies, never times, and the graph would keep PDL off. The eager forward
+// after it is the one recorded; the graph replays to the same bits.
+TEST(GpuPhases, ACapturedForwardIsNotTimed) {
+  MOK_REQUIRE_GPU();
+  const Problem p = make_problem(16, 256, 128, 4, {128}, 2, 64);
+  const LayerData host = make_data(p, "gaussian");
+  const auto untimed = global_y(run_gpu_all_ranks(host).data);
+  const OwnedStream stream;
+  LayerOptions o;
+  o.backend = Backend::cuda;
+  o.cuda_stream = stream.stream;
+  Layer layer(p, Config{}, o);
+  DeviceMirror mirror(host, 0);
+  BackendImpl& backend = LayerInternals::backend(layer);
+  backend.record_phases(1);
+  cudaGraph_t graph = capture_forward(layer, stream, mirror.forward_args());
+  ASSERT_NE(graph, nullptr);
+  EXPECT_TRUE(backend.phase_times().empty()) << "the captured forward took the recorded forward's place";
+  layer.forward(mirror.forward_args());
+  layer.synchronize();
+  const auto splits = backend.phase_times();
+  ASSERT_EQ(splits.size(), std::size_t(1));
+  for (const auto& ph : splits[0]) EXPECT_GT(ph.ms, 0.0) << ph.name;
+  mirror.poison_outputs();
+  replay_graph(graph, stream, layer, 2);
+  cudaGraphDestroy(graph);
+  LayerData replayed = host;
+  mirror.copy_outputs_to(replayed);
+  expect_same_bits(global_y(replayed), untimed, "the replayed graph vs an untimed forward");
+}
+
 // ---- errors ------------------------------------------------------------------------------
 
 TEST(GpuErrors, ExpertIdOutOfRangeIsReportedAndPoisonsOutput) {
