@@ -360,6 +360,8 @@ TEST(BadConfig, FieldRules) {
       {[](Config& c) { c.macrobatch_rows = 4096 + 128; }, "Config.macrobatch_rows"},
       {[](Config& c) { c.schedule_capacity_factor = 0; }, "Config.schedule_capacity_factor"},
       {[](Config& c) { c.schedule_capacity_factor = 1.5; }, "Config.schedule_capacity_factor"},
+      // (Named as given: six significant digits printed it as 1, a valid value.)
+      {[](Config& c) { c.schedule_capacity_factor = 1.0000001; }, "Config.schedule_capacity_factor = 1.0000001:"},
       {[](Config& c) { c.forward_comm_sms = -1; }, "Config.forward_comm_sms"},
       {[](Config& c) { c.backward_comm_sms = -2; }, "Config.backward_comm_sms"},
   };
@@ -447,6 +449,8 @@ TEST(ApiMisuse, EachIsANamedError) {
   EXPECT_THAT(error_message([&] { HostTensor(DType::bf16, {(std::int64_t(1) << 62) + 1, 4}); }),
               HasSubstr("larger than 2^63 bytes"));
   EXPECT_EQ(HostTensor(DType::bf16, {0, big, big}).numel(), 0);
+  // More dimensions than a TensorView holds (view() wrote past its arrays).
+  EXPECT_THAT(error_message([&] { HostTensor(DType::f32, {3, 1, 1, 1, 2}); }), HasSubstr("5 dimensions, at most 4"));
 }
 
 // The device knobs (core/tuning_env.h): the backend names each by its enum, and `mok bench`

@@ -17,6 +17,9 @@ namespace mok {
 HostTensor::HostTensor(DType dtype, std::vector<std::int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
   // The element count and the bytes must fit (a wrapped product would give a tensor whose
   // numel() is larger than its storage).
+  // At most kMaxTensorDims dimensions: view() describes it in a TensorView's fixed arrays.
+  require(shape_.size() <= static_cast<std::size_t>(kMaxTensorDims),
+          "HostTensor: " + std::to_string(shape_.size()) + " dimensions, at most " + std::to_string(kMaxTensorDims));
   const std::int64_t max_bytes = std::numeric_limits<std::int64_t>::max();
   std::int64_t n = 1;
   for (std::size_t d = 0; d < shape_.size(); ++d) {

@@ -92,10 +92,6 @@ float to_float_in_range(double value, const std::string& what) {
   return f;
 }
 
-std::string format_number(double value) {
-  std::ostringstream s;
-  s << value;
-  return s.str();
-}
+std::string format_number(double value) { return exact_number(value); }
 
 }  // namespace mok

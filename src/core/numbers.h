@@ -30,8 +30,9 @@ float to_float_in_range(double value, const std::string& what);
 // what a spec records so that parsing it again gives the same run.
 std::string exact_number(double value);
 
-// A number as a person wrote it in an error message (1e-50, 0.5, 7), not std::to_string's
-// six fixed decimals (which print 1e-50 as 0.000000).
+// A number as a person wrote it in an error message (1e-50, 0.5, 7, 1.0000001): exact_number,
+// not std::to_string's six fixed decimals (which print 1e-50 as 0.000000) nor a stream's six
+// significant digits (which print 1.0000001 as 1, and so a refused value as a valid one).
 std::string format_number(double value);
 
 // The fields of `text` between `sep`s, empty ones included ("a,,b" is three fields, "" is

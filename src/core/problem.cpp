@@ -95,7 +95,7 @@ std::string Problem::describe() const {
   for (std::size_t i = 0; i < shared_intermediate.size(); ++i)
     s << (i ? "," : "") << shared_intermediate[i];
   s << "] EP=" << ep_size << " T=" << tokens_per_rank << " " << to_string(precision);
-  if (swiglu_limit) s << " swiglu_limit=" << *swiglu_limit;
+  if (swiglu_limit) s << " swiglu_limit=" << exact_number(*swiglu_limit);  // (exact: --expect compares these)
   return s.str();
 }
 
@@ -161,7 +161,7 @@ void Config::validate() const {
 std::string Config::describe() const {
   std::ostringstream s;
   s << "minibatch=" << minibatch_rows << " macrobatch=" << macrobatch_rows
-    << " capacity_factor=" << schedule_capacity_factor << " tile_rows=" << tile_rows
+    << " capacity_factor=" << exact_number(schedule_capacity_factor) << " tile_rows=" << tile_rows
     << " comm_sms(fwd,bwd)=" << forward_comm_sms << "," << backward_comm_sms << " band=" << task_band_tiles << " pairs=" << (task_pairs ? 1 : 0);
   return s.str();
 }

@@ -23,7 +23,8 @@ Args::Args(const std::vector<std::string>& argv, const std::vector<std::string>&
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
       if (is_flag) throw Error("option --" + name + ": is a flag and takes no value (got '" + a + "')");
-      // (An empty value would read as a path or a list no one meant: "--expect=" is the root.)
+      // (An empty value, here or as the next argument, would read as a path or a list no one
+      // meant: "--expect=" is the root, "--load ''" the current directory.)
       if (value.empty()) throw Error("option --" + name + ": the value is empty");
     } else if (is_flag) {
       if (flags_set_.count(name)) throw Error("option --" + name + ": given twice");
@@ -45,6 +46,7 @@ Args::Args(const std::vector<std::string>& argv, const std::vector<std::string>&
         continue;
       }
       value = argv[++i];
+      if (value.empty()) throw Error("option --" + name + ": the value is empty");
     }
     if (has(name)) throw Error("option --" + name + ": given twice");
     values_[name] = value;
