@@ -161,7 +161,9 @@ class Layer {
   // a graph captured stays reserved for its replays while that graph or an executable graph
   // made from it lives (a capture with a new set takes the slot of the least recently used set
   // no live graph holds, as an eager call does; with all 8 held, a new set waits up to a second
-  // for a graph destroyed just now to let go, then throws).
+  // for a graph destroyed just now to let go, then throws). A graph's replays use the layer's
+  // workspace (counters, rows, combine slots, argument slots) as its eager forwards do:
+  // launch them on the layer's stream, or order them with it (events), never beside it.
   void forward(std::span<const RankForward> ranks);
   // The backward pass: built on the cpu backend (the reference); the cuda backend throws
   // mok::Error saying it is not built yet.
