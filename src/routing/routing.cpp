@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <numeric>
 #include <sstream>
 
@@ -166,8 +167,11 @@ Routing generate_routing(const Problem& p, const RoutingSpec& spec, std::uint64_
       const int j = static_cast<int>(rng::hash(seed, rng::kPermutation, i) % std::uint64_t(i + 1));
       std::swap(perm[i], perm[j]);
     }
+    // (Clamped to float's range: an exponent near double's largest would convert out of
+    // range, which C++ leaves undefined; the clamp only meets such exponents.)
     for (int rank = 0; rank < E; ++rank)
-      log_pop[perm[rank]] = static_cast<float>(-spec.zipf_exponent * std::log(double(rank + 1)));
+      log_pop[perm[rank]] = static_cast<float>(std::max(-spec.zipf_exponent * std::log(double(rank + 1)),
+                                                        -double(std::numeric_limits<float>::max())));
   }
 
   Routing r;
