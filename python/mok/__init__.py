@@ -340,6 +340,8 @@ def _tensor(a, name, output=False):
             raise MokError(f"{name}: the layer writes this output in place, outside autograd, and it requires "
                            "grad (its gradient would be wrong); pass a tensor that does not (torch.empty, or "
                            ".detach() of it)")
+        if a.data_ptr() == 0:  # (torch gives an empty tensor no memory: it would read as "missing")
+            raise MokError(f"{name}: an empty tensor (shape {list(a.shape)}); no tensor of the layer is empty")
         if a.data_ptr() % a.element_size():
             raise MokError(f"{name}: the data is not aligned to its {a.element_size()}-byte elements "
                            "(torch.frombuffer with an odd offset, say); pass an aligned copy (.clone())")
