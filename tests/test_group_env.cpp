@@ -92,6 +92,24 @@ TEST(GroupEnvironment, ErrorsNameTheVariable) {
         << "'" << bad << "'";
 }
 
+// Two launchers' variables that disagree (one left in the environment) are an error naming
+// both; the same values under two schemes are fine; a local rank is one of the group's.
+TEST(GroupEnvironment, LaunchersThatDisagreeAreNamedAndALocalRankIsInTheGroup) {
+  EXPECT_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"OMPI_COMM_WORLD_RANK", "3"},
+                        {"OMPI_COMM_WORLD_SIZE", "8"}, {"MOK_RENDEZVOUS_DIR", "/d"}}),
+              ::testing::AllOf(HasSubstr("RANK = 0, WORLD_SIZE = 1 (torchrun)"),
+                    HasSubstr("OMPI_COMM_WORLD_RANK = 3, OMPI_COMM_WORLD_SIZE = 8 (Open MPI)"),
+                    HasSubstr("disagree")));
+  EXPECT_THAT(error_of({{"MOK_RANK", "0"}, {"MOK_WORLD_SIZE", "1"}, {"RANK", "2"}, {"WORLD_SIZE", "3"}}),
+              HasSubstr("(mok launch) but RANK = 2, WORLD_SIZE = 3 (torchrun)"));
+  const auto same = read({{"MOK_RANK", "1"}, {"MOK_WORLD_SIZE", "2"}, {"RANK", "1"}, {"WORLD_SIZE", "2"},
+                          {"MOK_LAUNCH_DIR", "/d"}});
+  EXPECT_EQ(same.source, "mok launch");
+  EXPECT_EQ(same.rank, 1);
+  EXPECT_THAT(error_of({{"MOK_RANK", "1"}, {"MOK_WORLD_SIZE", "2"}, {"MOK_LOCAL_RANK", "5"}, {"MOK_LAUNCH_DIR", "/d"}}),
+              HasSubstr("MOK_LOCAL_RANK = 5 must be below MOK_WORLD_SIZE = 2"));
+}
+
 TEST(GroupEnvironment, JobKeyComesFromTheLauncher) {
   const std::map<std::string, std::string> torchrun = {
       {"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MOK_RENDEZVOUS_DIR", "/d"}};

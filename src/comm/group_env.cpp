@@ -56,6 +56,24 @@ GroupEnvironment GroupEnvironment::from_environment(
   const Scheme schemes[] = {{"mok launch", "MOK_RANK", "MOK_WORLD_SIZE", "MOK_LOCAL_RANK"},
                             {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"},
                             {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"}};
+  // Another scheme's rank and size, when set, must say the same: a disagreeing pair is a
+  // launcher's variables left in the environment (a stray RANK=0 WORLD_SIZE=1 over mpirun's
+  // would make every process a group of one), and which of them is this launch is not ours to
+  // guess.
+  auto check_others_agree = [&](const Scheme& taken, int rank, int world_size) {
+    for (const auto& other : schemes) {
+      if (&other == &taken) continue;
+      const auto r = get(other.rank), n = get(other.size);
+      if (!r || !n) continue;
+      const bool digits = r->find_first_not_of("0123456789") == std::string::npos && !r->empty() &&
+                          n->find_first_not_of("0123456789") == std::string::npos && !n->empty();
+      if (digits && *r == std::to_string(rank) && *n == std::to_string(world_size)) continue;
+      throw Error(std::string("environment: ") + taken.rank + " = " + std::to_string(rank) + ", " + taken.size +
+                  " = " + std::to_string(world_size) + " (" + taken.source + ") but " + other.rank + " = " + *r +
+                  ", " + other.size + " = " + *n + " (" + other.source +
+                  "): two launchers' variables disagree; unset the ones left from another launch");
+    }
+  };
   for (const auto& s : schemes) {
     const auto rank = get(s.rank), size = get(s.size);
     if (!rank && !size) continue;
@@ -69,8 +87,12 @@ GroupEnvironment GroupEnvironment::from_environment(
     if (env.world_size < 1) throw Error(std::string("environment: ") + s.size + " must be >= 1");
     if (env.rank >= env.world_size)
       throw Error(std::string("environment: ") + s.rank + " = " + *rank + " must be below " + s.size + " = " + *size);
+    check_others_agree(s, env.rank, env.world_size);
     const auto local = get(s.local);
     env.local_rank = local ? parse_int(s.local, *local) : env.rank;
+    if (env.local_rank >= env.world_size)
+      throw Error(std::string("environment: ") + s.local + " = " + *local + " must be below " + s.size + " = " +
+                  *size + " (a node's ranks are some of the group's)");
     if (auto dir = get_set("MOK_LAUNCH_DIR")) env.rendezvous_dir = *dir;
     else if (auto dir2 = get_set("MOK_RENDEZVOUS_DIR")) env.rendezvous_dir = *dir2;
     std::string job;
