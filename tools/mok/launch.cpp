@@ -152,7 +152,12 @@ class Guardian {
   }
   Guardian(const Guardian&) = delete;
   Guardian& operator=(const Guardian&) = delete;
-  ~Guardian() { release(); }
+  // An unwinding launcher (an unexpected exception) tells no "done": closing the socket leaves
+  // the guardian to stop the groups it knows, as when the launcher is killed. Only release(),
+  // called once the ranks are stopped, stands it down.
+  ~Guardian() {
+    if (pid_ >= 0) close(write_fd_);
+  }
   // Tells the guardian about a rank's process group (its first process's pid). Called by the
   // rank's process itself before it execs (its copy of the socket closes at exec), and by the
   // launcher after the fork: a launcher killed in between cannot leave a group unknown.
@@ -362,6 +367,7 @@ int launch_command(const std::vector<std::string>& argv) {
       const int err = fork_errno;
       const std::vector<pid_t> started(pids.begin(), pids.begin() + r);
       const std::vector<pid_t> left = stop_process_groups(started, grace_s, signalled_since(g_launcher_signals));
+      guardian.release();  // (before the reaping below frees the group ids it holds)
       for (pid_t p : started) {
         bool unkillable = false;
         for (pid_t g : left) unkillable = unkillable || g == p;
@@ -586,6 +592,9 @@ int launch_command(const std::vector<std::string>& argv) {
       std::fprintf(stderr, "mok launch: %zu process group(s) of the launch did not end even after SIGKILL; leaving "
                    "them\n", unkillable.size());
   }
+  // The guardian stands down first: once the zombies below are reaped their group ids are free
+  // and could be another process's by the time a guardian of a launcher killed now acted.
+  guardian.release();
   // The ranks' processes, kept as zombies while their groups were looked at, are reaped (a
   // rank that never ended is not waited for).
   for (long long r = 0; r < n; ++r) {
@@ -596,7 +605,6 @@ int launch_command(const std::vector<std::string>& argv) {
     while (waitpid(pids[r], &status, 0) < 0 && errno == EINTR) {
     }
   }
-  guardian.release();
   std::error_code ec;
   std::filesystem::remove_all(launch_dir, ec);
   if (failed_rank < 0 && g_launcher_signals != signals_at_start) {
