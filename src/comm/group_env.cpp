@@ -65,9 +65,7 @@ GroupEnvironment GroupEnvironment::from_environment(
       if (&other == &taken) continue;
       const auto r = get(other.rank), n = get(other.size);
       if (!r || !n) continue;
-      const bool digits = r->find_first_not_of("0123456789") == std::string::npos && !r->empty() &&
-                          n->find_first_not_of("0123456789") == std::string::npos && !n->empty();
-      if (digits && *r == std::to_string(rank) && *n == std::to_string(world_size)) continue;
+      if (*r == std::to_string(rank) && *n == std::to_string(world_size)) continue;  // (the same digits)
       throw Error(std::string("environment: ") + taken.rank + " = " + std::to_string(rank) + ", " + taken.size +
                   " = " + std::to_string(world_size) + " (" + taken.source + ") but " + other.rank + " = " + *r +
                   ", " + other.size + " = " + *n + " (" + other.source +

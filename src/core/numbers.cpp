@@ -4,7 +4,6 @@
 #include <charconv>
 #include <cmath>
 #include <limits>
-#include <sstream>
 #include <stdexcept>
 
 #include "mok/error.h"
@@ -91,7 +90,5 @@ float to_float_in_range(double value, const std::string& what) {
   if (f == 0.0f && value != 0.0) throw outside();
   return f;
 }
-
-std::string format_number(double value) { return exact_number(value); }
 
 }  // namespace mok

@@ -26,14 +26,12 @@ DecimalRead read_decimal(const std::string& text, double& value);
 // range": refused as written, never judged as what it would have become.
 float to_float_in_range(double value, const std::string& what);
 
-// The shortest decimal text that reads back as exactly `value` (1.2, 0.25, 1.23456789):
-// what a spec records so that parsing it again gives the same run.
+// The shortest decimal text that reads back as exactly `value` (1.2, 0.25, 1e-50,
+// 1.0000001): what a spec records so that parsing it again gives the same run, and how error
+// messages and describe() write a number (not std::to_string's six fixed decimals, which print
+// 1e-50 as 0.000000, nor a stream's six significant digits, which print 1.0000001 as 1 and so
+// a refused value as a valid one).
 std::string exact_number(double value);
-
-// A number as a person wrote it in an error message (1e-50, 0.5, 7, 1.0000001): exact_number,
-// not std::to_string's six fixed decimals (which print 1e-50 as 0.000000) nor a stream's six
-// significant digits (which print 1.0000001 as 1, and so a refused value as a valid one).
-std::string format_number(double value);
 
 // The fields of `text` between `sep`s, empty ones included ("a,,b" is three fields, "" is
 // one): whoever parses the list decides that an empty field is an error, never the splitter.

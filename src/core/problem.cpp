@@ -61,7 +61,7 @@ void Problem::validate() const {
   for (int w : shared_intermediate) size_rule("a shared expert's weights (width * hidden)", double(w) * hidden);
   if (swiglu_limit) {
     require(std::isfinite(*swiglu_limit) && *swiglu_limit > 0,
-            "Problem.swiglu_limit = " + format_number(*swiglu_limit) + ": must be finite and > 0");
+            "Problem.swiglu_limit = " + exact_number(*swiglu_limit) + ": must be finite and > 0");
   }
   require(precision == Precision::bf16 || precision == Precision::mxfp8,
           "Problem.precision = " + std::to_string(static_cast<int>(precision)) + ": must be bf16 or mxfp8");
@@ -150,7 +150,7 @@ void Config::validate() const {
           field("macrobatch_rows", macrobatch_rows,
                 "must be a positive multiple of minibatch_rows (" + std::to_string(minibatch_rows) + ")"));
   require(schedule_capacity_factor > 0.0 && schedule_capacity_factor <= 1.0,
-          "Config.schedule_capacity_factor = " + format_number(schedule_capacity_factor) +
+          "Config.schedule_capacity_factor = " + exact_number(schedule_capacity_factor) +
               ": must be in (0, 1] (1 covers every routing)");
   require(forward_comm_sms >= 0, field("forward_comm_sms", forward_comm_sms, "must be >= 0 (0 = auto)"));
   require(backward_comm_sms >= 0, field("backward_comm_sms", backward_comm_sms, "must be >= 0 (0 = auto)"));

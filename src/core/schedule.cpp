@@ -22,7 +22,7 @@ void check_capacity(const Problem& problem, const Config& config, int dest_rank,
   if (padded > capacity) {
     throw Error("schedule: rank " + std::to_string(dest_rank) + " receives " + std::to_string(padded) +
                 " padded rows, more than its capacity of " + std::to_string(capacity) +
-                " (Config.schedule_capacity_factor = " + format_number(config.schedule_capacity_factor) +
+                " (Config.schedule_capacity_factor = " + exact_number(config.schedule_capacity_factor) +
                 "); raise schedule_capacity_factor (1.0 covers every routing). No token was dropped: "
                 "nothing ran.");
   }

@@ -90,10 +90,10 @@ Routing routing_from_files(const Problem& p, const RoutingSpec& spec) {
 void check_spec_numbers(const RoutingSpec& s) {
   if (s.kind == RoutingKind::zipf)
     require(std::isfinite(s.zipf_exponent) && s.zipf_exponent >= 0,
-            "routing: zipf exponent must be finite and >= 0, got " + format_number(s.zipf_exponent));
+            "routing: zipf exponent must be finite and >= 0, got " + exact_number(s.zipf_exponent));
   if (s.kind == RoutingKind::hot)
     require(s.hot_fraction >= 0 && s.hot_fraction <= 1,
-            "routing: hot fraction must be in [0, 1], got " + format_number(s.hot_fraction));
+            "routing: hot fraction must be in [0, 1], got " + exact_number(s.hot_fraction));
 }
 
 }  // namespace

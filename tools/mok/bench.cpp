@@ -166,7 +166,7 @@ void wait_for_files(const std::vector<std::filesystem::path>& paths, double time
   for (const auto& f : paths)
     while (!std::filesystem::exists(f)) {
       if (std::chrono::steady_clock::now() > deadline)
-        throw PeerWaitError("mok bench: waited " + format_number(timeout_s) + " s for " + f.string() +
+        throw PeerWaitError("mok bench: waited " + exact_number(timeout_s) + " s for " + f.string() +
                     " (" + what + "): that rank failed or is stuck");
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }

@@ -463,7 +463,7 @@ int launch_command(const std::vector<std::string>& argv) {
           if (failed_rank < 0)
             std::fprintf(stderr, "mok launch: rank %lld was stopped by signal %d (%s); it fails the launch unless it "
                                  "continues within %s s\n", r, info.si_status, strsignal(info.si_status),
-                         format_number(grace_s).c_str());
+                         exact_number(grace_s).c_str());
         }
       }
       info = siginfo_t{};
@@ -497,7 +497,7 @@ int launch_command(const std::vector<std::string>& argv) {
           witness_rank = static_cast<int>(r);
           witness_at = last_witness_at;
           std::fprintf(stderr, "mok launch: rank %lld gave up waiting for its peers; looking for the rank "
-                               "that failed (up to %s s)\n", r, format_number(peer_grace_s).c_str());
+                               "that failed (up to %s s)\n", r, exact_number(peer_grace_s).c_str());
         }
         continue;
       }
@@ -510,7 +510,7 @@ int launch_command(const std::vector<std::string>& argv) {
       if (failed_rank < 0 && elapsed_s() - rank_stopped_at[r] > grace_s)
         fail(static_cast<int>(r), 128 + stop_signal[r],
              "rank " + std::to_string(r) + " was stopped by signal " + std::to_string(stop_signal[r]) + " (" +
-                 strsignal(stop_signal[r]) + ") and did not continue within " + format_number(grace_s) +
+                 strsignal(stop_signal[r]) + ") and did not continue within " + exact_number(grace_s) +
                  " s; a stopped rank never ends");
       if (failed_rank >= 0) kill(-pids[r], SIGCONT);  // (so that the TERM sent to its group can act)
     }
@@ -533,7 +533,7 @@ int launch_command(const std::vector<std::string>& argv) {
     if (failed_rank < 0 && timeout_s > 0 && elapsed > timeout_s) {
       failed_rank = n;  // no single rank to blame
       exit_code = kTimeoutExitStatus;
-      failure = "timed out after " + format_number(timeout_s) + " s with " + still_running() + " still running";
+      failure = "timed out after " + exact_number(timeout_s) + " s with " + still_running() + " still running";
       if (witness_rank >= 0)
         failure += " (rank " + std::to_string(witness_rank) + " had given up waiting for its peers)";
       std::fprintf(stderr, "mok launch: %s; stopping every rank\n", failure.c_str());
@@ -555,7 +555,7 @@ int launch_command(const std::vector<std::string>& argv) {
       // waited for without end: after another grace it is named and left.
       if (elapsed - stopped_at > 2 * grace_s + 1) {
         std::fprintf(stderr, "mok launch: %s did not end %s s after SIGKILL (uninterruptible?); leaving it\n",
-                     still_running().c_str(), format_number(grace_s + 1).c_str());
+                     still_running().c_str(), exact_number(grace_s + 1).c_str());
         break;
       }
     }
