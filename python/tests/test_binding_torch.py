@@ -470,11 +470,10 @@ class TorchCuda(unittest.TestCase):
         gc.collect()
         self.assertIsNone(native(), "a layer holding a view of its own slots was never destroyed")
 
-    def test_a_view_dropped_inside_a_graph_capture_destroys_its_layer_after_it(self):
-        layer = mok.Layer(PROBLEM, backend="cuda")
-        slots = layer.combine_slots(0)
-        handle = layer._native.handle.value
-        layer.close()
+    def _expect_destroy_waits_for_the_capture(self, handle, inside, after=None):
+        """Runs `inside` within a torch.cuda.graph capture (beside a small captured add), where
+        a destroy (cudaFree) would break the capture: the layer `handle` must be parked, the
+        graph replay, `after` (if any) run, and the next Layer call destroy it."""
         stream = torch.cuda.Stream()
         a = torch.zeros(256, device="cuda")
         stream.wait_stream(torch.cuda.current_stream())
@@ -484,37 +483,33 @@ class TorchCuda(unittest.TestCase):
             stream.synchronize()
             with torch.cuda.graph(graph, stream=stream):
                 a.add_(1)
-                del slots  # the last view: a destroy now (cudaFree) would break the capture
+                inside()
         self.assertIn(handle, [h.value for h, _, _ in mok._parked], "the layer was not left for after the capture")
+        if after is not None:
+            after()
         graph.replay()
         torch.cuda.synchronize()
         self.assertEqual(a[0].item(), 2.0)
         mok.Layer(PROBLEM, backend="cuda").close()  # the next Layer call destroys it
         self.assertNotIn(handle, [h.value for h, _, _ in mok._parked])
 
+    def test_a_view_dropped_inside_a_graph_capture_destroys_its_layer_after_it(self):
+        layer = mok.Layer(PROBLEM, backend="cuda")
+        views = [layer.combine_slots(0)]
+        handle = layer._native.handle.value
+        layer.close()
+        # (The last view dropped inside the capture.)
+        self._expect_destroy_waits_for_the_capture(handle, views.clear)
+
     def test_a_layer_closed_inside_a_graph_capture_is_destroyed_after_it(self):
         # close() (or leaving a `with` block) inside torch.cuda.graph: the destroy (cudaFree)
         # would break the capture, so it waits for the next call, as a dropped last view does.
         layer = mok.Layer(PROBLEM, backend="cuda")
-        handle = layer._native.handle.value
-        stream = torch.cuda.Stream()
-        a = torch.zeros(256, device="cuda")
-        stream.wait_stream(torch.cuda.current_stream())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream):
-            a.add_(1)  # (warm-up outside the capture)
-            stream.synchronize()
-            with torch.cuda.graph(graph, stream=stream):
-                a.add_(1)
-                layer.close()
-        self.assertIn(handle, [h.value for h, _, _ in mok._parked], "the layer was not left for after the capture")
-        with self.assertRaisesRegex(mok.MokError, "used after close"):
-            layer.synchronize()
-        graph.replay()
-        torch.cuda.synchronize()
-        self.assertEqual(a[0].item(), 2.0)
-        mok.Layer(PROBLEM, backend="cuda").close()  # the next Layer call destroys it
-        self.assertNotIn(handle, [h.value for h, _, _ in mok._parked])
+
+        def used_after_close():
+            with self.assertRaisesRegex(mok.MokError, "used after close"):
+                layer.synchronize()
+        self._expect_destroy_waits_for_the_capture(layer._native.handle.value, layer.close, used_after_close)
 
     def _group_of_one(self, p):
         """A distributed layer of this one process, or a skip without a usable NCCL; call it with
