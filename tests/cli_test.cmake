@@ -336,13 +336,18 @@ elseif(MODE STREQUAL "launch_killed")
   # Processes a rank started and left running (a wrapper's children) are stopped when the
   # launch ends, whether the rank failed or exited 0: none may hold a GPU afterwards.
   string(RANDOM LENGTH 12 ALPHABET 0123456789 tag)
-  file(WRITE "${WORK}/leave.sh" "sleep 3${tag} &\necho $! > \"${WORK}/left_$MOK_RANK\"\nexit 0\n")
+  # Also one that left its rank's process group (setsid: a wrapper's `timeout`, Python's
+  # start_new_session), which no signal to the group reaches.
+  file(WRITE "${WORK}/leave.sh" "sleep 3${tag} &\necho $! > \"${WORK}/left_$MOK_RANK\"\n"
+             "setsid sh -c 'echo $$ > \"${WORK}/escaped_$MOK_RANK\"; exec sleep 4${tag}' &\n"
+             "while [ ! -s \"${WORK}/escaped_$MOK_RANK\" ]; do sleep 0.05; done\nexit 0\n")
   run_mok(rc so se launch -n 2 --grace 2 -- sh "${WORK}/leave.sh")
-  if(NOT rc STREQUAL "0" OR NOT se MATCHES "still running after it ended; stopping them")
+  if(NOT rc STREQUAL "0" OR NOT se MATCHES "still running after it ended; stopping them" OR
+     NOT se MATCHES "2 process\\(es\\) the ranks started in a process group of their own were still running after the ranks ended; stopped them")
     message(FATAL_ERROR "mok launch whose ranks left processes: exit '${rc}'\n${se}")
   endif()
-  foreach(r 0 1)
-    file(READ "${WORK}/left_${r}" left_pid)
+  foreach(left left_0 left_1 escaped_0 escaped_1)
+    file(READ "${WORK}/${left}" left_pid)
     string(STRIP "${left_pid}" left_pid)
     # (Alive: a /proc entry that is not a zombie; an init that reaps nothing keeps zombies.)
     set(alive FALSE)
@@ -354,7 +359,7 @@ elseif(MODE STREQUAL "launch_killed")
     endif()
     if(alive)
       execute_process(COMMAND kill -9 ${left_pid})
-      message(FATAL_ERROR "mok launch left rank ${r}'s child ${left_pid} running")
+      message(FATAL_ERROR "mok launch left a rank's child (${left}) ${left_pid} running")
     endif()
   endforeach()
   # The launcher killed outright (SIGKILL: no handler runs): its guardian stops what the ranks
@@ -364,7 +369,9 @@ elseif(MODE STREQUAL "launch_killed")
                   OUTPUT_VARIABLE so ERROR_VARIABLE se)
   file(READ "${WORK}/orphans.log" launch_log)
   # (Both: the processes left, and the guardian's word for what it stopped.)
-  if(NOT rc STREQUAL "0" OR NOT launch_log MATCHES "the launcher ended without stopping its ranks")
+  set(guardian_said "the launcher ended without stopping its ranks; stopping 2 rank process group\\(s\\) and 2 ")
+  string(APPEND guardian_said "process\\(es\\) that left them")
+  if(NOT rc STREQUAL "0" OR NOT launch_log MATCHES "${guardian_said}")
     message(FATAL_ERROR "mok launch killed with SIGKILL: exit '${rc}' of the check (1: a rank's child left "
                         "running)\n${so}\n${se}\n${launch_log}")
   endif()

@@ -12,18 +12,20 @@ matching() {
     [ "$(tr '\000' ' ' < "$f" 2> /dev/null)" = "$1 " ] && basename "$(dirname "$f")"
   done
 }
-"$mok" launch -n 2 --grace 1 -- sh -c 'sleep 7781 & sleep 7782' > "$log" 2>&1 &
+# (Each rank also starts one process in a session of its own, out of the rank's process group.)
+"$mok" launch -n 2 --grace 1 -- sh -c 'sleep 7781 & setsid sleep 7783 & sleep 7782' > "$log" 2>&1 &
 launcher=$!
 # Killed once both ranks' children run (within 30 s: a slow start must not fail the check).
 tries=0
-while [ "$(matching 'sleep 7781' | wc -l)" -lt 2 ] && [ $tries -lt 300 ]; do
+while { [ "$(matching 'sleep 7781' | wc -l)" -lt 2 ] || [ "$(matching 'sleep 7783' | wc -l)" -lt 2 ]; } &&
+      [ $tries -lt 300 ]; do
   sleep 0.1
   tries=$((tries + 1))
 done
 kill -9 "$launcher"
 sleep 4
 left=0
-for pid in $(matching 'sleep 7781') $(matching 'sleep 7782'); do
+for pid in $(matching 'sleep 7781') $(matching 'sleep 7782') $(matching 'sleep 7783'); do
   echo "left running: $pid"
   kill -9 "$pid" 2> /dev/null
   left=1

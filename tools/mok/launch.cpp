@@ -18,7 +18,9 @@
 // stops every rank's whole process group (Guardian). A rank that even SIGKILL does not end is named and left after another
 // --grace (and a second). When the launch
 // ends, whatever is still running in a rank's process group (a wrapper's children) is stopped
-// too; each rank's process stays unreaped until then, so that group's id is not reused.
+// too; each rank's process stays unreaped until then, so that group's id is not reused. So is
+// a process that left its rank's process group (setsid, `timeout` in a wrapper), found by the
+// launch's MOK_LAUNCH_DIR in the environment it started with (one that clears it escapes).
 // A rank that exits with mok's "gave up on its peers" status (mok::kPeerWaitExitStatus) is
 // not the culprit but a witness: the launcher waits up to --peer-grace seconds (default 10)
 // for a rank that fails for its own reason and names that one, else names the ranks still
@@ -46,6 +48,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/numbers.h"
@@ -116,6 +119,69 @@ std::vector<pid_t> stop_process_groups(const std::vector<pid_t>& pgids, double g
       for (pid_t g : left) kill(-g, SIGKILL);
   }
   return left;
+}
+
+// The live processes (not zombies) of this launch that left their rank's process group
+// (setsid, `timeout` in a wrapper, Python's start_new_session): those whose environment holds
+// MOK_LAUNCH_DIR=launch_dir (every rank's process has it, and what it starts inherits it; the
+// directory is this launch's own, from mkdtemp) and whose process group is none of
+// `rank_groups` (those are stopped as groups). The environment read is the one each process
+// started with (/proc/PID/environ): a process that cleared it before its exec is not found.
+std::vector<pid_t> escaped_processes(const std::string& launch_dir, const std::vector<pid_t>& rank_groups) {
+  std::vector<pid_t> out;
+  const std::string marker = "MOK_LAUNCH_DIR=" + launch_dir;
+  std::error_code ec;
+  std::filesystem::directory_iterator it("/proc", ec), end;
+  if (ec) return out;
+  for (; it != end; it.increment(ec)) {
+    if (ec) return out;
+    const std::string name = it->path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream environ(it->path() / "environ", std::ios::binary);
+    bool ours = false;
+    for (std::string entry; !ours && std::getline(environ, entry, '\0');) ours = entry == marker;
+    if (!ours) continue;  // (also a process that ended meanwhile, or one not ours to read)
+    std::ifstream stat(it->path() / "stat");
+    std::string text;
+    if (!std::getline(stat, text)) continue;
+    const std::size_t close = text.rfind(')');  // (the command name may hold spaces and parentheses)
+    if (close == std::string::npos) continue;
+    std::istringstream fields(text.substr(close + 1));
+    char state = 0;
+    long long parent = 0, group = 0;
+    if (!(fields >> state >> parent >> group) || state == 'Z' || state == 'X') continue;
+    if (std::find(rank_groups.begin(), rank_groups.end(), static_cast<pid_t>(group)) != rank_groups.end()) continue;
+    out.push_back(static_cast<pid_t>(std::stoll(name)));
+  }
+  return out;
+}
+
+// Stops the escaped processes of this launch (escaped_processes, looked for anew each round,
+// so that one started meanwhile is found too): SIGTERM, then SIGKILL to those still there after
+// `grace_s` (at once if `hurry()` turns true), then up to `grace_s` (at least a second) more.
+// Returns how many were found first, and how many are still live at the end.
+std::pair<std::size_t, std::size_t> stop_escaped_processes(const std::string& launch_dir,
+                                                           const std::vector<pid_t>& rank_groups, double grace_s,
+                                                           const std::function<bool()>& hurry) {
+  std::vector<pid_t> left = escaped_processes(launch_dir, rank_groups);
+  const std::size_t found = left.size();
+  for (int round = 0; round < 2 && !left.empty(); ++round) {
+    const int sig = round == 0 ? SIGTERM : SIGKILL;
+    std::set<pid_t> signalled;  // (each process once a round: one started since is signalled too)
+    const auto signal_new = [&] {
+      for (pid_t p : left)
+        if (signalled.insert(p).second) kill(p, sig);
+    };
+    signal_new();
+    const double wait_s = round == 0 ? grace_s : std::max(grace_s, 1.0);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+    while (!(left = escaped_processes(launch_dir, rank_groups)).empty() &&
+           std::chrono::steady_clock::now() < until && !(round == 0 && hurry())) {
+      signal_new();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  return {found, left.size()};
 }
 
 // A process that outlives a launcher killed outright (SIGKILL, the OOM killer), so that what
@@ -220,9 +286,10 @@ class Guardian {
       return out;
     };
     std::vector<pid_t> left = existing();
-    if (!left.empty()) {
+    const std::size_t escaped = escaped_processes(launch_dir, groups).size();
+    if (!left.empty() || escaped > 0) {
       std::fprintf(stderr, "mok launch: the launcher ended without stopping its ranks; stopping %zu rank process "
-                   "group(s)\n", left.size());
+                   "group(s) and %zu process(es) that left them\n", left.size(), escaped);
       if (null >= 0) dup2(null, STDERR_FILENO);  // (the caller's pipe, if any, is not held while it works)
     }
     for (int sig : {SIGTERM, SIGKILL}) {
@@ -232,6 +299,9 @@ class Guardian {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       if (left.empty()) break;
     }
+    // Then those that left their rank's group (setsid), whose parents the groups' stop may
+    // just have ended; looked for again, as any may have started since.
+    stop_escaped_processes(launch_dir, groups, grace_s, [] { return false; });
     std::error_code ec;
     std::filesystem::remove_all(launch_dir, ec);
     _exit(0);
@@ -271,7 +341,8 @@ int launch_command(const std::vector<std::string>& argv) {
                 "  --peer-grace S  (10) the wait for the failed rank after one gave up on its peers\n"
                 "SIGINT, SIGTERM or SIGHUP stops every rank the same way (exit 128+N), and another one "
                 "while they stop kills them at once; SIGINT and SIGHUP ignored when the launcher started "
-                "(nohup, `&` in a script) stay ignored. Seconds are at most 1e7. Processes the ranks leave running are stopped when the launch ends, "
+                "(nohup, `&` in a script) stay ignored. Seconds are at most 1e7. Processes the ranks leave running are stopped when the launch ends "
+                "(also those in a session of their own: found by MOK_LAUNCH_DIR in their environment), "
                 "also when the launcher itself is killed (a guardian process does it); a "
                 "rank that even SIGKILL does not end is named and left after another grace and a second. A "
                 "failed fork stops, kills and reaps the ranks already started.\n",
@@ -591,6 +662,19 @@ int launch_command(const std::vector<std::string>& argv) {
     if (!unkillable.empty())
       std::fprintf(stderr, "mok launch: %zu process group(s) of the launch did not end even after SIGKILL; leaving "
                    "them\n", unkillable.size());
+  }
+  // Processes that left their rank's process group (setsid, `timeout` in a wrapper, Python's
+  // start_new_session) are not reached through the groups: they are found by the launch's
+  // MOK_LAUNCH_DIR in their environment and stopped the same way.
+  {
+    const int signals_now = g_launcher_signals;
+    const auto [escaped, unstopped] = stop_escaped_processes(
+        launch_dir, pids, grace_s, [&] { return killed || g_launcher_signals != signals_now; });
+    if (escaped > 0)
+      std::fprintf(stderr, "mok launch: %zu process(es) the ranks started in a process group of their own were "
+                   "still running after the ranks ended; %s\n", escaped,
+                   unstopped == 0 ? "stopped them"
+                                  : (std::to_string(unstopped) + " did not end even after SIGKILL; leaving them").c_str());
   }
   // The guardian stands down first: once the zombies below are reaped their group ids are free
   // and could be another process's by the time a guardian of a launcher killed now acted.
