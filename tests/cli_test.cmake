@@ -340,7 +340,8 @@ elseif(MODE STREQUAL "launch_killed")
   # start_new_session), which no signal to the group reaches.
   file(WRITE "${WORK}/leave.sh" "sleep 3${tag} &\necho $! > \"${WORK}/left_$MOK_RANK\"\n"
              "setsid sh -c 'echo $$ > \"${WORK}/escaped_$MOK_RANK\"; exec sleep 4${tag}' &\n"
-             "while [ ! -s \"${WORK}/escaped_$MOK_RANK\" ]; do sleep 0.05; done\nexit 0\n")
+             "n=0\nwhile [ ! -s \"${WORK}/escaped_$MOK_RANK\" ] && [ $n -lt 200 ]; do sleep 0.05; n=$((n + 1)); done\n"
+             "exit 0\n")
   run_mok(rc so se launch -n 2 --grace 2 -- sh "${WORK}/leave.sh")
   if(NOT rc STREQUAL "0" OR NOT se MATCHES "still running after it ended; stopping them" OR
      NOT se MATCHES "2 process\\(es\\) the ranks started in a process group of their own were still running after the ranks ended; stopped them")
@@ -374,6 +375,16 @@ elseif(MODE STREQUAL "launch_killed")
   if(NOT rc STREQUAL "0" OR NOT launch_log MATCHES "${guardian_said}")
     message(FATAL_ERROR "mok launch killed with SIGKILL: exit '${rc}' of the check (1: a rank's child left "
                         "running)\n${so}\n${se}\n${launch_log}")
+  endif()
+  # A launch inside a rank of another, its launcher killed outright: the outer launch ending
+  # meanwhile leaves the inner guardian to finish stopping the inner rank (the script fails
+  # naming the inner rank's child if it is still running afterwards).
+  execute_process(COMMAND sh "${CMAKE_CURRENT_LIST_DIR}/launch_nested.sh" "${MOK}" "${WORK}/nested.log" RESULT_VARIABLE rc
+                  OUTPUT_VARIABLE so ERROR_VARIABLE se)
+  file(READ "${WORK}/nested.log" launch_log)
+  if(NOT rc STREQUAL "0" OR launch_log MATCHES "process group of their own")
+    message(FATAL_ERROR "mok launch inside a rank, its launcher killed: exit '${rc}' of the check (1: the inner "
+                        "rank's child left running)\n${so}\n${se}\n${launch_log}")
   endif()
 elseif(MODE STREQUAL "launch_witness")
   # `mok launch ARGS...` must exit with status `want_rc` and say `want` (a regex) on stderr;

@@ -48,6 +48,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -121,14 +122,64 @@ std::vector<pid_t> stop_process_groups(const std::vector<pid_t>& pgids, double g
   return left;
 }
 
+// The name a guardian process (below) gives itself: a nested launch's guardian carries the
+// outer launch's MOK_LAUNCH_DIR and sits in a group of its own, but it is not an escaped
+// process of the outer launch (it ends by itself once its own launch is stopped, and must not
+// be cut short while it stops that launch's ranks).
+constexpr char kGuardianName[] = "mok-guardian";
+
+// What /proc/PID/stat says of a process; nullopt when it is gone (or unreadable).
+struct ProcessStat {
+  std::string name;  // (the command name, 15 characters at most)
+  char state = 0;
+  pid_t group = 0;
+  unsigned long long start_time = 0;  // (clock ticks since boot: with the pid, names the process)
+};
+std::optional<ProcessStat> process_stat(const std::string& pid) {
+  std::ifstream stat("/proc/" + pid + "/stat");
+  std::string text;
+  if (!std::getline(stat, text)) return std::nullopt;
+  const std::size_t open = text.find('('), close = text.rfind(')');  // (the name may hold ')' and spaces)
+  if (open == std::string::npos || close == std::string::npos || close < open) return std::nullopt;
+  ProcessStat out;
+  out.name = text.substr(open + 1, close - open - 1);
+  std::istringstream fields(text.substr(close + 1));
+  long long parent = 0, group = 0;
+  if (!(fields >> out.state >> parent >> group)) return std::nullopt;
+  out.group = static_cast<pid_t>(group);
+  std::string skipped;
+  for (int field = 6; field < 22; ++field) fields >> skipped;  // (session .. itrealvalue)
+  if (!(fields >> out.start_time)) return std::nullopt;
+  return out;
+}
+
+// A process found by escaped_processes: its pid and start time, so that a pid reused by
+// another process later is not taken for it.
+struct FoundProcess {
+  pid_t pid = 0;
+  unsigned long long start_time = 0;
+  bool operator<(const FoundProcess& o) const { return pid != o.pid ? pid < o.pid : start_time < o.start_time; }
+};
+
+// Whether `p` is still there and not yet a zombie (a process still exiting, releasing its
+// GPU say, is: its state is not Z until it has let go of everything).
+bool still_alive(const FoundProcess& p) {
+  const auto stat = process_stat(std::to_string(p.pid));
+  return stat && stat->start_time == p.start_time && stat->state != 'Z' && stat->state != 'X';
+}
+
 // The live processes (not zombies) of this launch that left their rank's process group
 // (setsid, `timeout` in a wrapper, Python's start_new_session): those whose environment holds
 // MOK_LAUNCH_DIR=launch_dir (every rank's process has it, and what it starts inherits it; the
 // directory is this launch's own, from mkdtemp) and whose process group is none of
-// `rank_groups` (those are stopped as groups). The environment read is the one each process
-// started with (/proc/PID/environ): a process that cleared it before its exec is not found.
-std::vector<pid_t> escaped_processes(const std::string& launch_dir, const std::vector<pid_t>& rank_groups) {
-  std::vector<pid_t> out;
+// `rank_groups` (those are stopped as groups); a nested launch's guardian (kGuardianName) is
+// not one. The environment read is the one each process started with (/proc/PID/environ): a
+// process that cleared it before its exec is not found, nor one caught in the middle of an
+// exec (whose environment reads empty for that moment: stop_escaped_processes looks twice).
+// stat is read first, so that the environment (whose read waits for the process's memory map)
+// is read only of live processes outside the ranks' groups.
+std::vector<FoundProcess> escaped_processes(const std::string& launch_dir, const std::vector<pid_t>& rank_groups) {
+  std::vector<FoundProcess> out;
   const std::string marker = "MOK_LAUNCH_DIR=" + launch_dir;
   std::error_code ec;
   std::filesystem::directory_iterator it("/proc", ec), end;
@@ -137,51 +188,61 @@ std::vector<pid_t> escaped_processes(const std::string& launch_dir, const std::v
     if (ec) return out;
     const std::string name = it->path().filename().string();
     if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const auto stat = process_stat(name);
+    if (!stat || stat->state == 'Z' || stat->state == 'X' || stat->name == kGuardianName ||
+        std::find(rank_groups.begin(), rank_groups.end(), stat->group) != rank_groups.end())
+      continue;
     std::ifstream environ(it->path() / "environ", std::ios::binary);
     bool ours = false;
     for (std::string entry; !ours && std::getline(environ, entry, '\0');) ours = entry == marker;
-    if (!ours) continue;  // (also a process that ended meanwhile, or one not ours to read)
-    std::ifstream stat(it->path() / "stat");
-    std::string text;
-    if (!std::getline(stat, text)) continue;
-    const std::size_t close = text.rfind(')');  // (the command name may hold spaces and parentheses)
-    if (close == std::string::npos) continue;
-    std::istringstream fields(text.substr(close + 1));
-    char state = 0;
-    long long parent = 0, group = 0;
-    if (!(fields >> state >> parent >> group) || state == 'Z' || state == 'X') continue;
-    if (std::find(rank_groups.begin(), rank_groups.end(), static_cast<pid_t>(group)) != rank_groups.end()) continue;
-    out.push_back(static_cast<pid_t>(std::stoll(name)));
+    if (ours) out.push_back({static_cast<pid_t>(std::stoll(name)), stat->start_time});
   }
   return out;
 }
 
-// Stops the escaped processes of this launch (escaped_processes, looked for anew each round,
-// so that one started meanwhile is found too): SIGTERM, then SIGKILL to those still there after
-// `grace_s` (at once if `hurry()` turns true), then up to `grace_s` (at least a second) more.
-// Returns how many were found first, and how many are still live at the end.
+// Stops the escaped processes of this launch (escaped_processes; those it finds are then
+// followed by pid and start time, and it is asked again each round, so that one started
+// meanwhile is stopped too): SIGTERM, then SIGKILL to those still alive after `grace_s` (at
+// once if `hurry()` turns true), then up to `grace_s` (at least a second) more. Returns how
+// many it found in all, and how many of them are still alive at the end.
 std::pair<std::size_t, std::size_t> stop_escaped_processes(const std::string& launch_dir,
                                                            const std::vector<pid_t>& rank_groups, double grace_s,
                                                            const std::function<bool()>& hurry) {
-  std::vector<pid_t> left = escaped_processes(launch_dir, rank_groups);
-  const std::size_t found = left.size();
+  std::set<FoundProcess> found;
+  const auto look = [&] {
+    for (const FoundProcess& p : escaped_processes(launch_dir, rank_groups)) found.insert(p);
+  };
+  const auto alive = [&] {
+    std::vector<FoundProcess> out;
+    for (const FoundProcess& p : found)
+      if (still_alive(p)) out.push_back(p);
+    return out;
+  };
+  look();
+  // (A second look a moment later: a process in the middle of an exec reads as having no
+  // environment.)
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  look();
+  std::vector<FoundProcess> left = alive();
   for (int round = 0; round < 2 && !left.empty(); ++round) {
     const int sig = round == 0 ? SIGTERM : SIGKILL;
-    std::set<pid_t> signalled;  // (each process once a round: one started since is signalled too)
+    std::set<FoundProcess> signalled;  // (each process once a round: one found since is signalled too)
     const auto signal_new = [&] {
-      for (pid_t p : left)
-        if (signalled.insert(p).second) kill(p, sig);
+      for (const FoundProcess& p : left)
+        if (signalled.insert(p).second && still_alive(p)) kill(p.pid, sig);
     };
     signal_new();
     const double wait_s = round == 0 ? grace_s : std::max(grace_s, 1.0);
     const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
-    while (!(left = escaped_processes(launch_dir, rank_groups)).empty() &&
-           std::chrono::steady_clock::now() < until && !(round == 0 && hurry())) {
+    for (;;) {
+      look();
+      left = alive();
+      if (left.empty() || std::chrono::steady_clock::now() >= until || (round == 0 && hurry())) break;
       signal_new();
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
-  return {found, left.size()};
+  return {found.size(), left.size()};
 }
 
 // A process that outlives a launcher killed outright (SIGKILL, the OOM killer), so that what
@@ -252,6 +313,7 @@ class Guardian {
   }
   [[noreturn]] static void watch_until_released(int fd, double grace_s, const std::string& launch_dir) {
     setpgid(0, 0);
+    prctl(PR_SET_NAME, kGuardianName);  // (an outer launch leaves it be: escaped_processes)
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) signal(sig, SIG_IGN);
     const int null = open("/dev/null", O_RDWR);
     if (null >= 0) {
@@ -666,9 +728,11 @@ int launch_command(const std::vector<std::string>& argv) {
   // Processes that left their rank's process group (setsid, `timeout` in a wrapper, Python's
   // start_new_session) are not reached through the groups: they are found by the launch's
   // MOK_LAUNCH_DIR in their environment and stopped the same way.
+  std::size_t escaped = 0;
   {
     const int signals_now = g_launcher_signals;
-    const auto [escaped, unstopped] = stop_escaped_processes(
+    std::size_t unstopped = 0;
+    std::tie(escaped, unstopped) = stop_escaped_processes(
         launch_dir, pids, grace_s, [&] { return killed || g_launcher_signals != signals_now; });
     if (escaped > 0)
       std::fprintf(stderr, "mok launch: %zu process(es) the ranks started in a process group of their own were "
@@ -697,7 +761,7 @@ int launch_command(const std::vector<std::string>& argv) {
     failed_rank = static_cast<int>(n);
     exit_code = 128 + g_launcher_signal;
     failure = std::string("the launcher got signal ") + strsignal(g_launcher_signal) +
-              (leftover.empty() ? " as its ranks ended" : " while it stopped the processes the ranks left");
+              (leftover.empty() && escaped == 0 ? " as its ranks ended" : " while it stopped the processes the ranks left");
   }
   if (failed_rank >= 0) {
     std::fprintf(stderr, "mok launch: failed: %s\n", failure.c_str());
