@@ -6,14 +6,11 @@
 # Usage: launch_nested.sh MOK LOG
 # The inner rank ignores SIGTERM, so the inner guardian needs its whole --grace (3 s) and then
 # SIGKILL; the outer launch's own grace (1 s) is shorter. Exits 1 naming (and killing) the
-# inner rank's child if it is still running 8 s after the outer launch ended.
+# inner rank's child if it is still running 8 s after the outer launch ended (the outer
+# launch's exit status is not the check).
 mok=$1
 log=$2
-matching() {
-  for f in /proc/[0-9]*/cmdline; do
-    [ "$(tr '\000' ' ' < "$f" 2> /dev/null)" = "$1 " ] && basename "$(dirname "$f")"
-  done
-}
+. "$(dirname "$0")/launch_lib.sh"
 # (What the rank needs travels in the environment: mok, and the file the inner rank writes
 # once its child runs.)
 export MOK_NESTED_MOK="$mok" MOK_NESTED_READY="$log.ready"
@@ -26,12 +23,5 @@ rm -f "$MOK_NESTED_READY"
   kill -9 $inner
   sleep 0.5
   exit 0' > "$log" 2>&1
-outer_rc=$?
 sleep 8
-left=0
-for pid in $(matching 'sleep 7785'); do
-  echo "left running: $pid (outer launch exit $outer_rc)"
-  kill -9 "$pid" 2> /dev/null
-  left=1
-done
-exit $left
+none_left_running 'sleep 7785'

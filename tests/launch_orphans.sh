@@ -6,12 +6,7 @@
 # own output goes to LOG (a child left running would otherwise hold the caller's pipe open).
 mok=$1
 log=$2
-# The processes whose whole command line is exactly "$1 " (cmdline, NULs as blanks).
-matching() {
-  for f in /proc/[0-9]*/cmdline; do
-    [ "$(tr '\000' ' ' < "$f" 2> /dev/null)" = "$1 " ] && basename "$(dirname "$f")"
-  done
-}
+. "$(dirname "$0")/launch_lib.sh"
 # (Each rank also starts one process in a session of its own, out of the rank's process group.)
 "$mok" launch -n 2 --grace 1 -- sh -c 'sleep 7781 & setsid sleep 7783 & sleep 7782' > "$log" 2>&1 &
 launcher=$!
@@ -24,10 +19,4 @@ while { [ "$(matching 'sleep 7781' | wc -l)" -lt 2 ] || [ "$(matching 'sleep 778
 done
 kill -9 "$launcher"
 sleep 4
-left=0
-for pid in $(matching 'sleep 7781') $(matching 'sleep 7782') $(matching 'sleep 7783'); do
-  echo "left running: $pid"
-  kill -9 "$pid" 2> /dev/null
-  left=1
-done
-exit $left
+none_left_running 'sleep 7781' 'sleep 7782' 'sleep 7783'
