@@ -13,10 +13,11 @@ log=$2
 . "$(dirname "$0")/launch_lib.sh"
 # (What the rank needs travels in the environment: mok, and the file the inner rank writes
 # once its child runs.)
-export MOK_NESTED_MOK="$mok" MOK_NESTED_READY="$log.ready"
+# (The sleep's length carries this script's pid: another test run on the host has its own.)
+export MOK_NESTED_MOK="$mok" MOK_NESTED_READY="$log.ready" MOK_NESTED_SLEEP="85$$"
 rm -f "$MOK_NESTED_READY"
 "$mok" launch -n 1 --grace 1 -- sh -c '
-  "$MOK_NESTED_MOK" launch -n 1 --grace 3 -- sh -c "trap \"\" TERM; sleep 7785 & echo up > \"\$MOK_NESTED_READY\"; wait" &
+  "$MOK_NESTED_MOK" launch -n 1 --grace 3 -- sh -c "trap \"\" TERM; sleep \$MOK_NESTED_SLEEP & echo up > \"\$MOK_NESTED_READY\"; wait" &
   inner=$!
   n=0
   while [ ! -s "$MOK_NESTED_READY" ] && [ $n -lt 300 ]; do sleep 0.1; n=$((n + 1)); done
@@ -24,4 +25,6 @@ rm -f "$MOK_NESTED_READY"
   sleep 0.5
   exit 0' > "$log" 2>&1
 sleep 8
-none_left_running 'sleep 7785'
+# (A check that ran nothing fails: the inner rank must have started its child.)
+[ -s "$MOK_NESTED_READY" ] || { echo "the inner launch never started its rank's child"; exit 1; }
+none_left_running "sleep $MOK_NESTED_SLEEP"

@@ -8,15 +8,17 @@ mok=$1
 log=$2
 . "$(dirname "$0")/launch_lib.sh"
 # (Each rank also starts one process in a session of its own, out of the rank's process group.)
-"$mok" launch -n 2 --grace 1 -- sh -c 'sleep 7781 & setsid sleep 7783 & sleep 7782' > "$log" 2>&1 &
+# (The sleeps' lengths carry this script's pid: another test run on the host has its own.)
+t=$$
+"$mok" launch -n 2 --grace 1 -- sh -c "sleep 81$t & setsid sleep 83$t & sleep 82$t" > "$log" 2>&1 &
 launcher=$!
 # Killed once both ranks' children run (within 30 s: a slow start must not fail the check).
 tries=0
-while { [ "$(matching 'sleep 7781' | wc -l)" -lt 2 ] || [ "$(matching 'sleep 7783' | wc -l)" -lt 2 ]; } &&
+while { [ "$(matching "sleep 81$t" | wc -l)" -lt 2 ] || [ "$(matching "sleep 83$t" | wc -l)" -lt 2 ]; } &&
       [ $tries -lt 300 ]; do
   sleep 0.1
   tries=$((tries + 1))
 done
 kill -9 "$launcher"
 sleep 4
-none_left_running 'sleep 7781' 'sleep 7782' 'sleep 7783'
+none_left_running "sleep 81$t" "sleep 82$t" "sleep 83$t"

@@ -137,8 +137,10 @@ struct ProcessStat {
 };
 std::optional<ProcessStat> process_stat(const std::string& pid) {
   std::ifstream stat("/proc/" + pid + "/stat");
-  std::string text;
-  if (!std::getline(stat, text)) return std::nullopt;
+  std::ostringstream whole;  // (read whole: a process may put a newline in its name)
+  whole << stat.rdbuf();
+  const std::string text = whole.str();
+  if (text.empty()) return std::nullopt;
   const std::size_t open = text.find('('), close = text.rfind(')');  // (the name may hold ')' and spaces)
   if (open == std::string::npos || close == std::string::npos || close < open) return std::nullopt;
   ProcessStat out;
@@ -151,6 +153,12 @@ std::optional<ProcessStat> process_stat(const std::string& pid) {
   for (int field = 6; field < 22; ++field) fields >> skipped;  // (session .. itrealvalue)
   if (!(fields >> out.start_time)) return std::nullopt;
   return out;
+}
+
+// This process's start time (0 if /proc cannot say: then no process is too old to look at).
+unsigned long long own_start_time() {
+  const auto stat = process_stat(std::to_string(getpid()));
+  return stat ? stat->start_time : 0;
 }
 
 // A process found by escaped_processes: its pid and start time, so that a pid reused by
@@ -177,8 +185,11 @@ bool still_alive(const FoundProcess& p) {
 // process that cleared it before its exec is not found, nor one caught in the middle of an
 // exec (whose environment reads empty for that moment: stop_escaped_processes looks twice).
 // stat is read first, so that the environment (whose read waits for the process's memory map)
-// is read only of live processes outside the ranks' groups.
-std::vector<FoundProcess> escaped_processes(const std::string& launch_dir, const std::vector<pid_t>& rank_groups) {
+// is read only of live processes outside the ranks' groups that started no earlier than
+// `not_before` (the launcher's or the guardian's start time: every process of the launch is
+// younger). `unreadable`, when given, counts those whose environment read empty.
+std::vector<FoundProcess> escaped_processes(const std::string& launch_dir, const std::vector<pid_t>& rank_groups,
+                                            unsigned long long not_before, std::size_t* unreadable = nullptr) {
   std::vector<FoundProcess> out;
   const std::string marker = "MOK_LAUNCH_DIR=" + launch_dir;
   std::error_code ec;
@@ -189,13 +200,15 @@ std::vector<FoundProcess> escaped_processes(const std::string& launch_dir, const
     const std::string name = it->path().filename().string();
     if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
     const auto stat = process_stat(name);
-    if (!stat || stat->state == 'Z' || stat->state == 'X' || stat->name == kGuardianName ||
+    if (!stat || stat->state == 'Z' || stat->state == 'X' || stat->start_time < not_before ||
+        stat->name == kGuardianName ||
         std::find(rank_groups.begin(), rank_groups.end(), stat->group) != rank_groups.end())
       continue;
     std::ifstream environ(it->path() / "environ", std::ios::binary);
-    bool ours = false;
-    for (std::string entry; !ours && std::getline(environ, entry, '\0');) ours = entry == marker;
+    bool ours = false, any = false;
+    for (std::string entry; !ours && std::getline(environ, entry, '\0'); any = true) ours = entry == marker;
     if (ours) out.push_back({static_cast<pid_t>(std::stoll(name)), stat->start_time});
+    if (!any && unreadable != nullptr) ++*unreadable;
   }
   return out;
 }
@@ -206,11 +219,14 @@ std::vector<FoundProcess> escaped_processes(const std::string& launch_dir, const
 // once if `hurry()` turns true), then up to `grace_s` (at least a second) more. Returns how
 // many it found in all, and how many of them are still alive at the end.
 std::pair<std::size_t, std::size_t> stop_escaped_processes(const std::string& launch_dir,
-                                                           const std::vector<pid_t>& rank_groups, double grace_s,
+                                                           const std::vector<pid_t>& rank_groups,
+                                                           unsigned long long not_before, double grace_s,
                                                            const std::function<bool()>& hurry) {
   std::set<FoundProcess> found;
+  std::size_t unreadable = 0;
   const auto look = [&] {
-    for (const FoundProcess& p : escaped_processes(launch_dir, rank_groups)) found.insert(p);
+    for (const FoundProcess& p : escaped_processes(launch_dir, rank_groups, not_before, &unreadable))
+      found.insert(p);
   };
   const auto alive = [&] {
     std::vector<FoundProcess> out;
@@ -219,10 +235,12 @@ std::pair<std::size_t, std::size_t> stop_escaped_processes(const std::string& la
     return out;
   };
   look();
-  // (A second look a moment later: a process in the middle of an exec reads as having no
-  // environment.)
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  look();
+  // (A second look a moment later where a candidate's environment read empty: a process in
+  // the middle of an exec reads so.)
+  if (unreadable > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    look();
+  }
   std::vector<FoundProcess> left = alive();
   for (int round = 0; round < 2 && !left.empty(); ++round) {
     const int sig = round == 0 ? SIGTERM : SIGKILL;
@@ -312,8 +330,12 @@ class Guardian {
     }
   }
   [[noreturn]] static void watch_until_released(int fd, double grace_s, const std::string& launch_dir) {
+    // (Named before it leaves the launcher's group: an outer launch never sees it unnamed in a
+    // group of its own, and leaves it be: escaped_processes.)
+    prctl(PR_SET_NAME, kGuardianName);
     setpgid(0, 0);
-    prctl(PR_SET_NAME, kGuardianName);  // (an outer launch leaves it be: escaped_processes)
+    // (Forked before any rank: every process of the launch is younger than it.)
+    const unsigned long long started = own_start_time();
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) signal(sig, SIG_IGN);
     const int null = open("/dev/null", O_RDWR);
     if (null >= 0) {
@@ -348,7 +370,7 @@ class Guardian {
       return out;
     };
     std::vector<pid_t> left = existing();
-    const std::size_t escaped = escaped_processes(launch_dir, groups).size();
+    const std::size_t escaped = escaped_processes(launch_dir, groups, started).size();
     if (!left.empty() || escaped > 0) {
       std::fprintf(stderr, "mok launch: the launcher ended without stopping its ranks; stopping %zu rank process "
                    "group(s) and %zu process(es) that left them\n", left.size(), escaped);
@@ -363,7 +385,7 @@ class Guardian {
     }
     // Then those that left their rank's group (setsid), whose parents the groups' stop may
     // just have ended; looked for again, as any may have started since.
-    stop_escaped_processes(launch_dir, groups, grace_s, [] { return false; });
+    stop_escaped_processes(launch_dir, groups, started, grace_s, [] { return false; });
     std::error_code ec;
     std::filesystem::remove_all(launch_dir, ec);
     _exit(0);
@@ -733,7 +755,7 @@ int launch_command(const std::vector<std::string>& argv) {
     const int signals_now = g_launcher_signals;
     std::size_t unstopped = 0;
     std::tie(escaped, unstopped) = stop_escaped_processes(
-        launch_dir, pids, grace_s, [&] { return killed || g_launcher_signals != signals_now; });
+        launch_dir, pids, own_start_time(), grace_s, [&] { return killed || g_launcher_signals != signals_now; });
     if (escaped > 0)
       std::fprintf(stderr, "mok launch: %zu process(es) the ranks started in a process group of their own were "
                    "still running after the ranks ended; %s\n", escaped,
