@@ -68,6 +68,49 @@ std::string describe_end(int code, int value) {
   return std::string("was killed by signal ") + std::to_string(value) + " (" + strsignal(value) + ")";
 }
 
+// What /proc/PID/stat says of a process; nullopt when it is gone (or unreadable).
+struct ProcessStat {
+  std::string name;  // (the command name, 15 characters at most)
+  char state = 0;
+  pid_t group = 0;
+  unsigned long long start_time = 0;  // (clock ticks since boot: with the pid, names the process)
+};
+std::optional<ProcessStat> process_stat(const std::string& pid) {
+  std::ifstream stat("/proc/" + pid + "/stat");
+  std::ostringstream whole;  // (read whole: a process may put a newline in its name)
+  whole << stat.rdbuf();
+  const std::string text = whole.str();
+  if (text.empty()) return std::nullopt;
+  const std::size_t open = text.find('('), close = text.rfind(')');  // (the name may hold ')' and spaces)
+  if (open == std::string::npos || close == std::string::npos || close < open) return std::nullopt;
+  ProcessStat out;
+  out.name = text.substr(open + 1, close - open - 1);
+  std::istringstream fields(text.substr(close + 1));
+  long long parent = 0, group = 0;
+  if (!(fields >> out.state >> parent >> group)) return std::nullopt;
+  out.group = static_cast<pid_t>(group);
+  std::string skipped;
+  for (int field = 6; field < 22; ++field) fields >> skipped;  // (session .. itrealvalue)
+  if (!(fields >> out.start_time)) return std::nullopt;
+  return out;
+}
+
+// Calls `visit(pid, stat)` (the pid as /proc names it) for every process /proc lists, passing
+// over those that end meanwhile; false when /proc cannot be read (to its end).
+template <typename Visit>
+bool for_each_process(Visit&& visit) {
+  std::error_code ec;
+  std::filesystem::directory_iterator it("/proc", ec), end;
+  if (ec) return false;
+  for (; it != end; it.increment(ec)) {
+    if (ec) return false;
+    const std::string name = it->path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (const auto stat = process_stat(name)) visit(name, *stat);
+  }
+  return true;
+}
+
 // Of the process groups `pgids`, those with a member that is not a zombie (a zombie is gone,
 // only not yet reaped by an init that may never do it), in one pass over /proc; without
 // /proc, every group with any member counts.
@@ -76,25 +119,11 @@ std::vector<pid_t> groups_with_live_processes(const std::vector<pid_t>& pgids) {
   for (pid_t g : pgids)
     if (g > 0 && kill(-g, 0) == 0) candidates.push_back(g);
   if (candidates.empty()) return candidates;
-  std::error_code ec;
-  std::filesystem::directory_iterator it("/proc", ec), end;
-  if (ec) return candidates;
   std::set<pid_t> live;
-  for (; it != end; it.increment(ec)) {
-    if (ec) return candidates;
-    const std::string name = it->path().filename().string();
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(it->path() / "stat");
-    std::string text;
-    if (!std::getline(stat, text)) continue;  // (the process ended meanwhile)
-    const std::size_t close = text.rfind(')');  // (the command name may hold spaces and parentheses)
-    if (close == std::string::npos) continue;
-    std::istringstream fields(text.substr(close + 1));
-    char state = 0;
-    long long parent = 0, group = 0;
-    if (!(fields >> state >> parent >> group)) continue;
-    if (state != 'Z' && state != 'X') live.insert(static_cast<pid_t>(group));
-  }
+  const bool listed = for_each_process([&](const std::string&, const ProcessStat& stat) {
+    if (stat.state != 'Z' && stat.state != 'X') live.insert(stat.group);
+  });
+  if (!listed) return candidates;
   std::vector<pid_t> out;
   for (pid_t g : candidates)
     if (live.count(g)) out.push_back(g);
@@ -128,33 +157,6 @@ std::vector<pid_t> stop_process_groups(const std::vector<pid_t>& pgids, double g
 // be cut short while it stops that launch's ranks).
 constexpr char kGuardianName[] = "mok-guardian";
 
-// What /proc/PID/stat says of a process; nullopt when it is gone (or unreadable).
-struct ProcessStat {
-  std::string name;  // (the command name, 15 characters at most)
-  char state = 0;
-  pid_t group = 0;
-  unsigned long long start_time = 0;  // (clock ticks since boot: with the pid, names the process)
-};
-std::optional<ProcessStat> process_stat(const std::string& pid) {
-  std::ifstream stat("/proc/" + pid + "/stat");
-  std::ostringstream whole;  // (read whole: a process may put a newline in its name)
-  whole << stat.rdbuf();
-  const std::string text = whole.str();
-  if (text.empty()) return std::nullopt;
-  const std::size_t open = text.find('('), close = text.rfind(')');  // (the name may hold ')' and spaces)
-  if (open == std::string::npos || close == std::string::npos || close < open) return std::nullopt;
-  ProcessStat out;
-  out.name = text.substr(open + 1, close - open - 1);
-  std::istringstream fields(text.substr(close + 1));
-  long long parent = 0, group = 0;
-  if (!(fields >> out.state >> parent >> group)) return std::nullopt;
-  out.group = static_cast<pid_t>(group);
-  std::string skipped;
-  for (int field = 6; field < 22; ++field) fields >> skipped;  // (session .. itrealvalue)
-  if (!(fields >> out.start_time)) return std::nullopt;
-  return out;
-}
-
 // This process's start time (0 if /proc cannot say: then no process is too old to look at).
 unsigned long long own_start_time() {
   const auto stat = process_stat(std::to_string(getpid()));
@@ -183,7 +185,7 @@ bool still_alive(const FoundProcess& p) {
 // `rank_groups` (those are stopped as groups); a nested launch's guardian (kGuardianName) is
 // not one. The environment read is the one each process started with (/proc/PID/environ): a
 // process that cleared it before its exec is not found, nor one caught in the middle of an
-// exec (whose environment reads empty for that moment: stop_escaped_processes looks twice).
+// exec (whose environment reads empty for that moment: stop_escaped_processes looks again).
 // stat is read first, so that the environment (whose read waits for the process's memory map)
 // is read only of live processes outside the ranks' groups that started no earlier than
 // `not_before` (the launcher's or the guardian's start time: every process of the launch is
@@ -192,24 +194,16 @@ std::vector<FoundProcess> escaped_processes(const std::string& launch_dir, const
                                             unsigned long long not_before, std::size_t* unreadable = nullptr) {
   std::vector<FoundProcess> out;
   const std::string marker = "MOK_LAUNCH_DIR=" + launch_dir;
-  std::error_code ec;
-  std::filesystem::directory_iterator it("/proc", ec), end;
-  if (ec) return out;
-  for (; it != end; it.increment(ec)) {
-    if (ec) return out;
-    const std::string name = it->path().filename().string();
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const auto stat = process_stat(name);
-    if (!stat || stat->state == 'Z' || stat->state == 'X' || stat->start_time < not_before ||
-        stat->name == kGuardianName ||
-        std::find(rank_groups.begin(), rank_groups.end(), stat->group) != rank_groups.end())
-      continue;
-    std::ifstream environ(it->path() / "environ", std::ios::binary);
+  for_each_process([&](const std::string& pid, const ProcessStat& stat) {
+    if (stat.state == 'Z' || stat.state == 'X' || stat.start_time < not_before || stat.name == kGuardianName ||
+        std::find(rank_groups.begin(), rank_groups.end(), stat.group) != rank_groups.end())
+      return;
+    std::ifstream environ("/proc/" + pid + "/environ", std::ios::binary);
     bool ours = false, any = false;
     for (std::string entry; !ours && std::getline(environ, entry, '\0'); any = true) ours = entry == marker;
-    if (ours) out.push_back({static_cast<pid_t>(std::stoll(name)), stat->start_time});
+    if (ours) out.push_back({static_cast<pid_t>(std::stoll(pid)), stat.start_time});
     if (!any && unreadable != nullptr) ++*unreadable;
-  }
+  });
   return out;
 }
 
