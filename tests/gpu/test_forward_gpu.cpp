@@ -1400,12 +1400,9 @@ TEST(GpuDevices, AStreamOfAnotherGpuIsRefusedNamingIt) {
   o.cuda_device = 1;
   o.cuda_stream = stream_of_0.stream;
   const Problem p = make_problem(16, 256, 128, 4, {128}, 2, 64);
-  try {
-    Layer layer(p, Config{}, o);
-    FAIL() << "a layer on GPU 1 took a stream of GPU 0";
-  } catch (const Error& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("LayerOptions.cuda_stream: a stream of GPU 0, but the layer runs on GPU 1"));
-  }
+  EXPECT_THAT([&] { Layer layer(p, Config{}, o); },
+              ::testing::ThrowsMessage<Error>(
+                  ::testing::HasSubstr("LayerOptions.cuda_stream: a stream of GPU 0, but the layer runs on GPU 1")));
   o.cuda_device = 0;  // the same stream on its own GPU is fine
   EXPECT_NO_THROW(Layer(p, Config{}, o));
 }
@@ -1419,12 +1416,8 @@ TEST(GpuErrors, APerThreadDefaultStreamIsRefusedNamingIt) {
   o.backend = Backend::cuda;
   o.cuda_stream = cudaStreamPerThread;
   const Problem p = make_problem(16, 256, 128, 4, {128}, 2, 64);
-  try {
-    Layer layer(p, Config{}, o);
-    FAIL() << "a layer took cudaStreamPerThread";
-  } catch (const Error& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("LayerOptions.cuda_stream: cudaStreamPerThread"));
-  }
+  EXPECT_THAT([&] { Layer layer(p, Config{}, o); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("LayerOptions.cuda_stream: cudaStreamPerThread")));
   o.cuda_stream = cudaStreamLegacy;  // the legacy default stream is one stream: fine
   EXPECT_NO_THROW(Layer(p, Config{}, o));
 }
@@ -2027,13 +2020,9 @@ TEST(GpuErrors, AlignmentRuleIsNamed) {
   MOK_REQUIRE_GPU();
   LayerOptions o;
   o.backend = Backend::cuda;
-  try {
-    Layer layer(make_problem(8, 96, 128, 2, {}, 1, 64), Config{}, o);
-    FAIL() << "expected an alignment error";
-  } catch (const Error& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("Problem.hidden = 96"));
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("multiple of 64"));
-  }
+  EXPECT_THAT([&] { Layer layer(make_problem(8, 96, 128, 2, {}, 1, 64), Config{}, o); },
+              ::testing::ThrowsMessage<Error>(::testing::AllOf(::testing::HasSubstr("Problem.hidden = 96"),
+                                                               ::testing::HasSubstr("multiple of 64"))));
 }
 
 // Shapes the problem's own rules accept but the kernels' packed and 32-bit fields cannot
