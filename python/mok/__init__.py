@@ -29,7 +29,10 @@ Outputs (y, the gradients) are written in place, outside autograd: an output tha
 grad is refused, and so is any tensor whose memory holds other numbers than its values (a
 sparse tensor, a lazily negated or conjugated view, a masked or misaligned numpy array). A written tensor's version
 counter is bumped, so an autograd graph that saved it fails loudly instead of using stale
-values.
+values. For the same reason forward() and forward_op() refuse, while autograd is on, an input
+that requires grad (an nn.Parameter, say), as PyTorch refuses out= arguments: y would carry no
+graph back to it, and its gradient would silently miss the layer's part. Call them under
+torch.no_grad() (or pass .detach()); Layer.backward gives the gradients.
 
 Calls on one Layer from several threads run one at a time (close() included).
 
@@ -427,6 +430,25 @@ def _written(tensors):
             torch.autograd.graph.increment_version(t)
 
 
+def _refuse_inputs_that_require_grad(rank, n, call):
+    """MokError naming the first input of `rank` (a _rank_dicts dict, named `n`) that requires
+    grad while autograd is on: `call` writes y outside autograd, so no gradient would flow back
+    to it through the layer, and nothing would say so (torch refuses out= arguments alike)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.is_grad_enabled():
+        return
+    names = ("w_gate", "w_up", "w_down")
+    values = [(key, rank.get(key)) for key in _OP_INPUT_KEYS]
+    values += [(f"shared[{s}].{names[i]}", w) for s, triple in enumerate(rank.get("shared") or [])
+               for i, w in enumerate(triple)]
+    for key, value in values:
+        if isinstance(value, torch.Tensor) and value.requires_grad:
+            raise MokError(f"{n}.{key}: requires grad while autograd is on, and {call} runs outside autograd: "
+                           "no gradient would reach it through the layer (PyTorch refuses out= arguments the "
+                           "same way); call it under torch.no_grad() or pass .detach(), and take the gradients "
+                           "from Layer.backward")
+
+
 def _fill_common(c, rank, n):
     for key in ("x", "top_experts", "router_weights", "w_gate", "w_up", "w_down"):
         setattr(c, key, _tensor(rank.get(key), f"{n}.{key}"))
@@ -724,6 +746,7 @@ class Layer:
                 # so it is not refused as an output: read-only, say.)
                 written = self._ep_mode != "rank_slice" or r == self._active_rank
                 c.y = _tensor(rank.get("y"), name + ".y", written)
+                _refuse_inputs_that_require_grad(rank, name, "forward()")
             array, n, kept = _ranks(ranks, _RankForward, _FORWARD_KEYS, fill)
             _check(_lib().mok_layer_forward(self._live(), array, n))
             self._used_on_stream(kept)
@@ -740,6 +763,9 @@ class Layer:
         # only the tensors, so an unknown key would otherwise be dropped without a word.)
         ranks = _rank_dicts(ranks, _FORWARD_KEYS)
         _op_tensors_only(ranks)
+        # (Here, not in the operator: autograd runs an operator's body with grad mode off.)
+        for r, rank in enumerate(ranks):
+            _refuse_inputs_that_require_grad(rank, f"ranks[{r}]", "forward_op()")
         inputs, places, y = _op_places(ranks)
         _torch_ops.mok.forward(self._op_id, inputs, places, y)
 

@@ -8,6 +8,7 @@ runs it on the device and fails when it skips.
 import contextlib
 import gc
 import os
+import re
 import sys
 import unittest
 import weakref
@@ -164,6 +165,39 @@ class TorchCpu(unittest.TestCase):
             # A numpy array (forward() takes it; the operator's schema does not) is named.
             with self.assertRaisesRegex(mok.MokTypeError, r"ranks\[0\]\.router_weights: forward_op takes PyTorch"):
                 layer.forward_op([dict(ranks[0], router_weights=ranks[0]["router_weights"].numpy()), ranks[1]])
+
+    def test_an_input_that_requires_grad_is_refused_while_autograd_is_on(self):
+        # y carries no graph back to the layer's inputs, so with autograd on an input that requires
+        # grad (an nn.Parameter) would silently get no gradient from the layer: refused, by both
+        # entry points, naming it (PyTorch's out= rule), and nothing is written. Under no_grad, or
+        # detached, the same tensors run and give forward()'s bits.
+        ranks = [to_torch(r, "cpu") for r in make_inputs(PROBLEM, 24)]
+        with mok.Layer(PROBLEM, cpu_threads=2) as layer:
+            layer.forward(ranks)
+            want = [r["y"].clone() for r in ranks]
+            cases = [(1, "w_down", lambda r: dict(r, w_down=torch.nn.Parameter(r["w_down"]))),
+                     (0, "x", lambda r: dict(r, x=r["x"].clone().requires_grad_())),
+                     (1, r"shared\[0\]\.w_up",
+                      lambda r: dict(r, shared=[(r["shared"][0][0], torch.nn.Parameter(r["shared"][0][1]),
+                                                 r["shared"][0][2])] + list(r["shared"][1:])))]
+            for rank, key, make in cases:
+                graded = [make(r) if i == rank else dict(r) for i, r in enumerate(ranks)]
+                for name, call in (("forward()", layer.forward), ("forward_op()", layer.forward_op)):
+                    for r in graded:
+                        r["y"].fill_(float("nan"))
+                    with self.assertRaisesRegex(mok.MokError, rf"ranks\[{rank}\]\.{key}: requires grad while "
+                                                              rf"autograd is on, and {re.escape(name)} runs outside"):
+                        call(graded)
+                    for i, r in enumerate(graded):
+                        self.assertTrue(bool(r["y"].isnan().all()), f"{name} {key}: a refused call wrote rank {i}'s y")
+                    with torch.no_grad():
+                        call(graded)
+                    for i, r in enumerate(graded):
+                        self.assertTrue(torch.equal(r["y"], want[i]), f"{name} {key}: rank {i}'s y under no_grad")
+            detached = [dict(r, w_gate=torch.nn.Parameter(r["w_gate"]).detach()) for r in ranks]
+            layer.forward(detached)
+            for i, r in enumerate(detached):
+                self.assertTrue(torch.equal(r["y"], want[i]), f"rank {i}'s y with a detached parameter")
 
     def test_two_threads_first_forward_op_register_the_operator_once(self):
         # (A fresh process: the operator is registered on a process's first forward_op.)
