@@ -1,8 +1,9 @@
 # What `cmake --install` and `pip install` put where.
 #
 # cmake --install BUILD --prefix P: P/include/mok (the public headers), P/lib/libmok.so (the
-# C and C++ API), P/bin/mok (the CLI) and P/lib/cmake/mok (a CMake package: find_package(mok)
-# gives the target mok::mok). tests/install_consumer builds a program against it.
+# C and C++ API; a link to libmok.so.MAJOR.MINOR, its SONAME, and that to the full version's
+# file), P/bin/mok (the CLI) and P/lib/cmake/mok (a CMake package: find_package(mok) gives the
+# target mok::mok). tests/install_consumer builds a program against it.
 #
 # pip install . (pyproject.toml, scikit-build-core sets SKBUILD): the Python package `mok`
 # with libmok.so inside it, and the mok command among the environment's scripts.
