@@ -279,7 +279,9 @@ endif()
 # MODE launch_ok:     `mok launch -n 3 -- sh -c ...` runs three ranks with MOK_RANK 0..2 and
 #                     multicast off, and exits 0.
 # MODE launch_killed: rank 1 of 3 kills itself; the launcher must stop the others (which
-#                     would sleep for 300 s) well within 60 s, exit non-zero and name rank 1.
+#                     would sleep for 300 s) well within 60 s, exit non-zero and name rank 1;
+#                     and the other ways a launch ends badly (a stopped rank, --timeout,
+#                     leftovers, a killed launcher, two ranks failing in one look).
 if(MODE STREQUAL "launch_ok")
   run_mok(rc so se launch -n 3 -- sh -c "echo rank=$MOK_RANK world=$MOK_WORLD_SIZE nvls=$NCCL_NVLS_ENABLE nvshmem_nvls=$NVSHMEM_DISABLE_NVLS multicast=$TORCH_SYMM_MEM_DISABLE_MULTICAST")
   if(NOT rc STREQUAL "0")
@@ -387,6 +389,14 @@ elseif(MODE STREQUAL "launch_killed")
      NOT launch_log MATCHES "the launcher ended without stopping its ranks; stopping 1 rank process group")
     message(FATAL_ERROR "mok launch inside a rank, its launcher killed: exit '${rc}' of the check (1: the inner "
                         "rank's child left running)\n${so}\n${se}\n${launch_log}")
+  endif()
+  # Two ranks failing for their own reasons, seen ended in the same look at the ranks (the
+  # launcher held stopped while both exit): both are named, the first in index order giving
+  # the status, since which came first is not known.
+  execute_process(COMMAND sh "${CMAKE_CURRENT_LIST_DIR}/launch_same_poll.sh" "${MOK}" "${WORK}/same_poll.log"
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE so ERROR_VARIABLE se)
+  if(NOT rc STREQUAL "0")
+    message(FATAL_ERROR "mok launch with two ranks failing in one look: exit '${rc}' of the check\n${so}\n${se}")
   endif()
 elseif(MODE STREQUAL "launch_witness")
   # `mok launch ARGS...` must exit with status `want_rc` and say `want` (a regex) on stderr;

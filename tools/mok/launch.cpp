@@ -7,8 +7,9 @@
 // multicast stays off in every process (NCCL_NVLS_ENABLE=0, NVSHMEM_DISABLE_NVLS=1,
 // TORCH_SYMM_MEM_DISABLE_MULTICAST=1: on these machines multicast can take the host's GPUs
 // out of service). If any rank exits non-zero or dies, the others are stopped (SIGTERM,
-// then SIGKILL after --grace seconds) and the launcher exits non-zero naming that rank: with
-// its exit status if it exited, 128+N if signal N killed it or kept it stopped for longer than
+// then SIGKILL after --grace seconds) and the launcher exits non-zero naming that rank (and
+// any other seen failed in the same look at the ranks, every 20 ms, which cannot tell which
+// came first): with its exit status if it exited, 128+N if signal N killed it or kept it stopped for longer than
 // --grace (a rank paused and resumed within it goes on). SIGINT/SIGTERM/SIGHUP to the
 // launcher stop every rank the same way (exit 128+N; another one while they stop kills them
 // at once; SIGINT and SIGHUP ignored when the launcher started, by nohup or `&` in a script,
@@ -61,6 +62,9 @@ namespace {
 
 // The launcher's status when --timeout ran out (as timeout(1) exits), apart from any rank's.
 constexpr int kTimeoutExitStatus = 124;
+
+// How often the launcher looks at the ranks (and at its signals, the timeout and the graces).
+constexpr int kPollMs = 20;
 
 // How a rank's process ended, from waitid's report (si_code, si_status).
 std::string describe_end(int code, int value) {
@@ -594,6 +598,12 @@ int launch_command(const std::vector<std::string>& argv) {
   std::vector<int> stop_signal(n, 0);
   while (remaining > 0) {
     bool reported = false;
+    // A rank that fails for its own reason is named, and the others told to stop, only once
+    // this pass has looked at every rank: a second one that ended in the same pass, before any
+    // TERM of ours, failed on its own too, and the pass cannot tell which was first (it looks
+    // at the ranks in order), so it is named beside the first ("also").
+    bool failed_in_this_pass = false;
+    std::string also_failed;
     for (long long r = 0; r < n; ++r) {
       if (done[r]) continue;
       // Stops and continues are taken as they come (a rank stopped for good, by SIGTTIN for
@@ -636,8 +646,11 @@ int launch_command(const std::vector<std::string>& argv) {
       rank_stopped_at[r] = -1;
       const bool exited = info.si_code == CLD_EXITED;
       const bool ok = exited && info.si_status == 0;
-      if (ok || failed_rank >= 0) continue;
       const bool witness = exited && info.si_status == kPeerWaitExitStatus;
+      if (!ok && !witness && failed_in_this_pass)
+        also_failed += (also_failed.empty() ? "rank " : "; rank ") + std::to_string(r) + " " +
+                       describe_end(info.si_code, info.si_status);
+      if (ok || failed_rank >= 0) continue;
       if (witness) {
         // Each witness restarts the wait (the others may still be giving up, each on its
         // own deadline), up to three graces after the first.
@@ -651,8 +664,17 @@ int launch_command(const std::vector<std::string>& argv) {
         continue;
       }
       // (A rank killed by a signal exits 128 + its number, as a shell reports it.)
-      fail(static_cast<int>(r), exited ? info.si_status : 128 + info.si_status,
-           "rank " + std::to_string(r) + " " + describe_end(info.si_code, info.si_status));
+      failed_rank = static_cast<int>(r);
+      exit_code = exited ? info.si_status : 128 + info.si_status;
+      failure = "rank " + std::to_string(r) + " " + describe_end(info.si_code, info.si_status);
+      failed_in_this_pass = true;
+    }
+    if (failed_in_this_pass) {
+      if (!also_failed.empty())
+        failure += " (" + also_failed + " too, seen in the same look at the ranks, every " + std::to_string(kPollMs) +
+                   " ms: which came first is not known)";
+      std::fprintf(stderr, "mok launch: %s; stopping the other ranks\n", failure.c_str());
+      stop_all(SIGTERM);
     }
     for (long long r = 0; r < n; ++r) {
       if (done[r] || rank_stopped_at[r] < 0) continue;
@@ -708,7 +730,7 @@ int launch_command(const std::vector<std::string>& argv) {
         break;
       }
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(std::chrono::milliseconds(kPollMs));
   }
   if (failed_rank < 0 && witness_rank >= 0) {  // every rank is gone, none for its own reason
     failed_rank = witness_rank;
