@@ -60,7 +60,7 @@ bounded_wait $launcher
 # 3. A second signal while the ranks are being stopped (they ignore SIGTERM; the grace is
 #    30 s) kills them at once.
 t0=$(now_ms)
-"$mok" launch -n 2 --grace 30 -- sh -c 'trap "" TERM; sleep 7791' > "$work/again.log" 2>&1 &
+"$mok" launch -n 2 --grace 30 -- sh -c 'trap "" TERM; sleep 7791'"$$" > "$work/again.log" 2>&1 &
 term_twice $!
 [ $rc -eq 143 ] && [ $ms -lt 15000 ] && grep -q "killing them now" "$work/again.log" ||
   fail "a second SIGTERM while stopping: rc $rc after $ms ms (143 at once expected): $(cat "$work/again.log")"
@@ -68,7 +68,7 @@ term_twice $!
 # 4. A signal while the processes that ranks left behind are being stopped (the ranks exited
 #    0; their child ignores SIGTERM): killed at once, and the launch fails with 128+N.
 t0=$(now_ms)
-"$mok" launch -n 1 --grace 30 -- sh -c '(trap "" TERM; sleep 7792) & exit 0' > "$work/left.log" 2>&1 &
+"$mok" launch -n 1 --grace 30 -- sh -c '(trap "" TERM; sleep 7792'"$$"') & exit 0' > "$work/left.log" 2>&1 &
 launcher=$!
 sleep 1
 kill -TERM $launcher
@@ -81,7 +81,7 @@ ms=$(($(now_ms) - t0))
 #    to the SIGKILL after the grace, 20 s here) however early it comes.
 for delay in 0.01 0.03 0.05; do
   t0=$(now_ms)
-  "$mok" launch -n 100 --grace 20 -- sleep 7793 > "$work/early.log" 2>&1 &
+  "$mok" launch -n 100 --grace 20 -- sleep "7793$$" > "$work/early.log" 2>&1 &
   launcher=$!
   sleep $delay
   kill -TERM $launcher
@@ -95,7 +95,7 @@ done
 #    exits 0 leaving a child that ignores SIGTERM; rank 1 ignores it; the grace is 30 s).
 t0=$(now_ms)
 "$mok" launch -n 2 --grace 30 -- sh -c \
-  'if [ "$MOK_RANK" = 0 ]; then (trap "" TERM; sleep 7794) & exit 0; fi; trap "" TERM; sleep 7795' \
+  'if [ "$MOK_RANK" = 0 ]; then (trap "" TERM; sleep 7794'"$$"') & exit 0; fi; trap "" TERM; sleep 7795'"$$" \
   > "$work/both.log" 2>&1 &
 term_twice $!
 [ $rc -eq 143 ] && [ $ms -lt 15000 ] ||
@@ -108,10 +108,11 @@ bounded_wait $!
 [ $rc -eq 143 ] && grep -q "got signal Terminated" "$work/last.log" && ! grep -q "processes the ranks left" "$work/last.log" ||
   fail "a SIGTERM as the last rank ended: rc $rc: $(cat "$work/last.log")"
 
-# Nothing of these launches may be left running.
+# Nothing of these launches may be left running. (Their sleeps' lengths end in this script's
+# pid, so that a run beside this one, another checkout's CI say, is neither blamed nor killed.)
 for f in /proc/[0-9]*/cmdline; do
   case "$(tr '\000' ' ' < "$f" 2> /dev/null)" in
-    "sleep 779"[1-5]" ")
+    "sleep 779"[1-5]"$$ ")
       pid=$(basename "$(dirname "$f")")
       fail "left running: $pid"
       kill -9 "$pid" 2> /dev/null
