@@ -32,7 +32,7 @@ cmake --build "$work/consumer" > "$work/build.log" 2>&1 ||
 # (The consumer finds libmok.so through the RPATH CMake gives a build-tree binary.)
 "$work/consumer/consumer"
 # (It needs the versioned name, not the bare one a newer release would take over.)
-readelf -d "$work/consumer/consumer" | grep -q "(NEEDED).*\[$soname\]" ||
+readelf -d "$work/consumer/consumer" | grep "(NEEDED)" | grep -qF "[$soname]" ||
   { readelf -d "$work/consumer/consumer" | grep NEEDED; echo "install_consumer: the consumer does not need $soname"; exit 1; }
 "$work/prefix/bin/mok" --help > "$work/help.txt" 2>&1 ||
   { cat "$work/help.txt"; echo "install_consumer: the installed mok --help failed"; exit 1; }

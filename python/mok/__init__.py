@@ -445,8 +445,8 @@ def _refuse_inputs_that_require_grad(rank, n, call):
         if isinstance(value, torch.Tensor) and value.requires_grad:
             raise MokError(f"{n}.{key}: requires grad while autograd is on, and {call} runs outside autograd: "
                            "no gradient would reach it through the layer (PyTorch refuses out= arguments the "
-                           "same way); call it under torch.no_grad() or pass .detach(), and take the gradients "
-                           "from Layer.backward")
+                           "same way); call it under torch.no_grad() or pass .detach() (the gradients: "
+                           "Layer.backward, on the cpu backend for now, inside a torch.autograd.Function say)")
 
 
 def _fill_common(c, rank, n):
@@ -730,6 +730,10 @@ class Layer:
         self._native = _Native(handle, distributed=ep_mode == "distributed", cuda=backend == "cuda")
         self._op_id = next(_op_ids)  # (forward_op's handle on this layer)
         _op_layers[self._op_id] = self
+        # The operator is registered now where PyTorch is loaded: a first forward_op inside
+        # torch.compile(fullgraph=True) could not register it (dynamo does not trace the lock).
+        if "torch" in sys.modules:
+            _register_forward_op()
 
     def _live(self):
         _drain_parked()
@@ -756,7 +760,11 @@ class Layer:
         """forward() through the PyTorch operator torch.ops.mok.forward, for PyTorch tensors:
         torch.compile traces it as one node that writes y (fullgraph=True too), where
         forward()'s ctypes call breaks the graph. The checks and errors are forward()'s, raised
-        when the operator runs. Forward only: the operator has no autograd formula."""
+        when the operator runs. Forward only: the operator has no autograd formula. (The
+        operator is registered when a Layer is made with PyTorch loaded, else by the first
+        forward_op, which must then run outside torch.compile. Under fullgraph=True an error
+        raised while tracing, an input that requires grad say, reaches the caller as dynamo's
+        Unsupported, with mok's message in its text.)"""
         if _torch_ops is None:
             _register_forward_op()
         # (forward()'s checks of the containers and keys first: the operator's arguments carry

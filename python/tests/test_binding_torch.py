@@ -199,24 +199,44 @@ class TorchCpu(unittest.TestCase):
             for i, r in enumerate(detached):
                 self.assertTrue(torch.equal(r["y"], want[i]), f"rank {i}'s y with a detached parameter")
 
-    def test_two_threads_first_forward_op_register_the_operator_once(self):
-        # (A fresh process: the operator is registered on a process's first forward_op.)
+    def run_fresh_process(self, body):
+        """Runs `body` (Python source) in a fresh interpreter with mok, the tests' helpers and torch
+        imported; fails the test, with its output, unless it exits 0."""
         import subprocess
         import textwrap
         paths = [os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."),
                  os.path.dirname(os.path.abspath(__file__))]
-        script = textwrap.dedent(f"""
-            import sys, threading
-            sys.path[:0] = {paths!r}
-            import torch, mok
-            from test_binding import make_inputs
-            from test_binding_torch import PROBLEM, to_torch
-            layers = [mok.Layer(PROBLEM) for _ in range(8)]
+        script = f"import sys\nsys.path[:0] = {paths!r}\nimport torch, mok\n" + \
+            "from test_binding import make_inputs\nfrom test_binding_torch import PROBLEM, to_torch\n" + \
+            textwrap.dedent(body)
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+
+    def test_a_first_forward_op_under_torch_compile_fullgraph_runs(self):
+        # (A fresh process: the operator is registered when the Layer is made with torch loaded,
+        # so a process's first forward_op may be inside a fullgraph trace, which cannot register it.)
+        self.run_fresh_process("""
+            ranks = [to_torch(r, "cpu") for r in make_inputs(PROBLEM, 25)]
+            layer = mok.Layer(PROBLEM, cpu_threads=2)
+            torch.compile(lambda rs: layer.forward_op(rs), fullgraph=True, backend="aot_eager")(ranks)
+            want = [dict(r, y=torch.full_like(r["y"], float("nan"))) for r in ranks]
+            layer.forward(want)
+            for i, (r, w) in enumerate(zip(ranks, want)):
+                assert torch.equal(r["y"], w["y"]), f"rank {i}: the compiled first forward_op's y differs"
+        """)
+
+    def test_two_threads_first_forward_op_register_the_operator_once(self):
+        # (A fresh process: the operator is registered by a process's first Layer made with torch
+        # loaded, here eight at once, each then running its first forward_op.)
+        self.run_fresh_process("""
+            import threading
+            layers = [None] * 8
             inputs = [[to_torch(r, "cpu") for r in make_inputs(PROBLEM, 30 + i)] for i in range(8)]
             barrier, errors = threading.Barrier(8), []
             def first_call(i):
                 barrier.wait()
                 try:
+                    layers[i] = mok.Layer(PROBLEM)
                     layers[i].forward_op(inputs[i])
                 except BaseException as e:
                     errors.append(repr(e))
@@ -226,8 +246,6 @@ class TorchCpu(unittest.TestCase):
             print("errors:", errors)
             sys.exit(1 if errors else 0)
         """)
-        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
 
 
 class TorchCuda(unittest.TestCase):
