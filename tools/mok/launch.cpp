@@ -9,8 +9,8 @@
 // out of service). If any rank exits non-zero or dies, the others are stopped (SIGTERM,
 // then SIGKILL after --grace seconds) and the launcher exits non-zero naming that rank (and
 // any other seen failed in the same look at the ranks, every 20 ms, which cannot tell which
-// came first): with its exit status if it exited, 128+N if signal N killed it or kept it stopped for longer than
-// --grace (a rank paused and resumed within it goes on). SIGINT/SIGTERM/SIGHUP to the
+// came first): with its exit status if it exited, 128+N if signal N killed it or kept it
+// stopped for longer than --grace (a rank paused and resumed within it goes on). SIGINT/SIGTERM/SIGHUP to the
 // launcher stop every rank the same way (exit 128+N; another one while they stop kills them
 // at once; SIGINT and SIGHUP ignored when the launcher started, by nohup or `&` in a script,
 // stay ignored in it and in the ranks), --timeout does after that many seconds
@@ -604,6 +604,9 @@ int launch_command(const std::vector<std::string>& argv) {
     // at the ranks in order), so it is named beside the first ("also").
     bool failed_in_this_pass = false;
     std::string also_failed;
+    // Ranks seen ended in this pass (their unreaped leaders keep their group ids): their groups
+    // get the TERM too, so that what they left running stops with the rest.
+    std::vector<long long> ended_in_this_pass;
     for (long long r = 0; r < n; ++r) {
       if (done[r]) continue;
       // Stops and continues are taken as they come (a rank stopped for good, by SIGTTIN for
@@ -630,13 +633,21 @@ int launch_command(const std::vector<std::string>& argv) {
         if (errno != ECHILD) continue;
         // (Not after SIGCHLD is back to its default, above; should something reap it anyway,
         // the rank is gone and how it ended is not known: a failure, never a success.)
+        // (Its group id may be another's by now: no signal goes to it.)
         reported = true;
         done[r] = true;
         --remaining;
         rank_stopped_at[r] = -1;
-        if (failed_rank < 0)
-          fail(static_cast<int>(r), 1, "rank " + std::to_string(r) + " ended and its exit status was lost (reaped "
-                                       "by something else)");
+        const std::string lost = "rank " + std::to_string(r) + " ended and its exit status was lost (reaped by "
+                                 "something else)";
+        if (failed_rank < 0) {
+          failed_rank = static_cast<int>(r);
+          exit_code = 1;
+          failure = lost;
+          failed_in_this_pass = true;
+        } else if (failed_in_this_pass) {
+          also_failed += (also_failed.empty() ? "" : "; ") + lost;
+        }
         continue;
       }
       if (info.si_pid != pids[r]) continue;
@@ -644,6 +655,7 @@ int launch_command(const std::vector<std::string>& argv) {
       done[r] = true;
       --remaining;
       rank_stopped_at[r] = -1;
+      ended_in_this_pass.push_back(r);
       const bool exited = info.si_code == CLD_EXITED;
       const bool ok = exited && info.si_status == 0;
       const bool witness = exited && info.si_status == kPeerWaitExitStatus;
@@ -675,6 +687,7 @@ int launch_command(const std::vector<std::string>& argv) {
                    " ms: which came first is not known)";
       std::fprintf(stderr, "mok launch: %s; stopping the other ranks\n", failure.c_str());
       stop_all(SIGTERM);
+      for (long long r : ended_in_this_pass) kill(-pids[r], SIGTERM);
     }
     for (long long r = 0; r < n; ++r) {
       if (done[r] || rank_stopped_at[r] < 0) continue;
