@@ -732,8 +732,13 @@ class Layer:
         _op_layers[self._op_id] = self
         # The operator is registered now where PyTorch is loaded: a first forward_op inside
         # torch.compile(fullgraph=True) could not register it (dynamo does not trace the lock).
+        # (A PyTorch without torch.library.custom_op, before 2.4, fails here: forward() does not
+        # need the operator, so that failure is left to forward_op(), which raises it.)
         if "torch" in sys.modules:
-            _register_forward_op()
+            try:
+                _register_forward_op()
+            except Exception:
+                pass
 
     def _live(self):
         _drain_parked()

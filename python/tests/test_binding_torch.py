@@ -225,6 +225,23 @@ class TorchCpu(unittest.TestCase):
                 assert torch.equal(r["y"], w["y"]), f"rank {i}: the compiled first forward_op's y differs"
         """)
 
+    def test_a_torch_without_custom_ops_still_makes_layers_and_runs_forward(self):
+        # (A fresh process whose torch lacks torch.library.custom_op, as before 2.4: making a Layer
+        # registers the operator where it can; forward() needs none, forward_op() says why not.)
+        self.run_fresh_process("""
+            del torch.library.custom_op
+            ranks = [to_torch(r, "cpu") for r in make_inputs(PROBLEM, 26)]
+            layer = mok.Layer(PROBLEM, cpu_threads=2)
+            layer.forward(ranks)
+            assert not any(bool(r["y"].isnan().any()) for r in ranks), "forward() left NaN"
+            try:
+                layer.forward_op(ranks)
+            except AttributeError as e:
+                assert "custom_op" in str(e), e
+            else:
+                raise AssertionError("forward_op ran without torch.library.custom_op")
+        """)
+
     def test_two_threads_first_forward_op_register_the_operator_once(self):
         # (A fresh process: the operator is registered by a process's first Layer made with torch
         # loaded, here eight at once, each then running its first forward_op.)
