@@ -10,11 +10,11 @@
 // then SIGKILL after --grace seconds) and the launcher exits non-zero naming that rank (and
 // any other seen failed in the same look at the ranks, every 20 ms, which cannot tell which
 // came first): with its exit status if it exited, 128+N if signal N killed it or kept it
-// stopped for longer than --grace (a rank paused and resumed within it goes on). SIGINT/SIGTERM/SIGHUP to the
-// launcher stop every rank the same way (exit 128+N; another one while they stop kills them
-// at once; SIGINT and SIGHUP ignored when the launcher started, by nohup or `&` in a script,
-// stay ignored in it and in the ranks), --timeout does after that many seconds
-// (exit 124, naming the ranks still running), and a rank whose launcher dies gets SIGTERM
+// stopped for longer than --grace (a rank paused and resumed within it goes on).
+// SIGINT/SIGTERM/SIGHUP to the launcher stop every rank the same way (exit 128+N; another
+// one while they stop kills them at once; SIGINT and SIGHUP ignored when the launcher started,
+// by nohup or `&` in a script, stay ignored in it and in the ranks), --timeout does after that
+// many seconds (exit 124, naming the ranks still running), and a rank whose launcher dies gets SIGTERM
 // (PR_SET_PDEATHSIG); a launcher killed outright (SIGKILL) leaves a guardian process that
 // stops every rank's whole process group (Guardian). A rank that even SIGKILL does not end is named and left after another
 // --grace (and a second). When the launch
@@ -607,6 +607,18 @@ int launch_command(const std::vector<std::string>& argv) {
     // Ranks seen ended in this pass (their unreaped leaders keep their group ids): their groups
     // get the TERM too, so that what they left running stops with the rest.
     std::vector<long long> ended_in_this_pass;
+    // A rank that failed for its own reason: the first is the launch's failure (told once the
+    // pass is over), any other of the same pass is named beside it.
+    auto own_failure = [&](long long r, int code, const std::string& what) {
+      if (failed_rank < 0) {
+        failed_rank = static_cast<int>(r);
+        exit_code = code;
+        failure = what;
+        failed_in_this_pass = true;
+      } else if (failed_in_this_pass) {
+        also_failed += (also_failed.empty() ? "" : "; ") + what;
+      }
+    };
     for (long long r = 0; r < n; ++r) {
       if (done[r]) continue;
       // Stops and continues are taken as they come (a rank stopped for good, by SIGTTIN for
@@ -638,16 +650,8 @@ int launch_command(const std::vector<std::string>& argv) {
         done[r] = true;
         --remaining;
         rank_stopped_at[r] = -1;
-        const std::string lost = "rank " + std::to_string(r) + " ended and its exit status was lost (reaped by "
-                                 "something else)";
-        if (failed_rank < 0) {
-          failed_rank = static_cast<int>(r);
-          exit_code = 1;
-          failure = lost;
-          failed_in_this_pass = true;
-        } else if (failed_in_this_pass) {
-          also_failed += (also_failed.empty() ? "" : "; ") + lost;
-        }
+        own_failure(r, 1, "rank " + std::to_string(r) + " ended and its exit status was lost (reaped by something "
+                          "else)");
         continue;
       }
       if (info.si_pid != pids[r]) continue;
@@ -659,10 +663,7 @@ int launch_command(const std::vector<std::string>& argv) {
       const bool exited = info.si_code == CLD_EXITED;
       const bool ok = exited && info.si_status == 0;
       const bool witness = exited && info.si_status == kPeerWaitExitStatus;
-      if (!ok && !witness && failed_in_this_pass)
-        also_failed += (also_failed.empty() ? "rank " : "; rank ") + std::to_string(r) + " " +
-                       describe_end(info.si_code, info.si_status);
-      if (ok || failed_rank >= 0) continue;
+      if (ok || (witness && failed_rank >= 0)) continue;
       if (witness) {
         // Each witness restarts the wait (the others may still be giving up, each on its
         // own deadline), up to three graces after the first.
@@ -676,10 +677,8 @@ int launch_command(const std::vector<std::string>& argv) {
         continue;
       }
       // (A rank killed by a signal exits 128 + its number, as a shell reports it.)
-      failed_rank = static_cast<int>(r);
-      exit_code = exited ? info.si_status : 128 + info.si_status;
-      failure = "rank " + std::to_string(r) + " " + describe_end(info.si_code, info.si_status);
-      failed_in_this_pass = true;
+      own_failure(r, exited ? info.si_status : 128 + info.si_status,
+                  "rank " + std::to_string(r) + " " + describe_end(info.si_code, info.si_status));
     }
     if (failed_in_this_pass) {
       if (!also_failed.empty())
