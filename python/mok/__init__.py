@@ -430,6 +430,15 @@ def _written(tensors):
             torch.autograd.graph.increment_version(t)
 
 
+def _named_values(rank, keys):
+    """(name, value) of `rank`'s (a _rank_dicts dict) entries `keys`, then of its shared experts'
+    tensors ("shared[s].w_up"), None included."""
+    names = ("w_gate", "w_up", "w_down")
+    return [(key, rank.get(key)) for key in keys] + \
+        [(f"shared[{s}].{names[i]}", w) for s, triple in enumerate(rank.get("shared") or [])
+         for i, w in enumerate(triple)]
+
+
 def _refuse_inputs_that_require_grad(rank, n, call):
     """MokError naming the first input of `rank` (a _rank_dicts dict, named `n`) that requires
     grad while autograd is on: `call` writes y outside autograd, so no gradient would flow back
@@ -437,11 +446,7 @@ def _refuse_inputs_that_require_grad(rank, n, call):
     torch = sys.modules.get("torch")
     if torch is None or not torch.is_grad_enabled():
         return
-    names = ("w_gate", "w_up", "w_down")
-    values = [(key, rank.get(key)) for key in _OP_INPUT_KEYS]
-    values += [(f"shared[{s}].{names[i]}", w) for s, triple in enumerate(rank.get("shared") or [])
-               for i, w in enumerate(triple)]
-    for key, value in values:
+    for key, value in _named_values(rank, _OP_INPUT_KEYS):
         if isinstance(value, torch.Tensor) and value.requires_grad:
             raise MokError(f"{n}.{key}: requires grad while autograd is on, and {call} runs outside autograd: "
                            "no gradient would reach it through the layer (PyTorch refuses out= arguments the "
@@ -607,12 +612,8 @@ def _op_tensors_only(ranks):
     """Refuses, naming it, a value of `ranks` (_rank_dicts' dicts) that is not a PyTorch
     tensor: the operator's schema takes tensors alone, and torch's own error would not say which."""
     import torch
-    names = ("w_gate", "w_up", "w_down")
     for r, rank in enumerate(ranks):
-        values = [(key, rank.get(key)) for key in _OP_INPUT_KEYS + ("y",)]
-        values += [(f"shared[{s}].{names[i]}", w) for s, triple in enumerate(rank.get("shared") or [])
-                   for i, w in enumerate(triple)]
-        for key, value in values:
+        for key, value in _named_values(rank, _OP_INPUT_KEYS + ("y",)):
             if value is not None and not isinstance(value, torch.Tensor):
                 raise MokTypeError(f"ranks[{r}].{key}: forward_op takes PyTorch tensors, got a "
                                    f"{type(value).__name__} (forward() takes numpy arrays too)")
