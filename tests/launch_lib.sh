@@ -1,4 +1,16 @@
-# Sourced by the launch check scripts (launch_orphans.sh, launch_nested.sh).
+# Sourced by the launch check scripts (launch_orphans.sh, launch_nested.sh, launch_same_poll.sh).
+
+# Runs the command "$2..." every 0.1 s until it succeeds (returns 0) or $1 seconds have passed
+# (returns 1): a slow start on a loaded host must not fail a check, nor a hang block it.
+wait_up_to() {
+  wait_tenths=$(($1 * 10))
+  shift
+  until "$@"; do
+    [ $wait_tenths -gt 0 ] || return 1
+    sleep 0.1
+    wait_tenths=$((wait_tenths - 1))
+  done
+}
 
 # The processes whose whole command line is exactly "$1 " (cmdline, NULs as blanks).
 matching() {

@@ -13,12 +13,8 @@ t=$$
 "$mok" launch -n 2 --grace 1 -- sh -c "sleep 81$t & setsid sleep 83$t & sleep 82$t" > "$log" 2>&1 &
 launcher=$!
 # Killed once both ranks' children run (within 30 s: a slow start must not fail the check).
-tries=0
-while { [ "$(matching "sleep 81$t" | wc -l)" -lt 2 ] || [ "$(matching "sleep 83$t" | wc -l)" -lt 2 ]; } &&
-      [ $tries -lt 300 ]; do
-  sleep 0.1
-  tries=$((tries + 1))
-done
+children_run() { [ "$(matching "sleep 81$t" | wc -l)" -ge 2 ] && [ "$(matching "sleep 83$t" | wc -l)" -ge 2 ]; }
+wait_up_to 30 children_run
 kill -9 "$launcher"
 sleep 4
 none_left_running "sleep 81$t" "sleep 82$t" "sleep 83$t"

@@ -16,7 +16,11 @@ log=$2
 dir="$log.d"
 # (The sleep's length carries this script's pid: another test run on the host has its own.)
 export MOK_SAME_DIR="$dir" MOK_SAME_SLEEP="87$$"
+# (Field 3 of /proc/PID/stat, after the name in parentheses: Z once the rank has exited and
+# is not yet reaped; the launcher reaps its ranks only when the launch ends.)
 state() { sed -E 's/.*\) (.).*/\1/' "/proc/$1/stat" 2> /dev/null; }
+both_started() { [ -s "$dir/pid1" ] && [ -s "$dir/pid2" ]; }
+both_exited() { [ "$(state "$(cat "$dir/pid1")")" = Z ] && [ "$(state "$(cat "$dir/pid2")")" = Z ]; }
 give_up() {
   echo "$1"
   kill -CONT "$launcher" 2> /dev/null
@@ -36,22 +40,10 @@ for attempt in 1 2 3; do
     while [ ! -e "$MOK_SAME_DIR/go" ]; do sleep 0.05; done
     exit $((1 + MOK_RANK))' > "$log" 2>&1 &
   launcher=$!
-  n=0
-  until [ -s "$dir/pid1" ] && [ -s "$dir/pid2" ]; do
-    sleep 0.05
-    n=$((n + 1))
-    [ $n -lt 600 ] || give_up "ranks 1 and 2 never started"
-  done
+  wait_up_to 30 both_started || give_up "ranks 1 and 2 never started"
   kill -STOP "$launcher"
   touch "$dir/go"
-  # (Field 3 of /proc/PID/stat, after the name in parentheses: Z once the rank has exited and
-  # is not yet reaped; the launcher reaps its ranks only when the launch ends.)
-  n=0
-  until [ "$(state "$(cat "$dir/pid1")")" = Z ] && [ "$(state "$(cat "$dir/pid2")")" = Z ]; do
-    sleep 0.05
-    n=$((n + 1))
-    [ $n -lt 600 ] || give_up "ranks 1 and 2 did not exit"
-  done
+  wait_up_to 30 both_exited || give_up "ranks 1 and 2 did not exit"
   kill -CONT "$launcher"
   wait "$launcher"
   rc=$?
