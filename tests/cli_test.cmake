@@ -148,6 +148,18 @@ elseif(MODE STREQUAL "bad_input")
   # The library's errors about the backend and EP mode name the options that set them.
   expect_refused("backend: must be cpu or cuda, got 'tpu' [options: --backend]" run ${small} --backend tpu)
   expect_refused("[options: --ep-mode, --backend]" run ${small} --backend cpu --ep-mode slice)
+  # Refused before any work or file: a slice's save could never be loaded, the cuda backend
+  # has no backward, and a count of communication SMs beyond any GPU's is refused as such.
+  expect_refused("option --save with --ep-mode slice: a slice makes only its active rank's weights"
+                 run ${small} --ep-mode slice --save "${WORK}/slice_save")
+  if(EXISTS "${WORK}/slice_save")
+    message(FATAL_ERROR "--save with a slice: refused, but its directory was created")
+  endif()
+  expect_refused("option --pass both: the cuda backend runs the forward only" run ${small} --backend cuda --pass both)
+  expect_refused("option --pass backward: the cuda backend runs the forward only"
+                 run ${small} --backend cuda --pass backward)
+  expect_refused("Config.forward_comm_sms = 2147483647: must be in [0, 1024] (0 = auto) [options: --comm-sms]"
+                 run ${small} --comm-sms 2147483647 --pairs)
   expect_refused("option -n: needs a value" launch -n -- true)
   expect_refused("option -n: given twice" launch -n 2 -n 3 -- true)
   # Empty fields are errors, not defaults; so is an empty value, and a value given to a flag.

@@ -345,6 +345,19 @@ TEST(ProblemJson, ParseErrorsNameTheSourceAndTheKey) {
   }
 }
 
+TEST(ProblemJson, ReadsWindowsLineEndings) {
+  // A problem.json edited on Windows: CRLF between the keys and inside the list.
+  const Problem p = test::make_problem(8, 64, 32, 2, {32, 64}, 2, 16);
+  std::string text;
+  for (char c : io::problem_to_json(p)) text += c == '\n' ? std::string("\r\n") : std::string(1, c);
+  const auto pos = text.find("[32, 64]");
+  ASSERT_NE(pos, std::string::npos) << text;
+  text.replace(pos, 8, "[\r\n  32,\r\n  64\r\n]");
+  const Problem q = io::problem_from_json(text, "crlf.json");
+  EXPECT_EQ(q.shared_intermediate, p.shared_intermediate);
+  EXPECT_EQ(q.describe(), p.describe());
+}
+
 // ---- whole-layer save/load ------------------------------------------------------------------
 
 TEST(LayerIo, SaveLoadRoundTripReproducesTheRun) {

@@ -8,6 +8,11 @@
 
 namespace mok {
 
+// Communication SMs a config may ask for (validate): above every GPU's SM count, so the
+// backend's own check against the GPU names the rule, and small enough that sums of CTA
+// counts stay in an int.
+constexpr int kMaxCommSms = 1024;
+
 struct Config {
   int minibatch_rows = 4096;             // overlap granularity (rows per readiness group)
   int macrobatch_rows = 131072;          // rows held at once in the row-buffer ring

@@ -152,8 +152,12 @@ void Config::validate() const {
   require(schedule_capacity_factor > 0.0 && schedule_capacity_factor <= 1.0,
           "Config.schedule_capacity_factor = " + exact_number(schedule_capacity_factor) +
               ": must be in (0, 1] (1 covers every routing)");
-  require(forward_comm_sms >= 0, field("forward_comm_sms", forward_comm_sms, "must be >= 0 (0 = auto)"));
-  require(backward_comm_sms >= 0, field("backward_comm_sms", backward_comm_sms, "must be >= 0 (0 = auto)"));
+  // (Bounded here so that the backend's sums of CTA counts cannot overflow; it then checks
+  // the count against the GPU's SMs.)
+  require(forward_comm_sms >= 0 && forward_comm_sms <= kMaxCommSms,
+          field("forward_comm_sms", forward_comm_sms, "must be in [0, " + std::to_string(kMaxCommSms) + "] (0 = auto)"));
+  require(backward_comm_sms >= 0 && backward_comm_sms <= kMaxCommSms,
+          field("backward_comm_sms", backward_comm_sms, "must be in [0, " + std::to_string(kMaxCommSms) + "] (0 = auto)"));
   require(task_band_tiles >= 0 && task_band_tiles <= 64,
           field("task_band_tiles", task_band_tiles, "must be in [0, 64] (0 = auto)"));
 }

@@ -116,8 +116,8 @@ const std::string& json_value(const FlatObject& o, const std::string& key, const
 
 // A problem size: an int, the whole (blank-trimmed) value (a wider one would be truncated).
 int strict_int(const std::string& v, const std::string& what) {
-  const std::size_t first = v.find_first_not_of(" \t\n");
-  const std::size_t last = v.find_last_not_of(" \t\n");
+  const std::size_t first = v.find_first_not_of(" \t\r\n");
+  const std::size_t last = v.find_last_not_of(" \t\r\n");
   const std::string t = first == std::string::npos ? "" : v.substr(first, last - first + 1);
   return static_cast<int>(
       parse_integer(t, std::numeric_limits<int>::min(), std::numeric_limits<int>::max(), what));

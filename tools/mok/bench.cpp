@@ -164,7 +164,8 @@ void save_atomic(const std::filesystem::path& path, const HostTensor& t) {
 void wait_for_files(const std::vector<std::filesystem::path>& paths, double timeout_s, const std::string& what) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   for (const auto& f : paths)
-    while (!std::filesystem::exists(f)) {
+    for (std::error_code ec; !std::filesystem::exists(f, ec);) {
+      if (ec) throw Error("mok bench: cannot look for " + f.string() + " (" + what + "): " + ec.message());
       if (std::chrono::steady_clock::now() > deadline)
         throw PeerWaitError("mok bench: waited " + exact_number(timeout_s) + " s for " + f.string() +
                     " (" + what + "): that rank failed or is stuck");

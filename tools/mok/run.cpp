@@ -37,8 +37,8 @@ routing and data:
                           --save; the shape, routing and seed options are refused with it)
   --save DIR              write inputs, outputs and gradients as .npy, then problem.json (last:
                           a save cut short leaves none, and --load refuses it)
-                          (distributed: each process writes its rank's y; a slice writes no y:
-                          its combine slots from the other ranks are not filled here)
+                          (distributed: each process writes its rank's y; not with a slice,
+                          which holds one rank's weights, so --load could not read its save)
   --expect DIR            require every computed rank's y to equal DIR/rank<r>/y.npy bit for bit
                           (not with a slice; a DIR whose problem.json is another problem, or
                           with ranks beyond this run's, is refused)
@@ -48,7 +48,7 @@ execution:
                           all ranks here, one rank's slice (cuda; the default there for EP > 8),
                           or this process's rank of a real group (cuda; start with mok launch)
   --active-rank R|busiest the rank a slice runs (default busiest: the rank with the most rows)
-  --pass forward|backward|both   default: both on cpu, forward on cuda
+  --pass forward|backward|both   default: both on cpu, forward on cuda (its only pass yet)
   --check                 compare with the CPU reference (MoK's tolerances)
   --iters N --warmup N    timed repetitions (default 1 and 0 on cpu, 20 and 5 on cuda)
   --threads N             CPU threads (default: all cores)
@@ -117,6 +117,11 @@ int run_command(const std::vector<std::string>& argv) {
   if (pass != "forward" && pass != "backward" && pass != "both")
     throw Error("option --pass: must be forward, backward or both, got '" + pass + "'");
   const bool do_fwd = pass != "backward", do_bwd = pass != "forward";
+  // Refused before any work (the backend would throw only after the forward had run).
+  if (on_cuda && do_bwd)
+    throw Error("option --pass " + pass +
+                ": the cuda backend runs the forward only (no CUDA backward yet): use --pass forward, or "
+                "--backend cpu for the backward");
   if (expect_dir && !do_fwd) throw Error("option --expect: compares y, which --pass backward does not compute");
   const bool check = args.take_flag("check");
   const auto [warmup, iters] = take_repetitions(args, on_cuda ? 5 : 0, on_cuda ? 20 : 1);
@@ -141,10 +146,15 @@ int run_command(const std::vector<std::string>& argv) {
   auto claim_save_dir = [&] {
     if (!save_dir) return;
     std::error_code ec;
-    if (std::filesystem::is_directory(save_target, ec) && !std::filesystem::is_empty(save_target, ec))
-      throw Error("option --save " + save_target.string() +
-                  ": already holds files (an earlier run's?); mok does not mix two runs' tensors: give a new or "
-                  "empty directory");
+    if (std::filesystem::is_directory(save_target, ec)) {
+      const bool empty = std::filesystem::is_empty(save_target, ec);
+      if (ec)
+        throw Error("option --save " + save_target.string() + ": cannot read the directory: " + ec.message());
+      if (!empty)
+        throw Error("option --save " + save_target.string() +
+                    ": already holds files (an earlier run's?); mok does not mix two runs' tensors: give a new or "
+                    "empty directory");
+    }
     make_option_directory(save_target, "--save");
   };
 
@@ -160,6 +170,11 @@ int run_command(const std::vector<std::string>& argv) {
       throw Error(std::string("option --check with --ep-mode ") + mode +
                   ": the comparison needs every rank's y here (--ep-mode all); the GPU test suite (tests/gpu) "
                   "checks a slice's rows");
+    if (save_dir && options.ep_mode == EpMode::rank_slice)
+      throw Error(std::string("option --save with --ep-mode slice") +
+                  (ep_mode == "auto" ? " (the default on the GPU for EP > 8)" : "") +
+                  ": a slice makes only its active rank's weights and its y is not the layer's, so the save "
+                  "could not be loaded (--load needs every rank's weights): save with --ep-mode all");
     if (expect_dir && options.ep_mode == EpMode::rank_slice)
       throw Error("option --expect with --ep-mode slice: a slice's y depends on combine slots mok run does not "
                   "fill, so it is not the layer's y (use --ep-mode all or distributed)");
@@ -175,7 +190,11 @@ int run_command(const std::vector<std::string>& argv) {
       if (theirs && theirs->describe() != problem.describe())
         throw Error("option --expect " + *expect_dir + ": its problem.json is " + theirs->describe() +
                     ", this run's is " + problem.describe());
-      if (std::filesystem::exists(*expect_dir + "/rank" + std::to_string(ep_size)))
+      std::error_code ec;  // (an unreadable entry is refused as one, not as an internal error)
+      const std::string beyond = *expect_dir + "/rank" + std::to_string(ep_size);
+      const bool beyond_exists = std::filesystem::exists(beyond, ec);
+      if (ec) throw Error("option --expect " + *expect_dir + ": cannot look at " + beyond + ": " + ec.message());
+      if (beyond_exists)
         throw Error("option --expect " + *expect_dir + ": holds rank" + std::to_string(ep_size) +
                     "/, beyond this run's " + std::to_string(ep_size) + " ranks (a save of another EP size?)");
       expected_y.assign(ep_size, HostTensor{});
@@ -331,8 +350,8 @@ int run_command(const std::vector<std::string>& argv) {
       }
     }
   }
-  // Without the forward pass y was never computed (it holds the poison pattern), and a slice's
-  // y is not the layer's (check_mode_options): neither is saved.
+  // Without the forward pass y was never computed (it holds the poison pattern): not saved.
+  // (A slice's y is not the layer's either; check_mode_options refuses --save with a slice.)
   const bool y_saved = do_fwd && options.ep_mode != EpMode::rank_slice;
   if (!y_saved)
     for (auto& r : data.ranks) r.y = HostTensor{};
@@ -390,9 +409,7 @@ int run_command(const std::vector<std::string>& argv) {
   }
   if (save_dir)
     std::printf("  saved every tensor under %s%s\n", save_dir->c_str(),
-                y_saved ? ""
-                : do_fwd ? " (no y: a slice's y is not the layer's)"
-                         : " (no y: the forward did not run)");
+                y_saved ? "" : " (no y: the forward did not run)");
   return all_pass && expected ? 0 : 3;
 }
 
