@@ -733,8 +733,11 @@ class CudaBackend final : public BackendImpl {
   // A kernel that trapped on a phase wait left its site in host memory: every later CUDA
   // call fails with a sticky error that says nothing, so the entry points look here first.
   void throw_if_trapped() const {
-    if (phase_trap_.host() != nullptr && static_cast<const volatile PhaseWaitTrap*>(phase_trap_.host())->site != 0)
+    if (phase_trap_.host() != nullptr && static_cast<const volatile PhaseWaitTrap*>(phase_trap_.host())->site != 0) {
+      // The device wrote the other fields before the site (sm90.cuh): read them after it.
+      std::atomic_thread_fence(std::memory_order_acquire);
       throw Error(describe_phase_wait_trap(*phase_trap_.host()));
+    }
   }
 
   // Runs `body`; a mok::Error from it becomes the trap's diagnosis when a kernel trapped.

@@ -26,11 +26,25 @@ struct DeviceMirror::Impl {
   std::vector<OutputLink> links;
   std::size_t total = 0;
 
+  // The Impl owns the allocations, so a constructor that throws part way (out of memory on
+  // a large shape, a failed copy) frees what it had uploaded.
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  ~Impl() {
+    for (void* p : allocations) cudaFree(p);
+  }
+
   TensorView upload(const HostTensor& t, bool copy) {
     if (t.empty()) return {};
     void* p = nullptr;
     MOK_CUDA_CHECK(cudaMalloc(&p, t.bytes()));
-    allocations.push_back(p);
+    try {
+      allocations.push_back(p);
+    } catch (...) {
+      cudaFree(p);
+      throw;
+    }
     total += t.bytes();
     if (copy) MOK_CUDA_CHECK(cudaMemcpy(p, t.data<void>(), t.bytes(), cudaMemcpyHostToDevice));
     TensorView v = t.view();
@@ -80,9 +94,7 @@ DeviceMirror::DeviceMirror(const LayerData& host, int device) : impl_(std::make_
   poison_outputs();
 }
 
-DeviceMirror::~DeviceMirror() {
-  for (void* p : impl_->allocations) cudaFree(p);
-}
+DeviceMirror::~DeviceMirror() = default;  // (Impl frees the allocations)
 
 std::vector<RankForward> DeviceMirror::forward_args() const {
   std::vector<RankForward> v;

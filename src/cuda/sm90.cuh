@@ -89,6 +89,8 @@ __device__ __forceinline__ void phase_wait_tick(int site, unsigned& start, Limit
       t->block = static_cast<int>(blockIdx.x);
       t->thread = static_cast<int>(threadIdx.x);
       t->waited_ns = static_cast<long long>(now - start) << 20;
+      // The host reads the other fields once it sees site != 0: they must be visible first.
+      __threadfence_system();
       t->site = site;
       __threadfence_system();
     }
