@@ -71,6 +71,27 @@ TEST(GroupEnvironment, AnEmptyDirectoryVariableIsUnset) {
               HasSubstr("no rendezvous directory"));
 }
 
+TEST(GroupEnvironment, TheDeviceIsTheLocalRankOrTheProcesssOneGpu) {
+  const auto env = read({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "3"}, {"MOK_RENDEZVOUS_DIR", "/d"}});
+  EXPECT_EQ(env.cuda_device(8), 3);  // the process sees its node's GPUs
+  EXPECT_EQ(env.cuda_device(4), 3);
+  EXPECT_EQ(env.cuda_device(1), 0);  // the launcher gave it one GPU (CUDA_VISIBLE_DEVICES)
+  auto refusal = [&](int visible) -> std::string {
+    try {
+      env.cuda_device(visible);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_THAT(refusal(2), HasSubstr("local rank 3 (torchrun) has no GPU: this process sees 2"));
+  EXPECT_THAT(refusal(2), HasSubstr("or exactly one: its own"));
+  EXPECT_THAT(refusal(0), HasSubstr("rank 5 (torchrun) sees no CUDA device"));
+  const auto first = read({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"MOK_RENDEZVOUS_DIR", "/d"}});
+  EXPECT_EQ(first.cuda_device(1), 0);
+  EXPECT_EQ(first.cuda_device(2), 0);
+}
+
 TEST(GroupEnvironment, SingleProcessNeedsNoRendezvous) {
   const auto env = read({{"RANK", "0"}, {"WORLD_SIZE", "1"}});
   EXPECT_EQ(env.world_size, 1);

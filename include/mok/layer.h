@@ -109,7 +109,8 @@ struct LayerOptions {
   EpMode ep_mode = EpMode::all_ranks;
   int active_rank = 0;        // rank_slice: the rank that does its work
   int cpu_threads = 0;        // cpu backend: 0 = hardware concurrency
-  // cuda backend: the layer's GPU (distributed: the launcher's local rank instead). Every call
+  // cuda backend: the layer's GPU (distributed: instead the launcher's local rank, or device 0
+  // where the process sees one GPU, its own). Every call
   // runs there whichever device the calling thread has current, and leaves that one current.
   int cuda_device = 0;
   // cuda backend: a cudaStream_t of that GPU (one of another GPU is refused when the Layer is

@@ -162,6 +162,7 @@ NcclLibraryChoice nccl_library() {
 
 struct EpGroup::Impl {
   GroupEnvironment env;
+  int device = 0;  // env.cuda_device: the CUDA device this rank runs on
   Limits limits;
   ncclComm_t comm = nullptr;  // null once aborted
   std::function<void()> before_abort;  // (set_before_abort; may be empty)
@@ -197,10 +198,8 @@ EpGroup::EpGroup(const GroupEnvironment& env, Limits limits) : impl_(std::make_u
   const NcclApi& nccl = NcclApi::get();
   int devices = 0;
   check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
-  if (env.local_rank >= devices)
-    throw Error("EP group: local rank " + std::to_string(env.local_rank) + " has no GPU (" + std::to_string(devices) +
-                " visible)");
-  check_cuda(cudaSetDevice(env.local_rank), "cudaSetDevice");
+  impl_->device = env.cuda_device(devices);
+  check_cuda(cudaSetDevice(impl_->device), "cudaSetDevice");
 
   // Rendezvous: rank 0 publishes the unique id; once the communicator exists every rank
   // has read it, and rank 0 removes it (comm/rendezvous.h says why) -- also when anything
@@ -293,7 +292,7 @@ bool EpGroup::communicator_aborted() const { return impl_->comm == nullptr; }
 
 int EpGroup::rank() const { return impl_->env.rank; }
 int EpGroup::size() const { return impl_->env.world_size; }
-int EpGroup::device() const { return impl_->env.local_rank; }
+int EpGroup::device() const { return impl_->device; }
 
 void EpGroup::check_same_everywhere(const std::string& what, const std::string& fingerprint) {
   constexpr std::size_t kBytes = 1024;

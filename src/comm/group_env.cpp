@@ -125,4 +125,14 @@ GroupEnvironment GroupEnvironment::from_environment(
               "torchrun or mpirun (none of MOK_RANK, RANK, OMPI_COMM_WORLD_RANK is set)");
 }
 
+int GroupEnvironment::cuda_device(int visible_devices) const {
+  if (visible_devices < 1)
+    throw Error("EP group: rank " + std::to_string(rank) + " (" + source + ") sees no CUDA device");
+  if (local_rank < visible_devices) return local_rank;
+  if (visible_devices == 1) return 0;  // the launcher's one GPU for this process
+  throw Error("EP group: local rank " + std::to_string(local_rank) + " (" + source + ") has no GPU: this process sees " +
+              std::to_string(visible_devices) +
+              " (a process sees either its node's GPUs, one per local rank, or exactly one: its own)");
+}
+
 }  // namespace mok::comm

@@ -29,6 +29,13 @@ struct GroupEnvironment {
   // injectable for tests.
   static GroupEnvironment from_environment(
       const std::function<std::optional<std::string>(const char*)>& getenv = {});
+
+  // The CUDA device this rank runs on, among the `visible_devices` its process sees: its
+  // local rank where the process sees its node's GPUs (mok launch, torchrun), device 0 where
+  // the launcher gave each process its one GPU (CUDA_VISIBLE_DEVICES per process, as SLURM's
+  // --gpus-per-task and many MPI setups do). Throws mok::Error naming the local rank and
+  // the count otherwise (several GPUs visible, but not this rank's).
+  int cuda_device(int visible_devices) const;
 };
 
 }  // namespace mok::comm

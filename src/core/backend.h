@@ -43,6 +43,10 @@ class BackendImpl {
   virtual std::vector<std::vector<PhaseTime>> phase_times() const { return {}; }
 };
 
+// CUDA devices this process sees (0 without CUDA or a GPU): a group's rank picks its device
+// among them (comm::GroupEnvironment::cuda_device).
+int cuda_device_count();
+
 // The CUDA forward's kernels (host stub address, name), to recognise them in captured
 // graphs; empty without CUDA.
 std::vector<std::pair<const void*, std::string>> cuda_forward_kernels();

@@ -558,7 +558,8 @@ class CudaBackend final : public BackendImpl {
     if (o.ep_mode == EpMode::distributed) {
       const auto env = comm::GroupEnvironment::from_environment();
       // (Before the group forms: a rank that fails here is one its peers name as missing.)
-      check_stream_device(o.cuda_stream, env.local_rank, "the launcher's local rank (" + env.source + ")");
+      check_stream_device(o.cuda_stream, env.cuda_device(cuda_device_count()),
+                          "the device of the launcher's local rank (" + env.source + ")");
       require(env.world_size == p.ep_size, "ep_mode = distributed: the group has " + std::to_string(env.world_size) +
                                                " processes (" + env.source + ") but Problem.ep_size = " +
                                                std::to_string(p.ep_size));
@@ -1103,24 +1104,30 @@ class CudaBackend final : public BackendImpl {
     wait_for_stream("waiting for the forward");
     DeviceError e;
     MOK_CUDA_CHECK(cudaMemcpy(&e, error_.as<DeviceError>(), sizeof(e), cudaMemcpyDeviceToHost));
+    // The peers' errors of the same forward (a group), read now and reported with this rank's
+    // own error when it has one: each forward's errors are reported once, so a second
+    // synchronize() never blames a peer for a forward already reported.
+    std::optional<std::string> peer;
+    if (group_) {
+      std::vector<DeviceError> gathered(group_->size());
+      MOK_CUDA_CHECK(cudaMemcpy(gathered.data(), group_errors_.as<DeviceError>(), gathered.size() * sizeof(DeviceError),
+                                cudaMemcpyDeviceToHost));
+      peer = describe_peer_errors(gathered, first_rank_, problem_.tokens_per_rank, problem_.top_k);
+      // (Cleared on the layer's stream, as error_ is below; the next forward gathers afresh.)
+      if (peer || e.code != kOk)
+        MOK_CUDA_CHECK(cudaMemsetAsync(group_errors_.as<void>(), 0, gathered.size() * sizeof(DeviceError), stream_));
+    }
     if (e.code != kOk) {
       // Cleared on the layer's stream, so that the next forward's checks run after the clear
       // (a cudaMemset on the legacy stream may still be pending behind other work there
       // while a non-blocking stream_ runs that forward, and wipe the error it records).
       MOK_CUDA_CHECK(cudaMemsetAsync(error_.as<DeviceError>(), 0, sizeof(DeviceError), stream_));
-      throw Error(describe_device_error(e, problem_.tokens_per_rank, problem_.top_k));
+      throw Error(describe_device_error(e, problem_.tokens_per_rank, problem_.top_k) +
+                  (peer ? "; in the same forward, " + *peer : std::string()));
     }
-    if (group_) {
-      std::vector<DeviceError> gathered(group_->size());
-      MOK_CUDA_CHECK(cudaMemcpy(gathered.data(), group_errors_.as<DeviceError>(), gathered.size() * sizeof(DeviceError),
-                                cudaMemcpyDeviceToHost));
-      if (const auto peer = describe_peer_errors(gathered, first_rank_, problem_.tokens_per_rank, problem_.top_k)) {
-        // Reported once, as this rank's own error is (the next forward gathers afresh).
-        MOK_CUDA_CHECK(cudaMemsetAsync(group_errors_.as<void>(), 0, gathered.size() * sizeof(DeviceError), stream_));
-        throw PeerWaitError("forward: " + *peer + "; y was poisoned with NaN here too (that rank's rows for this "
-                            "rank's tokens may be missing)");
-      }
-    }
+    if (peer)
+      throw PeerWaitError("forward: " + *peer + "; y was poisoned with NaN here too (that rank's rows for this "
+                          "rank's tokens may be missing)");
   }
 
   TensorView combine_slots(int rank) const override {
@@ -1637,9 +1644,11 @@ std::vector<std::pair<const void*, std::string>> cuda_forward_kernels() {
           {reinterpret_cast<const void*>(combine_epilogue_kernel), "combine_epilogue_kernel"}};
 }
 
-bool cuda_available() {
+bool cuda_available() { return cuda_device_count() > 0; }
+
+int cuda_device_count() {
   int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
 
 std::string cuda_device_name() {

@@ -7,6 +7,7 @@ std::unique_ptr<BackendImpl> make_cuda_backend(const Problem&, const Config&, co
   throw Error("backend = cuda: this build of mok has no CUDA backend (nvcc was not found at configure time)");
 }
 bool cuda_available() { return false; }
+int cuda_device_count() { return 0; }
 std::vector<std::pair<const void*, std::string>> cuda_forward_kernels() { return {}; }
 std::string cuda_device_name() { return "none"; }
 

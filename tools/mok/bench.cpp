@@ -247,7 +247,7 @@ int bench_command(const std::vector<std::string>& argv) {
                                      " must equal the group's size " + std::to_string(env.world_size) +
                                      " (from " + env.source + ")");
     me = env.rank;
-    device = env.local_rank;
+    device = env.cuda_device(cuda_device_count());
     world = env.world_size;
   }
   const bool one_rank = slice || distributed;  // weights of rank `me` only

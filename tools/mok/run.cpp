@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "comm/group_env.h"
+#include "core/backend.h"
 #include "core/compare.h"
 #include "core/device_mirror.h"
 #include "core/device_timer.h"
@@ -108,7 +109,9 @@ int run_command(const std::vector<std::string>& argv) {
     const auto env = comm::GroupEnvironment::from_environment();
     my_rank = env.rank;
     group_size = env.world_size;
-    options.cuda_device = env.local_rank;  // the group's device for this process (the data goes there too)
+    // The group's device for this process (the data goes there too); the cpu backend refuses
+    // a group when the Layer is made.
+    if (options.backend == Backend::cuda) options.cuda_device = env.cuda_device(cuda_device_count());
   }
   const auto active_rank_text = args.take("active-rank");
   options.cpu_threads = static_cast<int>(args.take_int("threads").value_or(0));
