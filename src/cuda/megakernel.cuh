@@ -524,7 +524,10 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
     }
     return;
   }
-  staging_reusable();  // no bulk store may outlive the CTA's shared memory
+  // Every bulk store complete, as at the store warp's end: none may outlive the CTA's shared
+  // memory, and the rows pushed into a peer GPU's slots are written before the kernel ends
+  // (the group's barrier after it is what the peer's epilogue waits on).
+  stores_complete();
 }
 
 __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const __grid_constant__ ForwardParams p) {
