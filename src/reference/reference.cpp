@@ -274,17 +274,19 @@ ExpertBackward ffn_backward(const Problem& p, ThreadPool& pool, const Matrix& X_
       const std::int64_t idx = r * I + i;
       const float dA = row_weight[r] * DA[idx];
       float g = G[idx], u = U[idx];
-      float g_pass = 1.0f, u_pass = 1.0f;
+      bool g_pass = true, u_pass = true;
       if (L > 0.0f) {
-        if (g > L) { g = L; g_pass = 0.0f; }
-        if (u > L) { u = L; u_pass = 0.0f; }
-        if (u < -L) { u = -L; u_pass = 0.0f; }
+        if (g > L) { g = L; g_pass = false; }
+        if (u > L) { u = L; u_pass = false; }
+        if (u < -L) { u = -L; u_pass = false; }
       }
       const float sig = 1.0f / (1.0f + std::exp(-g));
       const float silu = g * sig;
       const float dsilu = sig * (1.0f + g * (1.0f - sig));
-      DG[idx] = dA * u * dsilu * g_pass;
-      DU[idx] = dA * silu * u_pass;
+      // A clamped input's gradient is 0, selected rather than multiplied by 0 so that an
+      // infinite dA gives 0 there, not NaN (as torch.clamp's backward).
+      DG[idx] = g_pass ? dA * u * dsilu : 0.0f;
+      DU[idx] = u_pass ? dA * silu : 0.0f;
       AW[idx] = row_weight[r] * A_wgrad[idx];
       DGU[r * 2 * I + i] = DG[idx];
       DGU[r * 2 * I + I + i] = DU[idx];
