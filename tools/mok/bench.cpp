@@ -348,7 +348,39 @@ int bench_command(const std::vector<std::string>& argv) {
   const double timed_end_unix_s = unix_seconds_now();
   const Timing fwd_time = summarize(ms);
 
-  // ---- what the check reads, taken now: the last timed forward's outputs, not the phase
+  // ---- the checked forward: queued right behind a forward of other inputs (every x
+  // negated, so every pulled row, SwiGLU row, pushed row and y differs), as each timed
+  // forward is queued behind the one before. Identical inputs would hide a forward that read a
+  // row, a slot or y before it was written: the previous forward's values would be right. ----
+  {
+    std::vector<void*> negated;  // device copies of -x, one per rank passed
+    std::vector<RankForward> other_args = args_dev;
+    try {
+      for (std::size_t i = 0; i < other_args.size(); ++i) {
+        const HostTensor& x = host.ranks[distributed ? me : static_cast<int>(i)].x;
+        std::vector<std::uint16_t> minus(x.data<std::uint16_t>(), x.data<std::uint16_t>() + x.numel());
+        for (auto& v : minus) v ^= 0x8000u;  // (bf16's sign bit: exact)
+        void* d = nullptr;
+        BENCH_CUDA(cudaMalloc(&d, x.bytes()));
+        negated.push_back(d);
+        BENCH_CUDA(cudaMemcpy(d, minus.data(), x.bytes(), cudaMemcpyHostToDevice));
+        other_args[i].inputs.x.data = d;
+      }
+      layer.forward(other_args);
+      layer.forward(args_dev);
+      layer.synchronize();
+    } catch (...) {
+      try {
+        layer.synchronize();  // (queued work may still read the copies; its error is not the news)
+      } catch (...) {
+      }
+      for (void* d : negated) cudaFree(d);
+      throw;
+    }
+    for (void* d : negated) cudaFree(d);
+  }
+
+  // ---- what the check reads, taken now: the checked forward's outputs, not the phase
   // pass's below (its events serialise what PDL overlaps, so a forward wrong only when its
   // kernels overlap would pass there) ----
   const auto stats = layer.last_schedule_stats();
