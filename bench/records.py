@@ -127,8 +127,9 @@ def collect_env(repo_root=REPO_ROOT, mok_json=None):
 
     In order: mok.json's "build" object ({"commit": ..., "dirty": ...}), the commit the timed
     `mok` binary was built from; else the MOK_BENCH_COMMIT environment variable
-    (MOK_BENCH_DIRTY=1/0; unset: dirty unknown); else git rev-parse HEAD of this tree (and
-    whether it is dirty); else "unknown". `source` says which. The binary's stamp wins because
+    (MOK_BENCH_DIRTY=1/0; unset: dirty unknown); else, for a binary stamped "unknown" (built
+    outside a git checkout), "unknown"; else git rev-parse HEAD of this tree (and whether it
+    is dirty); else "unknown". `source` says which. The binary's stamp wins because
     it is what was timed: a variable exported once in a shell outlives rebuilds, and a copy of
     the tree on another machine can carry an older .git than the code it holds (seen on the
     device). A MOK_BENCH_COMMIT that names another commit than the binary's stamp is a
@@ -149,6 +150,13 @@ def collect_env(repo_root=REPO_ROOT, mok_json=None):
         return env
     if given is not None:
         env["commit"] = {"sha": given[0], "dirty": given[1], "source": COMMIT_ENV}
+        return env
+    if isinstance(build, dict) and build.get("commit") == "unknown":
+        # A binary built outside a git checkout: the tree run.py runs from need not be the one
+        # that built it, so its HEAD is not taken for the binary's.
+        dirty = build.get("dirty")
+        env["commit"] = {"sha": "unknown", "dirty": dirty if isinstance(dirty, bool) else None,
+                         "source": "mok.json build"}
         return env
     top = _git(["rev-parse", "--show-toplevel"], repo_root)
     # Only this repository's own .git counts (not one of a folder above a copy of the tree).
@@ -396,8 +404,11 @@ def peer_ran(rec):
 
 
 def record_passes(rec):
-    """The record's verdict: its check passed and the run reported no process error."""
-    return bool((rec.get("check") or {}).get("passes")) and not rec.get("errors")
+    """The record's verdict: its check passed, and so did each part of it (mok's and the peer's
+    checks, so that a stored verdict its parts contradict, from an older records.py or an
+    edit, is not shown as a pass), and the run reported no process error."""
+    c = rec.get("check") or {}
+    return bool(c.get("passes")) and c.get("mok") is True and c.get("pytorch") is True and not rec.get("errors")
 
 
 def contract_breaks(rec):
@@ -433,7 +444,7 @@ def check_text(rec):
     mok passed but no peer ran (not a pass), else FAIL with what failed."""
     c = rec.get("check") or {}
     errors = list(rec.get("errors") or [])
-    if c.get("passes") and not errors:
+    if record_passes(rec):
         return "PASS"
     parts = []
     if c.get("mok") is not True:

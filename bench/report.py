@@ -235,7 +235,10 @@ def sweep_groups(loaded):
             by_commit.setdefault((_commit_of(rec), peer_code_of(rec)), []).append((path, rec))
         def coverage(entries):
             return (len({int(r["tokens_per_rank"]) for _, r in entries}), max(r.get("date", "") for _, r in entries))
-        best = newest_per_key(max(by_commit.values(), key=coverage))
+        # Today's peer first: a sweep against an earlier, slower peer stands only where none
+        # against today's exists (and its title says so).
+        best = newest_per_key(max(by_commit.values(),
+                                  key=lambda e: (coverage(e)[0] >= 2, all(todays_peer(r) for _, r in e)) + coverage(e)))
         if len(best) >= 2:
             out[key] = sorted(best, key=lambda r: int(r["tokens_per_rank"]))
     return out
@@ -269,9 +272,11 @@ def group_lines(recs):
 
 def repeat_groups(loaded):
     """{key + (commit,): records} where one commit was measured more than once on one key: the
-    runs whose agreement says how far a single figure can be trusted."""
+    runs whose agreement says how far a single figure can be trusted (passing runs only)."""
     groups = {}
     for _, rec in loaded:
+        if not records.record_passes(rec):  # (a failed run's figures are no measure of agreement)
+            continue
         config = json.dumps(rec.get("config"), sort_keys=True)  # a different --mok-arg is not a repeat
         groups.setdefault(record_key(rec) + (_commit_of(rec), config, mok_args_of(rec), str(peer_code_of(rec))),
                           []).append(rec)
@@ -289,7 +294,7 @@ def repeat_lines(loaded):
     lines = ["## Repeat runs", ""]
     if not groups:
         return lines + ["No shape has been measured twice at one commit yet.", ""]
-    lines += ["Medians of every run of one commit on one shape; spread = (max - min) / min "
+    lines += ["Medians of every passing run of one commit on one shape; spread = (max - min) / min "
               "(the suite's bar for agreement is 10%).", "",
               "| shape | EP mode | tokens | commit | runs | mok ms | mok spread | PyTorch ms | PyTorch spread "
               "| dense bf16 TFLOP/s | ceiling spread |",
@@ -736,7 +741,7 @@ SWEEP_SERIES = (("mok forward", "mok_tflops_performed"), ("PyTorch pipeline", "p
                 ("PyTorch backward", "pt_bwd_tflops_performed"))
 
 
-def _sweep_plot(path, key, recs):
+def _sweep_plot(path, key, recs, peer="today's"):
     plt = _plt()
     shape, mode, routing, precision = key
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
@@ -748,13 +753,13 @@ def _sweep_plot(path, key, recs):
     dense = [values(r)["dense"] for r in recs if values(r)["dense"] is not None]
     if dense:
         ax.axhline(sorted(dense)[len(dense) // 2], color="black", linestyle="--", linewidth=0.8,
-                   label="dense bf16 GEMM ceiling")
+                   label="dense bf16 GEMM ceiling (median of the runs)")
     ax.set_xscale("log", base=2)
     ax.set_xticks(toks)
     ax.set_xticklabels([str(t) for t in toks])
     ax.set_xlabel("tokens per rank")
     ax.set_ylabel("TFLOP/s")
-    ax.set_title(f"{shape} {mode} ({routing}, {precision})")
+    ax.set_title(f"{shape} {mode} ({routing}, {precision}; peer: {peer})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -797,9 +802,9 @@ def make_plots(recs, plots_dir, loaded=None):
     for key, group in sorted(sweep_groups(loaded).items(), key=lambda kv: sort_key(kv[1][0])):
         shape, mode, ep, routing, precision, gpu = key
         p = os.path.join(plots_dir, "sweep_" + records.safe_name(f"{shape}_{mode}{ep}_{routing}_{precision}_{gpu}") + ".png")
-        _sweep_plot(p, (shape, mode, routing, precision), group)
+        _sweep_plot(p, (shape, mode, routing, precision), group, peer_text(group[0]))
         out.append((f"Tokens-per-rank sweep: {shape} {mode} EP={ep} ({routing}, {precision}, {gpu}, "
-                    f"commit {commit_label(group[0])})", p))
+                    f"commit {commit_label(group[0])}, peer {peer_text(group[0])})", p))
     return out
 
 

@@ -455,9 +455,13 @@ class Environment(unittest.TestCase):
         with commit_env():
             e = records.collect_env(records.REPO_ROOT, {"build": {"commit": "0123456789ab", "dirty": False}})
         self.assertEqual(e["commit"], {"sha": "0123456789ab", "dirty": False, "source": "mok.json build"})
+        # A binary built outside git: this tree's HEAD is not taken for it; the variable is.
         with commit_env():
             e = records.collect_env(records.REPO_ROOT, {"build": {"commit": "unknown", "dirty": True}})
-        self.assertNotEqual(e["commit"]["source"], "mok.json build")  # an unknown build falls through
+        self.assertEqual(e["commit"], {"sha": "unknown", "dirty": True, "source": "mok.json build"})
+        with commit_env("abcdef1234", "0"):
+            e = records.collect_env(records.REPO_ROOT, {"build": {"commit": "unknown", "dirty": True}})
+        self.assertEqual(e["commit"], {"sha": "abcdef1234", "dirty": False, "source": "MOK_BENCH_COMMIT"})
 
     def test_no_git_fallbacks(self):
         with tempfile.TemporaryDirectory() as d, commit_env():

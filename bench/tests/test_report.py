@@ -239,6 +239,40 @@ class Report(unittest.TestCase):
             dense = [r["ceilings"]["dense_bf16_tflops"] for r in recs]
             self.assertIn(" / ".join(f"{v:.0f}" for v in dense), text)
             self.assertIn("No shape has been measured twice", "\n".join(report.repeat_lines(loaded[2:3])))
+            # A failed run is no measure of agreement: it does not join the repeats.
+            failed = copy.deepcopy(recs[0])
+            failed["check"]["mok"] = False
+            failed["check"]["passes"] = False
+            self.assertEqual([len(v) for v in report.repeat_groups(loaded + [("f", failed)]).values()], [2])
+
+    def test_a_verdict_its_parts_contradict_is_not_a_pass(self):
+        with tempfile.TemporaryDirectory() as d:
+            rec = copy.deepcopy(report.load_records(fixture_records(d))[0][1])
+        self.assertTrue(records.record_passes(rec))
+        self.assertEqual(records.check_text(rec), "PASS")
+        for part, value in (("mok", False), ("mok", None), ("pytorch", False), ("pytorch", None)):
+            bad = copy.deepcopy(rec)
+            bad["check"][part] = value  # (check.passes still says True)
+            self.assertFalse(records.record_passes(bad), (part, value))
+            self.assertTrue(records.check_text(bad).startswith(("FAIL", "no peer")), (part, value))
+
+    def test_a_sweep_against_todays_peer_wins_over_a_wider_one_against_an_earlier_peer(self):
+        today = report.checks.peer_code("peer_torch")
+        with tempfile.TemporaryDirectory() as d:
+            loaded = report.load_records(fixture_records(d))
+            (key, old_group), = report.sweep_groups(loaded).items()
+            self.assertFalse(any(report.todays_peer(r) for r in old_group))  # (the fixtures': none recorded)
+            # Two points of a newer commit against today's peer: fewer than the fixture's sweep.
+            new = []
+            for r in old_group[:2]:
+                n = copy.deepcopy(r)
+                n["commit"] = {"sha": "fedcba9876543", "short": "fedcba9", "dirty": False}
+                n["peers"]["pytorch_pipeline"]["code"] = today
+                new.append(("n%d" % len(new), n))
+            self.assertGreater(len(old_group), len(new))
+            (_, group), = report.sweep_groups(loaded + new).items()
+            self.assertEqual({r["commit"]["short"] for r in group}, {"fedcba9"})
+            self.assertEqual(report.peer_text(group[0]), "today's")
 
     def test_noisy_timings_are_listed(self):
         with tempfile.TemporaryDirectory() as d:
