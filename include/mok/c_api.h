@@ -90,8 +90,8 @@ int mok_c_abi_version(void);
 /* The message of this thread's last failed call ("" when none failed yet). The pointer is
  * valid until this thread's next failed call: copy the message before calling again. */
 const char* mok_last_error(void);
-/* 1 when the cuda backend is built and sees a GPU; 0 otherwise, also when asking failed
- * (mok_last_error() then says why). */
+/* 1 when the cuda backend is built and sees a GPU it runs on (Hopper, sm_90); 0 otherwise,
+ * also when asking failed (mok_last_error() then says why). */
 int mok_cuda_available(void);
 /* mok::version() and mok::build_commit(): static strings. */
 const char* mok_version(void);

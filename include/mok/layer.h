@@ -209,7 +209,8 @@ class Layer {
   std::unique_ptr<Impl> impl_;
 };
 
-// True when the CUDA backend was built and a CUDA device is present.
+// True when the CUDA backend was built and a GPU it runs on is present: a Hopper GPU (sm_90;
+// the build's code is sm_90a). Another GPU does not count: the cuda backend refuses it.
 bool cuda_available();
 std::string cuda_device_name();
 

@@ -1628,7 +1628,8 @@ class CudaBackend final : public BackendImpl {
 }  // namespace cuda
 
 std::unique_ptr<BackendImpl> make_cuda_backend(const Problem& p, const Config& c, const LayerOptions& o) {
-  require(cuda_available(), "backend = cuda: no CUDA device is available");
+  // (A GPU of another generation is refused by the constructor, naming it.)
+  require(cuda_device_count() > 0, "backend = cuda: no CUDA device is available");
   return std::make_unique<cuda::CudaBackend>(p, c, o);
 }
 
@@ -1644,7 +1645,19 @@ std::vector<std::pair<const void*, std::string>> cuda_forward_kernels() {
           {reinterpret_cast<const void*>(combine_epilogue_kernel), "combine_epilogue_kernel"}};
 }
 
-bool cuda_available() { return cuda_device_count() > 0; }
+bool cuda_available() {
+  // A GPU this build runs on (sm_90a code: Hopper, compute capability 9.0), not any GPU: on
+  // another one the cuda backend refuses to start, so the CLI's and the tests' defaults
+  // take the CPU reference there.
+  const int n = cuda_device_count();
+  for (int d = 0; d < n; ++d) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d) == cudaSuccess && major == 9 && minor == 0)
+      return true;
+  }
+  return false;
+}
 
 int cuda_device_count() {
   int n = 0;
@@ -1652,7 +1665,7 @@ int cuda_device_count() {
 }
 
 std::string cuda_device_name() {
-  if (!cuda_available()) return "none";
+  if (cuda_device_count() == 0) return "none";
   cudaDeviceProp prop;
   if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return "unknown";
   return prop.name;

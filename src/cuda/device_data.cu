@@ -1,6 +1,7 @@
 // mok: DeviceMirror, device copies of a LayerData (CLI, tests, benchmarks).
 #include <cuda_runtime.h>
 
+#include "core/backend.h"
 #include "core/device_mirror.h"
 #include "cuda/common.cuh"
 
@@ -56,7 +57,7 @@ struct DeviceMirror::Impl {
 };
 
 DeviceMirror::DeviceMirror(const LayerData& host, int device) : impl_(std::make_unique<Impl>()) {
-  require(cuda_available(), "DeviceMirror: no CUDA device is available");
+  require(cuda_device_count() > 0, "DeviceMirror: no CUDA device is available");
   MOK_CUDA_CHECK(cudaSetDevice(device));
   impl_->device = device;
   for (std::size_t r = 0; r < host.ranks.size(); ++r) {

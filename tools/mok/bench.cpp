@@ -229,7 +229,7 @@ int bench_command(const std::vector<std::string>& argv) {
   require(ep_mode == "distributed" || !exchange_timeout_given,
           "option --exchange-timeout: applies only with --ep-mode distributed (the ranks' exchange of reference "
           "rows)");
-  require(cuda_available(), "mok bench: no CUDA GPU is available (the benchmark runs on the GPU only)");
+  require(cuda_available(), "mok bench: no Hopper (sm_90) CUDA GPU is available (the benchmark runs on the GPU only)");
   // distributed: this process is one rank of a real group (start it with mok launch); it
   // times its own forward and writes its own work directory, WORK_DIR/rank<r>.
   const bool distributed = ep_mode == "distributed";
