@@ -212,7 +212,7 @@ def _int32(value, name):
 
 
 def cuda_available():
-    """Whether the library has the cuda backend and a GPU to run it on."""
+    """Whether the library has the cuda backend and a GPU it runs on (Hopper, sm_90)."""
     return bool(_lib().mok_cuda_available())
 
 
@@ -269,13 +269,14 @@ class Problem:
                    p.swiglu_limit if p.has_swiglu_limit else None)
 
     def _c(self):
-        if isinstance(self.shared_intermediate, (str, bytes)) or not hasattr(self.shared_intermediate, "__len__"):
+        if isinstance(self.shared_intermediate, (str, bytes, Mapping)) or \
+                not hasattr(self.shared_intermediate, "__len__"):
             raise MokTypeError(f"Problem.shared_intermediate = {self.shared_intermediate!r}: a list of the shared "
                                "experts' widths (empty: none)")
         if len(self.shared_intermediate) > _MAX_SHARED:
             raise MokError(f"Problem.shared_intermediate: at most {_MAX_SHARED} shared experts through the C "
                            f"interface, got {len(self.shared_intermediate)}")
-        if self.precision not in _PRECISIONS:
+        if not isinstance(self.precision, str) or self.precision not in _PRECISIONS:
             raise MokError(f"Problem.precision = {self.precision!r}: must be one of {sorted(_PRECISIONS)}")
         dims = [_int32(getattr(self, f), f"Problem.{f}") for f in ("num_experts", "hidden", "intermediate",
                                                                     "top_k", "ep_size", "tokens_per_rank")]
@@ -287,7 +288,7 @@ class Problem:
                 if isinstance(self.swiglu_limit, (bool, str, bytes)):
                     raise TypeError
                 limit = float(self.swiglu_limit)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 raise MokError(f"Problem.swiglu_limit = {self.swiglu_limit!r}: must be a number or None") from None
             as_f32 = ctypes.c_float(limit).value  # (the C interface's type: out of range would read as inf or 0)
             if (math.isinf(as_f32) and not math.isinf(limit)) or (as_f32 == 0 and limit != 0):
@@ -343,6 +344,8 @@ def _tensor(a, name, output=False):
             raise MokError(f"{name}: the layer writes this output in place, outside autograd, and it requires "
                            "grad (its gradient would be wrong); pass a tensor that does not (torch.empty, or "
                            ".detach() of it)")
+        if a.device.type not in ("cuda", "cpu"):  # (before the pointer: a meta tensor has none)
+            raise MokTypeError(f"{name}: tensors on {a.device} are not supported (cpu or cuda)")
         if a.data_ptr() == 0:  # (torch gives an empty tensor no memory: it would read as "missing")
             raise MokError(f"{name}: an empty tensor (shape {list(a.shape)}); no tensor of the layer is empty")
         if a.data_ptr() % a.element_size():
@@ -699,10 +702,13 @@ class Layer:
         if cuda_stream is not None and not 0 <= cuda_stream < 2**(8 * ctypes.sizeof(ctypes.c_void_p)):
             raise MokError(f"cuda_stream = {cuda_stream!r}: a cudaStream_t handle is an address, in [0, "
                            f"2**{8 * ctypes.sizeof(ctypes.c_void_p)}) (0 or None: the default stream)")
-        if backend not in _BACKENDS:
+        if not isinstance(backend, str) or backend not in _BACKENDS:
             raise MokError(f"backend = {backend!r}: must be one of {sorted(_BACKENDS)}")
-        if ep_mode not in _EP_MODES:
+        if not isinstance(ep_mode, str) or ep_mode not in _EP_MODES:
             raise MokError(f"ep_mode = {ep_mode!r}: must be one of {sorted(_EP_MODES)}")
+        if config is not None and not isinstance(config, Mapping):
+            raise MokTypeError(f"config: a dict of mok::Config fields ({[f for f, _ in _Config._fields_]}), got a "
+                               f"{type(config).__name__}")
         c = _Config()
         lib.mok_default_config(ctypes.byref(c))
         for key, value in (config or {}).items():
@@ -715,8 +721,10 @@ class Layer:
                 value = _int32(value, f"config.{key}")
             else:
                 try:
+                    if isinstance(value, (bool, str, bytes)):  # (as the int fields and swiglu_limit refuse them)
+                        raise TypeError
                     value = float(value)
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, OverflowError):
                     raise MokError(f"config.{key} = {value!r}: must be a number") from None
             setattr(c, key, value)
         options = _Options(_BACKENDS[backend], _EP_MODES[ep_mode], _int32(active_rank, "active_rank"),

@@ -287,6 +287,27 @@ class Errors(unittest.TestCase):
             mok.Layer(SMALL, config={"minibatch_rows": 2**32 + 256})
         with self.assertRaisesRegex(mok.MokError, r"config.schedule_capacity_factor = 'x': must be a number"):
             mok.Layer(SMALL, config={"schedule_capacity_factor": "x"})
+        # A number spelled as text, a bool or one beyond float's range is refused too, as the
+        # int fields refuse them, naming the field (not float()'s conversion or OverflowError).
+        for bad in ("0.5", b"0.5", True, 10**400):
+            with self.assertRaisesRegex(mok.MokError, r"config.schedule_capacity_factor = .*: must be a number"):
+                mok.Layer(SMALL, config={"schedule_capacity_factor": bad})
+        with self.assertRaisesRegex(mok.MokError, r"Problem.swiglu_limit = .*: must be a number or None"):
+            mok.Layer(mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=2, tokens_per_rank=16,
+                                  swiglu_limit=10**400))
+        # Options of the wrong kind are named, not raised as Python's own TypeError/AttributeError.
+        with self.assertRaisesRegex(mok.MokError, r"backend = \['cpu'\]: must be one of"):
+            mok.Layer(SMALL, backend=["cpu"])
+        with self.assertRaisesRegex(mok.MokError, r"ep_mode = \{\}: must be one of"):
+            mok.Layer(SMALL, ep_mode={})
+        with self.assertRaisesRegex(mok.MokTypeError, r"config: a dict of mok::Config fields"):
+            mok.Layer(SMALL, config=[("tile_rows", 64)])
+        with self.assertRaisesRegex(mok.MokError, r"Problem.precision = \['bf16'\]: must be one of"):
+            mok.Layer(mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=2, tokens_per_rank=16,
+                                  precision=["bf16"]))
+        with self.assertRaisesRegex(mok.MokTypeError, r"Problem.shared_intermediate = \{64: 'x'\}: a list"):
+            mok.Layer(mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=2, tokens_per_rank=16,
+                                  shared_intermediate={64: "x"}))
         with mok.Layer(SMALL) as layer:
             with self.assertRaisesRegex(mok.MokError, r"rank = 4294967297: must be an int32"):
                 layer.combine_slots(2**32 + 1)

@@ -103,6 +103,10 @@ class TorchCpu(unittest.TestCase):
             with self.assertRaisesRegex(mok.MokError, r"ranks\[0\]\.router_weights: the data is not aligned"):
                 layer.forward([dict(ranks[0], router_weights=odd), ranks[1]])
 
+            # A meta tensor (no memory at all) is named by its device, not as empty.
+            with self.assertRaisesRegex(mok.MokTypeError, r"ranks\[1\]\.x: tensors on meta are not supported"):
+                layer.forward([ranks[0], dict(ranks[1], x=torch.empty_like(ranks[1]["x"], device="meta"))])
+
             # An empty tensor (no memory in torch) is named as empty, not as missing.
             with self.assertRaisesRegex(mok.MokError, r"ranks\[1\]\.x: an empty tensor \(shape \[0, 256\]\)"):
                 layer.forward([ranks[0], dict(ranks[1], x=torch.empty(0, 256, dtype=torch.bfloat16))])
