@@ -26,10 +26,16 @@ if [ -n "${CUOBJDUMP:-}" ]; then
 elif command -v cuobjdump > /dev/null; then
   tool=cuobjdump
 elif [ -x /usr/local/cuda/bin/cuobjdump ]; then
+  export PATH=/usr/local/cuda/bin:$PATH  # cuobjdump runs nvdisasm from PATH
   tool=/usr/local/cuda/bin/cuobjdump
 else
-  if ! ls .venv-sass/lib/python3*/site-packages/nvidia/cu*/bin/cuobjdump > /dev/null 2>&1; then
-    { python3 -m venv .venv-sass && .venv-sass/bin/pip install -q -r scripts/requirements-sass.txt; } > "$OUT/install.log" 2>&1 ||
+  # The venv holds exactly requirements-sass.txt's pins, or is made again (pins changed since,
+  # or an install that failed part way).
+  if ! cmp -s scripts/requirements-sass.txt .venv-sass/installed-requirements.txt ||
+     ! ls .venv-sass/lib/python3*/site-packages/nvidia/cu*/bin/cuobjdump > /dev/null 2>&1; then
+    rm -rf .venv-sass
+    { python3 -m venv .venv-sass && .venv-sass/bin/pip install -q -r scripts/requirements-sass.txt &&
+      cp scripts/requirements-sass.txt .venv-sass/installed-requirements.txt; } > "$OUT/install.log" 2>&1 ||
       { echo "sass: FAILED: installing cuobjdump (scripts/requirements-sass.txt) failed: $(tail -1 "$OUT/install.log")"; exit 1; }
   fi
   bindir=$(dirname "$(ls .venv-sass/lib/python3*/site-packages/nvidia/cu*/bin/cuobjdump | head -1)")

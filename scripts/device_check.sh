@@ -66,6 +66,12 @@ trap write_pack EXIT
 trap 'write_pack; exit 143' TERM INT
 FAILED=0  # any failing step makes the script exit 1 (after every step has run)
 
+# (An earlier run's logs in the same $OUT would be packed, or shown, as this run's.)
+for f in gpu.txt cmake.log build.log ptxas.txt gpu_checks.txt gpu_tests.log gpu_tests_store_warp_off.log binding.log \
+  group.log group_tests.log bench_tests.log bench.log sanitizer_memcheck.log sanitizer_racecheck.log \
+  sanitizer_group.log sanitizer_group_synccheck.log; do
+  rm -f "$OUT/$f"
+done
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
 note "gpu: $(tail -1 "$OUT/gpu.txt")"
 
@@ -78,7 +84,7 @@ if [ -z "$BIN" ]; then
     note "build: ok in $(( $(date +%s) - start )) s"
   else
     note "build: FAILED (see cmake.log, build.log)"
-    tail -30 "$OUT/build.log" 2> /dev/null || tail -30 "$OUT/cmake.log"
+    if [ -s "$OUT/build.log" ]; then tail -30 "$OUT/build.log"; else tail -30 "$OUT/cmake.log"; fi
     write_pack; printf '%s\n' "${summary[@]}"; exit 1
   fi
   BIN=build/bin

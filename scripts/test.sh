@@ -7,6 +7,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# The pinned test environments (numpy 2.4.6) need Python 3.11 or newer.
+python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+  { echo "test: $(python3 --version 2>&1) is older than 3.11, which the pinned test environments need" \
+         "(Debian 12 and Ubuntu 24.04 ship 3.11 and 3.12)"; exit 1; }
 (cd build && ctest --output-on-failure -j2 | tee ctest.log)
 skipped=$(grep -cE "\(Skipped\)|\*\*\*Skipped" build/ctest.log || true)
 if [ "$skipped" -gt 0 ]; then
