@@ -14,7 +14,9 @@ namespace mok {
 constexpr int kMaxCommSms = 1024;
 
 struct Config {
-  int minibatch_rows = 4096;             // overlap granularity (rows per readiness group)
+  // MoK's overlap granularity (rows per readiness group). Validated only, for now: mok's
+  // CUDA forward tracks readiness per 128-row tile; macrobatch_rows must be a multiple of it.
+  int minibatch_rows = 4096;
   int macrobatch_rows = 131072;          // rows held at once in the row-buffer ring
   // Rows a rank's schedule may hold: mean + factor * (worst - mean), plus each expert's
   // padding, where mean = T*k (balanced routing) and worst = R*T*min(k, E/R) (every token
