@@ -3,13 +3,15 @@
 # same CMake) into a fresh venv, then the binding's CPU tests (python/tests/test_binding.py)
 # against that installed package and its own libmok.so, the installed mok command, and an
 # editable install (pip install -e .) loading its own libmok.so.
-# Needs the package index (scikit-build-core and numpy, pinned).
+# Needs the package index (scikit-build-core, what it pulls in, and numpy: pinned).
 #   tests/install_python.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d "${TMPDIR:-/tmp}/mok_pip.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 python3 -m venv "$work/venv"
+# (The isolated build environment's pip reads the constraints from the environment too.)
+export PIP_CONSTRAINT="$PWD/python/build-constraints.txt"
 numpy_pin=$(grep -E '^numpy==' bench/requirements.txt)
 "$work/venv/bin/pip" install -q "$numpy_pin" > "$work/pip.log" 2>&1 &&
   "$work/venv/bin/pip" install -q -C cmake.define.MOK_WITH_CUDA=OFF . >> "$work/pip.log" 2>&1 ||
