@@ -47,6 +47,7 @@ double central_difference(DenseLayer& layer, double& v) {
 void check(const Sample& s, const std::string& what) {
   ASSERT_FALSE(s.fd.empty());
   const test::Diff self = test::diff(s.dense, s.fd);
+  EXPECT_EQ(self.non_finite, 0) << what << " (dense backward vs FD)";
   EXPECT_LE(self.rel_l2, kSelfRelL2) << what << " (dense backward vs FD): " << self.describe();
   const test::Diff ref = test::diff(s.ref, s.fd);
   EXPECT_EQ(ref.non_finite, 0) << what;
