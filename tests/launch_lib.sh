@@ -1,4 +1,5 @@
-# Sourced by the launch check scripts (launch_orphans.sh, launch_nested.sh, launch_same_poll.sh).
+# Sourced by the launch check scripts (launch_orphans.sh, launch_nested.sh, launch_same_poll.sh,
+# launch_signals.sh).
 
 # Runs the command "$2..." every 0.1 s until it succeeds (returns 0) or $1 seconds have passed
 # (returns 1): a slow start on a loaded host must not fail a check, nor a hang block it.

@@ -5,6 +5,7 @@
 # that hangs fails the check instead of hanging it.
 mok=$1
 work=$2
+. "$(dirname "$0")/launch_lib.sh"
 mkdir -p "$work"
 failed=0
 fail() {
@@ -15,12 +16,9 @@ now_ms() { echo $(($(date +%s%N) / 1000000)); }
 # Waits for the background launcher $1, killed after 60 s (a hang fails, never blocks), and
 # sets rc to its status. (Signals go to the launcher itself, not through timeout(1); no
 # watchdog process is left behind to hold the caller's pipes.)
+ended() { [ ! -e "/proc/$1/stat" ] || [ "$(cut -d' ' -f3 "/proc/$1/stat" 2> /dev/null)" = Z ]; }
 bounded_wait() {
-  tenths=0
-  while [ -e "/proc/$1/stat" ] && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2> /dev/null)" != Z ] && [ $tenths -lt 600 ]; do
-    sleep 0.1
-    tenths=$((tenths + 1))
-  done
+  wait_up_to 60 ended "$1"
   kill -9 "$1" 2> /dev/null
   wait "$1"
   rc=$?
@@ -110,13 +108,6 @@ bounded_wait $!
 
 # Nothing of these launches may be left running. (Their sleeps' lengths end in this script's
 # pid, so that a run beside this one, another checkout's CI say, is neither blamed nor killed.)
-for f in /proc/[0-9]*/cmdline; do
-  case "$(tr '\000' ' ' < "$f" 2> /dev/null)" in
-    "sleep 779"[1-5]"$$ ")
-      pid=$(basename "$(dirname "$f")")
-      fail "left running: $pid"
-      kill -9 "$pid" 2> /dev/null
-      ;;
-  esac
-done
+none_left_running "sleep 7791$$" "sleep 7792$$" "sleep 7793$$" "sleep 7794$$" "sleep 7795$$" ||
+  fail "processes of these launches were left running"
 exit $failed

@@ -586,12 +586,20 @@ int launch_command(const std::vector<std::string>& argv) {
       if (!done[r]) running += (running.empty() ? "rank " : ", rank ") + std::to_string(r);
     return running;
   };
-  auto fail = [&](int rank, int code, const std::string& what) {
+  // The launch's failure: recorded, then told and the other ranks stopped (at once by `fail`;
+  // for ranks seen failed in a look at the ranks, once that look is over).
+  auto record_failure = [&](int rank, int code, const std::string& what) {
     failed_rank = rank;
     exit_code = code;
     failure = what;
+  };
+  auto announce_failure = [&] {
     std::fprintf(stderr, "mok launch: %s; stopping the other ranks\n", failure.c_str());
     stop_all(SIGTERM);
+  };
+  auto fail = [&](int rank, int code, const std::string& what) {
+    record_failure(rank, code, what);
+    announce_failure();
   };
   // When each rank was seen stopped by a signal (-1: running), and by which.
   std::vector<double> rank_stopped_at(n, -1);
@@ -611,9 +619,7 @@ int launch_command(const std::vector<std::string>& argv) {
     // pass is over), any other of the same pass is named beside it.
     auto own_failure = [&](long long r, int code, const std::string& what) {
       if (failed_rank < 0) {
-        failed_rank = static_cast<int>(r);
-        exit_code = code;
-        failure = what;
+        record_failure(static_cast<int>(r), code, what);
         failed_in_this_pass = true;
       } else if (failed_in_this_pass) {
         also_failed += (also_failed.empty() ? "" : "; ") + what;
@@ -684,8 +690,7 @@ int launch_command(const std::vector<std::string>& argv) {
       if (!also_failed.empty())
         failure += " (" + also_failed + " too, seen in the same look at the ranks, every " + std::to_string(kPollMs) +
                    " ms: which came first is not known)";
-      std::fprintf(stderr, "mok launch: %s; stopping the other ranks\n", failure.c_str());
-      stop_all(SIGTERM);
+      announce_failure();
       for (long long r : ended_in_this_pass) kill(-pids[r], SIGTERM);
     }
     for (long long r = 0; r < n; ++r) {
