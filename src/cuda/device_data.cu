@@ -38,14 +38,9 @@ struct DeviceMirror::Impl {
 
   TensorView upload(const HostTensor& t, bool copy) {
     if (t.empty()) return {};
-    void* p = nullptr;
-    MOK_CUDA_CHECK(cudaMalloc(&p, t.bytes()));
-    try {
-      allocations.push_back(p);
-    } catch (...) {
-      cudaFree(p);
-      throw;
-    }
+    allocations.push_back(nullptr);  // (the slot first: a failed push leaks nothing)
+    MOK_CUDA_CHECK(cudaMalloc(&allocations.back(), t.bytes()));
+    void* p = allocations.back();
     total += t.bytes();
     if (copy) MOK_CUDA_CHECK(cudaMemcpy(p, t.data<void>(), t.bytes(), cudaMemcpyHostToDevice));
     TensorView v = t.view();
