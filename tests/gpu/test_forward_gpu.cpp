@@ -884,6 +884,9 @@ TEST_P(GpuCooperative, SameBitsAsTheDefaultLaunch) {
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuCooperative, ::testing::ValuesIn(variant_cases()),
                          [](const auto& info) { return info.param.name; });
 
+// The phases of a forward on one GPU (backend.cu: forward), in order.
+const std::vector<std::string> kOneGpuForwardPhases = {"setup", "schedule", "megakernel", "epilogue"};
+
 // The phase split mok bench records (record_phases): every phase of a one-GPU forward in
 // order, each timed, the megakernel the longest, for exactly the forwards asked for (back to
 // back, no host wait between them), and the same bits as an untimed forward (timing turns
@@ -919,7 +922,7 @@ TEST(GpuPhases, SplitNamesEveryPhaseOfTheAskedForwardsAndChangesNoBits) {
       EXPECT_GT(ph.ms, 0.0) << ph.name;
       if (ph.ms > longest) longest = ph.ms, longest_name = ph.name;
     }
-    EXPECT_EQ(names, (std::vector<std::string>{"setup", "schedule", "megakernel", "epilogue"}));
+    EXPECT_EQ(names, kOneGpuForwardPhases);
     EXPECT_EQ(longest_name, "megakernel");
   }
   backend.record_phases(0);
@@ -1450,7 +1453,7 @@ TEST(GpuPhases, ACapturedForwardIsNotTimed) {
     EXPECT_GT(ph.ms, 0.0) << ph.name;
     names.push_back(ph.name);
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"setup", "schedule", "megakernel", "epilogue"}));
+  EXPECT_EQ(names, kOneGpuForwardPhases);
   mirror.poison_outputs();
   replay_graph(graph, stream, layer, 2);
   cudaGraphDestroy(graph);
