@@ -4,14 +4,63 @@
 #include <gmock/gmock.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <random>
+#include <string>
 
 #include "numerics/numerics.h"
 
 #include "core/backend.h"
 
 namespace mok::test {
+
+namespace {
+
+std::uint64_t seed_from_environment_or_fresh() {
+  const char* given = std::getenv("MOK_TEST_SEED");
+  if (given != nullptr && *given != '\0') {
+    errno = 0;
+    char* end = nullptr;
+    const unsigned long long seed = std::strtoull(given, &end, 10);
+    if (errno != 0 || *end != '\0' || given[0] == '-' || given[0] == '+') {
+      std::fprintf(stderr, "MOK_TEST_SEED=%s: must be a decimal number in [0, 2^64)\n", given);
+      std::exit(2);
+    }
+    return seed;
+  }
+  std::random_device fresh;
+  return (static_cast<std::uint64_t>(fresh()) << 32) ^ fresh();
+}
+
+// Says the seed when the tests start and again after each failed test, next to its failure.
+class SeedReporter : public ::testing::EmptyTestEventListener {
+  void OnTestProgramStart(const ::testing::UnitTest&) override {
+    std::printf("[seed] random inputs from MOK_TEST_SEED=%llu (set it to rerun these inputs)\n",
+                static_cast<unsigned long long>(test_seed()));
+  }
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    if (info.result() != nullptr && info.result()->Failed())
+      std::printf("[seed] %s.%s failed on the inputs of MOK_TEST_SEED=%llu\n", info.test_suite_name(), info.name(),
+                  static_cast<unsigned long long>(test_seed()));
+  }
+};
+
+// (Registered before gtest_main's InitGoogleTest: the listener list is gtest's singleton's.)
+[[maybe_unused]] const bool seed_reporter_registered = [] {
+  ::testing::UnitTest::GetInstance()->listeners().Append(new SeedReporter);
+  return true;
+}();
+
+}  // namespace
+
+std::uint64_t test_seed() {
+  static const std::uint64_t seed = seed_from_environment_or_fresh();
+  return seed;
+}
 
 GpuRun run_gpu_all_ranks(const LayerData& host, const Config& config, int repeats) {
   GpuRun out{host, {}, {}};

@@ -19,6 +19,11 @@ namespace mok::test {
     if (!::mok::cuda_available()) GTEST_SKIP() << "no Hopper (sm_90) CUDA GPU: GPU test skipped"; \
   } while (0)
 
+// The seed of this process's random inputs (data and routing): MOK_TEST_SEED when set, to
+// rerun a failure's inputs, else drawn fresh for every run, so that the checks meet new
+// inputs each time. Printed when the tests start and after every failed test.
+std::uint64_t test_seed();
+
 struct GpuRun {
   LayerData data;                                // y filled from the GPU
   std::vector<std::vector<ScheduleRow>> schedules;

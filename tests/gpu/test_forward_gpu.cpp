@@ -32,9 +32,9 @@
 namespace mok::test {
 namespace {
 
-constexpr std::uint64_t kSeed = 20261202;
-
-LayerData make_data(const Problem& p, const std::string& routing, std::uint64_t seed = kSeed, int weights_rank = -1) {
+// Every test's inputs come from test_seed(): fresh each run, MOK_TEST_SEED to repeat one.
+LayerData make_data(const Problem& p, const std::string& routing, std::uint64_t seed = test_seed(),
+                    int weights_rank = -1) {
   return make_layer_data(p, generate_routing(p, RoutingSpec::parse(routing), seed), seed, false, weights_rank);
 }
 
@@ -142,6 +142,15 @@ struct ForwardCase {
 
 void PrintTo(const ForwardCase& c, std::ostream* os) { *os << c.name; }
 
+// One of MoK's shapes at full width (its H, I, k and shared experts) with `experts` experts
+// in all, so that every rank's weights, held on one GPU with the CPU reference beside them,
+// fit the test's time: the MoK layers' tiles, k and padding on virtual ranks.
+ForwardCase at_full_width(const std::string& name, const std::string& shape, int experts, int ep, int tokens,
+                          const std::string& routing) {
+  const NamedShape& s = find_shape(shape);
+  return ForwardCase{name, experts, s.hidden, s.intermediate, s.top_k, s.shared_intermediate, ep, tokens, routing};
+}
+
 class GpuForward : public ::testing::TestWithParam<ForwardCase> {};
 
 TEST_P(GpuForward, MatchesReference) {
@@ -180,7 +189,11 @@ INSTANTIATE_TEST_SUITE_P(
         ForwardCase{"qwen3_30b_a3b_ep1", 128, 2048, 768, 8, {}, 1, 2048, "gaussian"},
         ForwardCase{"qwen3_30b_a3b_zipf", 128, 2048, 768, 8, {}, 1, 1024, "zipf:1.2"},
         ForwardCase{"mixtral_8x7b_ep1", 8, 4096, 14336, 2, {}, 1, 256, "gaussian"},
-        ForwardCase{"gpt_oss_20b_h2880", 32, 2880, 2880, 4, {}, 1, 512, "gaussian"}),
+        ForwardCase{"gpt_oss_20b_h2880", 32, 2880, 2880, 4, {}, 1, 512, "gaussian"},
+        at_full_width("qwen3_5_width_ep8_zipf", "qwen3.5-397b-a17b", 16, 8, 64, "zipf:1.2"),
+        at_full_width("deepseek_v4_width_ep2", "deepseek-v4-pro", 8, 2, 64, "gaussian"),
+        at_full_width("kimi_k2_7_width_ep1_zipf", "kimi-k2.7-code", 16, 1, 128, "zipf:1.2"),
+        at_full_width("glm_5_2_width_ep8_hot", "glm-5.2", 16, 8, 32, "hot:0.9:5")),
     [](const auto& info) { return info.param.name; });
 
 TEST(GpuForwardLimits, SwigluLimitMatchesReference) {
@@ -255,15 +268,19 @@ TEST(GpuForwardRing, SmallMacrobatchRingWrapsAndStaysCorrect) {
 
 // ---- EP-64 rank slices of MoK's shapes ----------------------------------------------------
 
+constexpr int kBusiestRank = -1;
+
 struct SliceCase {
   std::string shape;
   int tokens;
   std::string routing;
-  int active;
+  int active;  // or kBusiestRank: the rank whose experts receive the most rows (with skewed
+               // routing, the one the skew loads; which it is depends on the seed)
 };
 
 void PrintTo(const SliceCase& c, std::ostream* os) {
-  *os << c.shape << " T=" << c.tokens << " " << c.routing << " rank " << c.active;
+  *os << c.shape << " T=" << c.tokens << " " << c.routing << " rank "
+      << (c.active == kBusiestRank ? std::string("busiest") : std::to_string(c.active));
 }
 
 class GpuRankSlice : public ::testing::TestWithParam<SliceCase> {};
@@ -273,23 +290,29 @@ TEST_P(GpuRankSlice, RowsAndOutputMatchReference) {
   const auto& c = GetParam();
   const Problem p = problem_from_shape(find_shape(c.shape), 64, c.tokens);
   const int R = p.ep_size, T = p.tokens_per_rank, H = p.hidden, k = p.top_k;
-  const LayerData host = make_data(p, c.routing, kSeed, c.active);
+  const Routing routing = generate_routing(p, RoutingSpec::parse(c.routing), test_seed());
+  const RoutingBalance balance = routing_balance(p, routing);
+  const int active = c.active == kBusiestRank ? balance.busiest_rank : c.active;
+  std::printf("[slice] %s %s: rank %d receives %lld rows (%.2fx the mean rank's)\n", c.shape.c_str(),
+              c.routing.c_str(), active, static_cast<long long>(balance.rows_per_rank[active]),
+              static_cast<double>(balance.rows_per_rank[active]) * R / static_cast<double>(balance.total_rows));
+  const LayerData host = make_layer_data(p, routing, test_seed(), false, active);
   LayerOptions o;
   o.backend = Backend::cuda;
   o.ep_mode = EpMode::rank_slice;
-  o.active_rank = c.active;
+  o.active_rank = active;
   Layer layer(p, Config{}, o);
   DeviceMirror mirror(host, 0);
 
   // The slots of the active rank that other ranks would write over NVLink: a known pattern.
   const std::size_t slot_elems = static_cast<std::size_t>(T) * k * H;
   std::vector<std::uint16_t> pattern(slot_elems);
-  for (std::size_t i = 0; i < slot_elems; ++i) pattern[i] = num::bf16_from_float(rng::normal(kSeed, 99, i));
-  ASSERT_EQ(cudaMemcpy(layer.combine_slots(c.active).data, pattern.data(), slot_elems * 2, cudaMemcpyHostToDevice),
+  for (std::size_t i = 0; i < slot_elems; ++i) pattern[i] = num::bf16_from_float(rng::normal(test_seed(), 99, i));
+  ASSERT_EQ(cudaMemcpy(layer.combine_slots(active).data, pattern.data(), slot_elems * 2, cudaMemcpyHostToDevice),
             cudaSuccess);
   // The other ranks' slots, which the active rank writes: NaN, so a row it never pushed fails.
   for (int r = 0; r < R; ++r)
-    if (r != c.active) {
+    if (r != active) {
       ASSERT_EQ(cudaMemset(layer.combine_slots(r).data, 0xff, slot_elems * 2), cudaSuccess);
     }
   layer.forward(mirror.forward_args());
@@ -305,10 +328,10 @@ TEST_P(GpuRankSlice, RowsAndOutputMatchReference) {
   ref::ThreadPool pool(0);
   std::vector<const std::int32_t*> tops;
   for (const auto& rd : host.ranks) tops.push_back(rd.top_experts.data<std::int32_t>());
-  const RankSchedule sched = build_schedule(p, Config{}, tops, c.active);
+  const RankSchedule sched = build_schedule(p, Config{}, tops, active);
   std::vector<ref::SlotBuffer> cpu_combine(R, ref::SlotBuffer(slot_elems, 0));
   const auto fwd = host.forward_args();
-  ref::routed_forward_rank(p, pool, sched, c.active, fwd, cpu_combine);
+  ref::routed_forward_rank(p, pool, sched, active, fwd, cpu_combine);
   std::vector<float> rows_gpu, rows_cpu;
   for (const auto& row : sched.rows) {
     if (row.src_rank < 0) continue;
@@ -336,7 +359,7 @@ TEST_P(GpuRankSlice, RowsAndOutputMatchReference) {
         if (named[r][slot]) continue;
         const std::uint16_t* got = &gpu_combine[r][slot * H];
         for (int h = 0; h < H; ++h)
-          if (got[h] != (r == c.active ? pattern[slot * H + h] : std::uint16_t{0xffff})) {
+          if (got[h] != (r == active ? pattern[slot * H + h] : std::uint16_t{0xffff})) {
             if (stray++ == 0) first_rank = r, first_slot = slot;
             break;
           }
@@ -348,22 +371,23 @@ TEST_P(GpuRankSlice, RowsAndOutputMatchReference) {
   // Expected y: the active rank's own rows from the reference, the rest as filled in.
   ref::SlotBuffer expected_slots = pattern;
   for (const auto& row : sched.rows)
-    if (row.src_rank == c.active)
+    if (row.src_rank == active)
       std::memcpy(&expected_slots[static_cast<std::size_t>(row.slot) * H],
-                  &cpu_combine[c.active][static_cast<std::size_t>(row.slot) * H], H * 2);
+                  &cpu_combine[active][static_cast<std::size_t>(row.slot) * H], H * 2);
   HostTensor y_expected(DType::bf16, {T, H});
-  const auto shared_out = ref::shared_forward_rank(p, pool, fwd[c.active]);
-  ref::combine_epilogue_rank(p, pool, shared_out, expected_slots, host.ranks[c.active].router_weights.data<float>(),
+  const auto shared_out = ref::shared_forward_rank(p, pool, fwd[active]);
+  ref::combine_epilogue_rank(p, pool, shared_out, expected_slots, host.ranks[active].router_weights.data<float>(),
                              y_expected.data<std::uint16_t>());
-  const Comparison y = compare(gpu.ranks[c.active].y, y_expected);
+  const Comparison y = compare(gpu.ranks[active].y, y_expected);
   std::printf("[check] slice %s y: %s\n", c.shape.c_str(), y.describe().c_str());
   EXPECT_TRUE(y.passes(tol.max_abs, tol.rel)) << y.describe();
 }
 
 INSTANTIATE_TEST_SUITE_P(MokShapes, GpuRankSlice,
                          ::testing::Values(SliceCase{"qwen3.5-397b-a17b", 256, "gaussian", 0},
-                                           SliceCase{"qwen3.5-397b-a17b", 256, "zipf:1.2", 5},
+                                           SliceCase{"qwen3.5-397b-a17b", 128, "zipf:1.2", kBusiestRank},
                                            SliceCase{"deepseek-v4-pro", 128, "gaussian", 63},
+                                           SliceCase{"deepseek-v4-pro", 64, "zipf:1.2", kBusiestRank},
                                            SliceCase{"kimi-k2.7-code", 128, "gaussian", 1},
                                            SliceCase{"glm-5.2", 128, "gaussian", 2}),
                          [](const auto& info) {
@@ -386,7 +410,7 @@ TEST(GpuDeterminism, RunToRunAndRepeatedCallsAreBitwiseIdentical) {
   // One layer, another batch (other x, weights and routing) between two calls with the first:
   // the third call's y is the first's bit for bit, so nothing a forward leaves behind (ring
   // rows, staged activations, counters) stands in for what the next one must compute.
-  const LayerData other = make_data(p, "gaussian", kSeed + 1);
+  const LayerData other = make_data(p, "gaussian", test_seed() + 1);
   LayerOptions o;
   o.backend = Backend::cuda;
   Layer layer(p, Config{}, o);
@@ -759,7 +783,7 @@ TEST(GpuHalfTiles, BitwiseEqualToWholeTilesAndCountedExactly) {
   routing.top_experts.assign(1, {});
   routing.router_weights.assign(1, std::vector<float>(tokens, 1.0f));
   for (int e = 0; e < static_cast<int>(counts.size()); ++e) routing.top_experts[0].insert(routing.top_experts[0].end(), counts[e], e);
-  const LayerData host = make_layer_data(p, routing, kSeed, false, -1);
+  const LayerData host = make_layer_data(p, routing, test_seed(), false, -1);
   expect_half_tiles_match_whole("edge_counts", host, Config{});
   EXPECT_EQ(expected_half_tile_tasks(p, run_gpu_all_ranks(host).stats[0]), 4 * (2 + 2)) << "4 half tiles, 4 tasks each";
 }
@@ -931,9 +955,40 @@ TEST(GpuPhases, SplitNamesEveryPhaseOfTheAskedForwardsAndChangesNoBits) {
 }
 
 struct CapturedForward {
-  std::vector<std::string> kernels;
+  std::vector<std::string> kernels;  // the forward's own by name, others as "other kernel"
   int memsets = 0, memcpys = 0;
+  long count(const char* part) const {
+    return std::count_if(kernels.begin(), kernels.end(),
+                         [&](const std::string& k) { return k.find(part) != std::string::npos; });
+  }
 };
+
+// The nodes of a captured forward, listed into `captured` and printed.
+void list_graph_nodes(cudaGraph_t graph, CapturedForward& captured) {
+  std::size_t n = 0;
+  ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &n), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(n);
+  ASSERT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
+  for (auto node : nodes) {
+    cudaGraphNodeType type;
+    ASSERT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
+    if (type == cudaGraphNodeTypeKernel) {
+      cudaKernelNodeParams kp;
+      ASSERT_EQ(cudaGraphKernelNodeGetParams(node, &kp), cudaSuccess);
+      std::string name = "other kernel";
+      for (const auto& [func, known] : cuda_forward_kernels())
+        if (func == kp.func) name = known;
+      captured.kernels.push_back(name);
+    } else if (type == cudaGraphNodeTypeMemset) {
+      ++captured.memsets;
+    } else if (type == cudaGraphNodeTypeMemcpy) {
+      ++captured.memcpys;
+    }
+  }
+  std::printf("[graph] %zu kernel nodes, %d memset, %d memcpy, %zu nodes in all:\n", captured.kernels.size(),
+              captured.memsets, captured.memcpys, n);
+  for (const auto& k : captured.kernels) std::printf("[graph]   %s\n", k.c_str());
+}
 
 // One forward captured into a graph on `stream`; nullptr (and a test failure) when the
 // forward throws, with the capture ended so that no other test inherits it.
@@ -1097,36 +1152,12 @@ TEST(GpuGraph, ReplayIsBitwiseIdenticalAndShowsOneMegakernel) {
   const cudaGraph_t graph = cs.graph;
 
   CapturedForward captured;
-  std::size_t n = 0;
-  ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &n), cudaSuccess);
-  std::vector<cudaGraphNode_t> nodes(n);
-  ASSERT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
-  for (auto node : nodes) {
-    cudaGraphNodeType type;
-    ASSERT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
-    if (type == cudaGraphNodeTypeKernel) {
-      cudaKernelNodeParams kp;
-      ASSERT_EQ(cudaGraphKernelNodeGetParams(node, &kp), cudaSuccess);
-      std::string name = "unknown kernel";
-      for (const auto& [func, known] : cuda_forward_kernels())
-        if (func == kp.func) name = known;
-      captured.kernels.push_back(name);
-    } else if (type == cudaGraphNodeTypeMemset) {
-      ++captured.memsets;
-    } else if (type == cudaGraphNodeTypeMemcpy) {
-      ++captured.memcpys;
-    }
-  }
-  std::printf("[graph] %zu kernel nodes, %d memset, %d memcpy:\n", captured.kernels.size(), captured.memsets,
-              captured.memcpys);
-  for (const auto& k : captured.kernels) std::printf("[graph]   %s\n", k.c_str());
+  ASSERT_NO_FATAL_FAILURE(list_graph_nodes(graph, captured));
   // schedule (count with validation, offsets, scatter beside plan), ONE megakernel, the
-  // epilogue. (x is staged only in a real group, where peers pull from its symmetric window.)
+  // epilogue. (x is staged only in a real group, where peers pull from its symmetric window:
+  // GpuGroup.ACapturedForwardStagesXAndReplaysTheEagerBits.)
   ASSERT_EQ(captured.kernels.size(), 5u);
-  auto count = [&](const char* part) {
-    return std::count_if(captured.kernels.begin(), captured.kernels.end(),
-                         [&](const std::string& k) { return k.find(part) != std::string::npos; });
-  };
+  const auto count = [&](const char* part) { return captured.count(part); };
   EXPECT_EQ(count("forward_megakernel"), 1);
   EXPECT_EQ(count("stage_x_kernel"), 0);
   EXPECT_EQ(count("combine_epilogue_kernel"), 1);
@@ -1138,6 +1169,12 @@ TEST(GpuGraph, ReplayIsBitwiseIdenticalAndShowsOneMegakernel) {
 
   ASSERT_NO_FATAL_FAILURE(cs.replay(5));
   expect_same_bits(cs.captured_y(), cs.eager, "graph replay vs eager");
+  // Each replay's own y, not only the last one's: y poisoned before each.
+  for (int replay = 0; replay < 3; ++replay) {
+    cs.mirror->poison_outputs();
+    ASSERT_NO_FATAL_FAILURE(cs.replay(1));
+    expect_same_bits(cs.captured_y(), cs.eager, "single graph replay " + std::to_string(replay) + " vs eager");
+  }
 }
 
 TEST(GpuGraph, CapturedTensorsKeepTheirSlotThroughManyEagerTensorSets) {
@@ -1626,6 +1663,46 @@ void forward_on_a_new_layer(const Problem& p, DeviceMirror& mirror, LayerData& h
   mirror.copy_outputs_to(host);
 }
 
+// A real group's forward captured into a CUDA graph (the launch sequence of issue 4 as a
+// group runs it): x staged into its symmetric window, the schedule's three kernels, ONE
+// megakernel, the epilogue, with NCCL's collectives (the ids' all-gather, the group barrier)
+// as whatever nodes NCCL captures; its replays give the eager forward's bits.
+TEST(GpuGroup, ACapturedForwardStagesXAndReplaysTheEagerBits) {
+  MOK_REQUIRE_GROUP();
+  const GroupOfOneEnv launched;
+  const Problem p = make_problem(16, 256, 128, 4, {128}, 1, 96);  // (small: synccheck runs it too)
+  LayerData host = make_data(p, "gaussian");
+  OwnedStream stream;  // (declared before the layer: destroyed after it)
+  LayerOptions o = group_of_one();
+  o.cuda_stream = stream;
+  auto layer = std::make_unique<Layer>(p, Config{}, o);
+  DeviceMirror mirror(host, 0);
+  layer->forward(mirror.forward_args());
+  layer->synchronize();
+  LayerData eager = host;
+  mirror.copy_outputs_to(eager);
+  expect_close(eager, run_reference(host), Precision::bf16, "group of one, eager");
+
+  mirror.poison_outputs();
+  cudaGraph_t graph = capture_forward(*layer, stream, mirror.forward_args());
+  ASSERT_NE(graph, nullptr);
+  CapturedForward captured;
+  list_graph_nodes(graph, captured);
+  EXPECT_EQ(captured.count("stage_x_kernel"), 1);
+  EXPECT_EQ(captured.count("schedule_"), 3);
+  EXPECT_EQ(captured.count("forward_megakernel"), 1);
+  EXPECT_EQ(captured.count("combine_epilogue_kernel"), 1);
+  for (int replay = 0; replay < 3 && !HasFatalFailure(); ++replay) {
+    mirror.poison_outputs();
+    replay_graph(graph, stream, *layer, 1);
+    LayerData got = host;
+    mirror.copy_outputs_to(got);
+    expect_same_bits(global_y(got), global_y(eager), "group of one, graph replay " + std::to_string(replay));
+  }
+  cudaGraphDestroy(graph);
+  layer.reset();
+}
+
 // Forwards still queued when a group is abandoned read the peers' memory, which the abort
 // unmaps: the abort first waits for any megakernel that may be running, and forwards whose
 // ids were not gathered yet see the abandoned word and keep off the peers. No fault: the
@@ -1856,11 +1933,11 @@ INSTANTIATE_TEST_SUITE_P(
 // Random single bad entries against the id validation, in chunks of one source rank and in
 // chunks spanning two, k chosen so that tokens straddle both the validation's 32-id steps
 // and the chunks (128 ids here), the bad entry anywhere in the batch. Each forward must name
-// exactly that entry and poison y; the seed is printed, so a failure reproduces.
+// exactly that entry and poison y; the seed is printed (MOK_TEST_SEED), so a failure reproduces.
 TEST(GpuRoutingErrorsRandom, EveryBadEntryIsNamedWhereverItSits) {
   MOK_REQUIRE_GPU();
-  const std::uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  const std::uint64_t seed = test_seed();
+  SCOPED_TRACE("MOK_TEST_SEED=" + std::to_string(seed));
   std::mt19937_64 rng(seed);
   for (int k : {1, 2, 5, 7, 10, 15, 16, 17}) {
     // Odd k at T = 64: T*k is not a multiple of the chunk, so some chunks span both ranks
@@ -1954,7 +2031,7 @@ TEST(GpuErrors, AnAbandonedGroupsForwardTouchesNoOtherRanksMemory) {
   const ScopedEnv fault("MOK_TEST_FAULT", "abandoned_group");
   const int active = 1;
   const Problem p = make_problem(16, 256, 128, 4, {}, 4, 256);
-  const LayerData host = make_data(p, "gaussian", kSeed, active);
+  const LayerData host = make_data(p, "gaussian", test_seed(), active);
   LayerOptions o;
   o.backend = Backend::cuda;
   o.ep_mode = EpMode::rank_slice;
@@ -2006,7 +2083,7 @@ TEST(GpuErrors, CapacityBoundaryIsExact) {
   c.schedule_capacity_factor = 0.1;
   const std::int64_t capacity = schedule_capacity_rows(p, c);
   std::vector<std::int64_t> rows = whole_tile_rows(p, capacity, c.tile_rows);
-  const LayerData full = make_layer_data(p, routing_with_rank0_rows(p, rows), kSeed, false);
+  const LayerData full = make_layer_data(p, routing_with_rank0_rows(p, rows), test_seed(), false);
   const GpuRun gpu = run_gpu_all_ranks(full, c);
   ASSERT_EQ(gpu.stats.size(), 4u);
   EXPECT_EQ(gpu.stats[0].real_rows, capacity);
@@ -2014,7 +2091,7 @@ TEST(GpuErrors, CapacityBoundaryIsExact) {
   expect_close(gpu.data, run_reference(full, c), p.precision, "rank 0 at its capacity");
 
   rows[1] += 1;  // a tile more of padding
-  LayerData over = make_layer_data(p, routing_with_rank0_rows(p, rows), kSeed, false);
+  LayerData over = make_layer_data(p, routing_with_rank0_rows(p, rows), test_seed(), false);
   LayerOptions o;
   o.backend = Backend::cuda;
   Layer layer(p, c, o);
