@@ -99,11 +99,13 @@ note "$sass"
 
 if [ $RUN_TESTS = 1 ]; then
   start=$(date +%s)
-  timeout 170 "$BIN/mok_gpu_tests" --gtest_filter="$GTEST_FILTER" --gtest_output=xml:"$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1
+  timeout 240 "$BIN/mok_gpu_tests" --gtest_filter="$GTEST_FILTER" --gtest_output=xml:"$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1
   rc=$?
   [ $rc = 0 ] || FAILED=1
-  grep -E "^\[check\]|^\[graph\]" "$OUT/gpu_tests.log" > "$OUT/gpu_checks.txt" || true
-  note "gpu tests: rc=$rc, $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/gpu_tests.log" | tr '\n' ' ') in $(( $(date +%s) - start )) s"
+  grep -E "^\[seed\]|^\[check\]|^\[graph\]|^\[slice\]" "$OUT/gpu_tests.log" > "$OUT/gpu_checks.txt" || true
+  # (Fresh inputs every run: the seed they came from, to repeat them with MOK_TEST_SEED.)
+  test_seed=$(grep -m1 -oE 'MOK_TEST_SEED=[0-9]+' "$OUT/gpu_tests.log")
+  note "gpu tests: rc=$rc, $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/gpu_tests.log" | tr '\n' ' ') in $(( $(date +%s) - start )) s, inputs of ${test_seed:-an unknown seed}"
   grep -E "^\[  FAILED  \]" "$OUT/gpu_tests.log" | head -20
   # A skip is a failure here (no GPU seen, say), but for tests that need what one machine may
   # lack: a second GPU (GpuDevices) and NCCL (GpuGroup, GpuGroupDeathTest: the group section runs
@@ -119,7 +121,7 @@ if [ $RUN_TESTS = 1 ]; then
   [ -z "${allowed// /}" ] || note "gpu tests: skipped for want of a second GPU: $allowed"
   if [ $rc != 0 ] && [ -z "${MOK_STORE_WARP:-}" ]; then
     # Diagnosis: do the failures follow the store warp (the default) or not?
-    timeout 170 env MOK_STORE_WARP=0 "$BIN/mok_gpu_tests" --gtest_filter="$GTEST_FILTER" \
+    timeout 240 env MOK_STORE_WARP=0 ${test_seed:+"$test_seed"} "$BIN/mok_gpu_tests" --gtest_filter="$GTEST_FILTER" \
       > "$OUT/gpu_tests_store_warp_off.log" 2>&1
     note "gpu tests with MOK_STORE_WARP=0 (diagnosis): rc=$?, $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' \
       "$OUT/gpu_tests_store_warp_off.log" | tr '\n' ' ')"
