@@ -461,6 +461,10 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
         staging_empty_phase ^= 1;
       }
       if (task.phantom()) {
+        // Every consumer thread past its staging_empty wait before the hand-over, as on the
+        // tile path: the store warp answers a phantom at once, so a thread still before that
+        // wait would find staging_empty two phases on, its parity the same, and wait for good.
+        consumers_sync();
         if (ct == 0) {
           *sm.store_job = task.bits;
           sm90::mbar_arrive(sm.staging_full);
