@@ -104,16 +104,24 @@ INSTANTIATE_TEST_SUITE_P(Routings, GpuSchedule,
 // The cases above have few ids, so the schedule kernels take 128-id chunks; MoK's shapes at
 // their real token counts (0.8-1.3M ids) take 512-id chunks, chosen once the large chunks still
 // give every SM a count/scatter block (backend.cu: 8 warps a block). Enough ids for that on
-// this GPU, with the GEMMs kept small, and the schedule against the CPU builder's.
-TEST(GpuScheduleLargeChunks, BitwiseEqualToCpuBuilder) {
+// this GPU, with the GEMMs kept small, and the schedule against the CPU builder's: with T*k a
+// multiple of the chunk (every chunk within one source rank), and with odd k and k above 16
+// at an odd T, so that chunks span two ranks (the general count, scatter and validation
+// paths, which a real batch of, say, 2000 tokens at k = 7 takes).
+class GpuScheduleLargeChunks : public ::testing::TestWithParam<int> {};
+
+TEST_P(GpuScheduleLargeChunks, BitwiseEqualToCpuBuilder) {
   MOK_REQUIRE_GPU();
   cudaDeviceProp prop;
   ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
-  const int R = 8, k = 8;
+  const int R = 8, k = GetParam();
   const long long large_chunk_ids = 512LL * 8 * prop.multiProcessorCount;  // the threshold
-  const int T = static_cast<int>((large_chunk_ids * 5 / 4 / (R * k) + 63) / 64 * 64);
+  const long long tokens_needed = large_chunk_ids * 5 / 4 / (R * k);
+  const int T = k == 8 ? static_cast<int>((tokens_needed + 63) / 64 * 64)  // T*k a multiple of 512
+                       : static_cast<int>(tokens_needed | 1);               // odd: chunks span ranks
   const Problem p = make_problem(64, 256, 128, k, {}, R, T);
   ASSERT_GE(static_cast<long long>(R) * T * k, large_chunk_ids);
+  ASSERT_EQ(static_cast<long long>(T) * k % 512 == 0, k == 8) << "T = " << T << ", k = " << k;
   const LayerData host = make_data(p, "gaussian");
   const GpuRun gpu = run_gpu_all_ranks(host);
   std::vector<const std::int32_t*> tops;
@@ -128,6 +136,9 @@ TEST(GpuScheduleLargeChunks, BitwiseEqualToCpuBuilder) {
   for (int r = 0; r < R; ++r)
     EXPECT_FALSE(std::isnan(num::bf16_to_float(gpu.data.ranks[r].y.data<std::uint16_t>()[0]))) << "rank " << r;
 }
+
+INSTANTIATE_TEST_SUITE_P(TopK, GpuScheduleLargeChunks, ::testing::Values(8, 7, 17),
+                         [](const auto& info) { return "k" + std::to_string(info.param); });
 
 // ---- forward vs reference, all ranks on one GPU ("virtual ranks") ------------------------
 
@@ -317,6 +328,18 @@ TEST_P(GpuRankSlice, RowsAndOutputMatchReference) {
     }
   layer.forward(mirror.forward_args());
   layer.synchronize();
+  // The slice's schedule (its rank's rows, from every rank's ids) is the CPU builder's bit
+  // for bit: row order and padding, which the values below cannot see.
+  {
+    std::vector<const std::int32_t*> tops;
+    for (const auto& r : host.ranks) tops.push_back(r.top_experts.data<std::int32_t>());
+    const RankSchedule want = build_schedule(p, Config{}, tops, active);
+    const auto got = LayerInternals::backend(layer).last_schedules();
+    ASSERT_EQ(got.size(), 1u);
+    ASSERT_EQ(got[0].size(), want.rows.size()) << "rank " << active << "'s padded rows";
+    for (std::size_t i = 0; i < want.rows.size(); ++i)
+      ASSERT_EQ(got[0][i], want.rows[i]) << "rank " << active << " row " << i;
+  }
   LayerData gpu = host;
   mirror.copy_outputs_to(gpu);
   std::vector<ref::SlotBuffer> gpu_combine(R, ref::SlotBuffer(slot_elems));
