@@ -247,14 +247,25 @@ if [ $RUN_SAN = 1 ] && ! command -v compute-sanitizer > /dev/null; then
   fi
 fi
 if [ $RUN_SAN = 1 ] && command -v compute-sanitizer > /dev/null; then
+  # The default launch on virtual ranks (checked against the reference), then the paths it
+  # does not take: task pairs (2-CTA clusters, multicast) with a ring that wraps, and a rank
+  # slice (its own schedule and slots). Each log is appended to its tool's.
+  san_runs=("--shape tiny --check"
+            "--shape small --pairs --macrobatch 128 --check"
+            "--shape small --ep-mode slice")
   for tool in ${SANITIZERS:-memcheck racecheck}; do
-    timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/mok" run --backend cuda --shape tiny \
-      --pass forward --iters 1 --warmup 0 --check > "$OUT/sanitizer_$tool.log" 2>&1
-    src=$?
-    [ $src = 0 ] || FAILED=1
-    note "compute-sanitizer $tool: rc=$src $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | head -1)"
-    # The first reports, where the table is read (the full log is in the pack).
-    [ $src = 0 ] || grep -v '^mok\|^  ' "$OUT/sanitizer_$tool.log" | head -40
+    : > "$OUT/sanitizer_$tool.log"
+    for run in "${san_runs[@]}"; do
+      echo "== compute-sanitizer --tool $tool: mok run $run" >> "$OUT/sanitizer_$tool.log"
+      # shellcheck disable=SC2086  # (each run's words, split)
+      timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/mok" run --backend cuda $run \
+        --pass forward --iters 1 --warmup 0 >> "$OUT/sanitizer_$tool.log" 2>&1
+      src=$?
+      [ $src = 0 ] || FAILED=1
+      note "compute-sanitizer $tool, $run: rc=$src $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
+      # The first reports, where the table is read (the full log is in the pack).
+      [ $src = 0 ] || grep -v '^mok\|^  ' "$OUT/sanitizer_$tool.log" | tail -40
+    done
   done
   # memcheck over the NCCL provider too (a group of one GPU: the windows' LSA pointers, the
   # all-gather and barrier kernels). NCCL's own probing makes CUDA API calls that fail by

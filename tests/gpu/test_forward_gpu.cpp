@@ -456,14 +456,25 @@ TEST(GpuDeterminism, RunToRunAndRepeatedCallsAreBitwiseIdentical) {
 
 TEST(GpuDeterminism, EpSizesGiveBitwiseIdenticalOutputs) {
   MOK_REQUIRE_GPU();
-  // The same global batch of 512 tokens over 1, 2 and 8 virtual ranks.
-  std::vector<std::vector<std::uint16_t>> outs;
-  for (int R : {1, 2, 8}) {
-    const Problem p = make_problem(16, 512, 256, 4, {256}, R, 512 / R);
-    outs.push_back(global_y(run_gpu_all_ranks(make_data(p, "gaussian")).data));
-  }
-  for (std::size_t i = 1; i < outs.size(); ++i) {
-    expect_same_bits(outs[i], outs[0], "EP variant " + std::to_string(i));
+  // The same global batch of 512 tokens over 1, 2 and 8 virtual ranks (the data and routing
+  // are keyed by global token and expert): a small layer with Gaussian routing, and Qwen3.5's
+  // width (16 experts) with skewed routing.
+  const NamedShape& qwen = find_shape("qwen3.5-397b-a17b");
+  struct LayerShape {
+    int E, H, I, k;
+    std::vector<int> shared;
+    std::string routing;
+  };
+  for (const LayerShape& l : {LayerShape{16, 512, 256, 4, {256}, "gaussian"},
+                              LayerShape{16, qwen.hidden, qwen.intermediate, qwen.top_k, qwen.shared_intermediate,
+                                         "zipf:1.2"}}) {
+    std::vector<std::vector<std::uint16_t>> outs;
+    for (int R : {1, 2, 8}) {
+      const Problem p = make_problem(l.E, l.H, l.I, l.k, l.shared, R, 512 / R);
+      outs.push_back(global_y(run_gpu_all_ranks(make_data(p, l.routing)).data));
+    }
+    for (std::size_t i = 1; i < outs.size(); ++i)
+      expect_same_bits(outs[i], outs[0], "H = " + std::to_string(l.H) + " " + l.routing + ", EP variant " + std::to_string(i));
   }
 }
 
