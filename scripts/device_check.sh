@@ -251,7 +251,7 @@ if [ $RUN_SAN = 1 ] && command -v compute-sanitizer > /dev/null; then
   # does not take: task pairs (2-CTA clusters, multicast) with a ring that wraps, and a rank
   # slice (its own schedule and slots). Each log is appended to its tool's.
   san_runs=("--shape tiny --check"
-            "--shape small --pairs --macrobatch 128 --check"
+            "--shape small --pairs --minibatch 128 --macrobatch 128 --check"
             "--shape small --ep-mode slice")
   for tool in ${SANITIZERS:-memcheck racecheck}; do
     : > "$OUT/sanitizer_$tool.log"
