@@ -404,11 +404,59 @@ TEST(GroupErrors, APeersDeviceErrorIsNamedWithItsRankAndWhat) {
             "must be in [0, num_experts)");
   gathered[6].code = kWaitTimeout;
   gathered[7].code = kNonFiniteWeight;
+  gathered[7].index = 7LL * T * k;  // rank 7, token 0, slot 0
   EXPECT_THAT(describe_peer_errors(gathered, 2, T, k).value(),
               ::testing::AllOf(HasSubstr("rank 5 of the EP group"), HasSubstr("(and 2 other ranks recorded one too)")));
-  EXPECT_THAT(describe_peer_errors(gathered, 5, T, k).value(),  // seen from rank 5: rank 2 is first
-              ::testing::AllOf(HasSubstr("rank 2 of the EP group recorded a device error: schedule: rank"),
+  // Seen from rank 5: rank 7's bad routing comes before rank 2's capacity overflow (a cause
+  // first: APeersBadRoutingIsNamedAsTheLikelyCause); without it, rank 2 is first.
+  EXPECT_THAT(describe_peer_errors(gathered, 5, T, k).value(),
+              ::testing::AllOf(HasSubstr("rank 7 of the EP group recorded a device error: router_weights[rank 7]"),
                                HasSubstr("(and 2 other ranks")));
+  gathered[7] = DeviceError{};
+  EXPECT_THAT(describe_peer_errors(gathered, 5, T, k).value(),
+              ::testing::AllOf(HasSubstr("rank 2 of the EP group recorded a device error: schedule: rank"),
+                               HasSubstr("(and 1 other rank recorded one too)")));
+}
+
+// Bad routing on a peer is named before other ranks' errors, and before this rank's own
+// capacity overflow, which the peer's repeated ids can cause (a rank checks only its own
+// ids); any other own error comes first, with the peers' after it.
+TEST(GroupErrors, APeersBadRoutingIsNamedAsTheLikelyCause) {
+  using namespace mok::cuda;
+  const int T = 512, k = 8;
+  std::vector<DeviceError> gathered(8, DeviceError{});
+  gathered[1].code = kCapacityExceeded;
+  gathered[1].rank = 1;
+  gathered[6].code = kDuplicateExpert;
+  gathered[6].index = 6LL * T * k + 2 * k + 1;  // rank 6, token 2, slot 1
+  gathered[6].value = 3;
+  EXPECT_THAT(describe_peer_errors(gathered, 0, T, k).value(),
+              ::testing::AllOf(::testing::StartsWith("rank 6 of the EP group recorded a device error: top_experts[rank 6]"
+                                                     "[token 2]: expert 3 appears twice"),
+                               HasSubstr("(and 1 other rank recorded one too)")));
+
+  DeviceError own{};
+  own.code = kCapacityExceeded;
+  own.rank = 0;
+  own.index = 4096;
+  own.value = 4224;
+  EXPECT_THAT(describe_forward_errors(own, gathered, 0, T, k),
+              ::testing::AllOf(::testing::StartsWith("rank 6 of the EP group recorded a device error"),
+                               HasSubstr("possibly because of it"),
+                               HasSubstr("schedule: rank 0 receives 4224 padded rows, more than its capacity of 4096"),
+                               HasSubstr("1.0 covers every valid routing")));
+  // Without a peer's bad routing, or with another own error: the own error first.
+  std::vector<DeviceError> capacity_only = gathered;
+  capacity_only[6] = DeviceError{};
+  EXPECT_THAT(describe_forward_errors(own, capacity_only, 0, T, k),
+              ::testing::AllOf(::testing::StartsWith("schedule: rank 0 receives 4224 padded rows"),
+                               HasSubstr("; in the same forward, rank 1 of the EP group")));
+  DeviceError own_bad = gathered[6];
+  own_bad.index = 2LL * k;  // rank 0, token 2, slot 0
+  EXPECT_THAT(describe_forward_errors(own_bad, gathered, 0, T, k),
+              ::testing::AllOf(::testing::StartsWith("top_experts[rank 0][token 2]"),
+                               HasSubstr("; in the same forward, rank 6 of the EP group")));
+  EXPECT_EQ(describe_forward_errors(own, {}, 0, T, k), describe_device_error(own, T, k));  // outside a group
 }
 
 // A forward whose schedule saw the group being aborted names the rank and says that it kept

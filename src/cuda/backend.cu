@@ -1108,8 +1108,9 @@ class CudaBackend final : public BackendImpl {
     // own error when it has one: each forward's errors are reported once, so a second
     // synchronize() never blames a peer for a forward already reported.
     std::optional<std::string> peer;
+    std::vector<DeviceError> gathered;  // (empty outside a group)
     if (group_) {
-      std::vector<DeviceError> gathered(group_->size());
+      gathered.resize(group_->size());
       MOK_CUDA_CHECK(cudaMemcpy(gathered.data(), group_errors_.as<DeviceError>(), gathered.size() * sizeof(DeviceError),
                                 cudaMemcpyDeviceToHost));
       peer = describe_peer_errors(gathered, first_rank_, problem_.tokens_per_rank, problem_.top_k);
@@ -1122,8 +1123,7 @@ class CudaBackend final : public BackendImpl {
       // (a cudaMemset on the legacy stream may still be pending behind other work there
       // while a non-blocking stream_ runs that forward, and wipe the error it records).
       MOK_CUDA_CHECK(cudaMemsetAsync(error_.as<DeviceError>(), 0, sizeof(DeviceError), stream_));
-      throw Error(describe_device_error(e, problem_.tokens_per_rank, problem_.top_k) +
-                  (peer ? "; in the same forward, " + *peer : std::string()));
+      throw Error(describe_forward_errors(e, gathered, first_rank_, problem_.tokens_per_rank, problem_.top_k));
     }
     if (peer)
       throw PeerWaitError("forward: " + *peer + "; y was poisoned with NaN here too (that rank's rows for this "

@@ -23,7 +23,7 @@ std::string describe_device_error(const DeviceError& e, int T, int k) {
       break;
     case kCapacityExceeded:
       s << "schedule: rank " << e.rank << " receives " << e.value << " padded rows, more than its capacity of "
-        << e.index << "; raise Config::schedule_capacity_factor (1.0 covers every routing). No token was dropped: "
+        << e.index << "; raise Config::schedule_capacity_factor (1.0 covers every valid routing). No token was dropped: "
         << "the forward's output was poisoned with NaN";
       break;
     case kWaitTimeout: {
@@ -65,20 +65,39 @@ std::string describe_device_error(const DeviceError& e, int T, int k) {
   return s.str();
 }
 
+bool is_routing_error(int code) {
+  return code == kExpertOutOfRange || code == kDuplicateExpert || code == kNonFiniteWeight;
+}
+
 std::optional<std::string> describe_peer_errors(std::span<const DeviceError> gathered, int self_rank, int T, int k) {
-  int first = -1, others = 0;
+  int first = -1, first_routing = -1, failed = 0;
   for (int r = 0; r < static_cast<int>(gathered.size()); ++r) {
     if (r == self_rank || gathered[r].code == kOk) continue;
-    if (first < 0)
-      first = r;
-    else
-      ++others;
+    ++failed;
+    if (first < 0) first = r;
+    if (first_routing < 0 && is_routing_error(gathered[r].code)) first_routing = r;
   }
   if (first < 0) return std::nullopt;
+  if (first_routing >= 0) first = first_routing;
+  const int others = failed - 1;
   std::string s = "rank " + std::to_string(first) + " of the EP group recorded a device error: " +
                   describe_device_error(gathered[first], T, k);
   if (others > 0) s += " (and " + std::to_string(others) + " other rank" + (others > 1 ? "s" : "") + " recorded one too)";
   return s;
+}
+
+std::string describe_forward_errors(const DeviceError& own, std::span<const DeviceError> gathered, int self_rank,
+                                    int T, int k) {
+  const std::string mine = describe_device_error(own, T, k);
+  const std::optional<std::string> peers = describe_peer_errors(gathered, self_rank, T, k);
+  if (!peers) return mine;
+  bool peer_bad_routing = false;
+  for (int r = 0; r < static_cast<int>(gathered.size()); ++r)
+    if (r != self_rank && is_routing_error(gathered[r].code)) peer_bad_routing = true;
+  if (own.code == kCapacityExceeded && peer_bad_routing)
+    return *peers + "; in the same forward, and possibly because of it (this rank's capacity check counts the rows "
+                    "its peers' ids send it): " + mine;
+  return mine + "; in the same forward, " + *peers;
 }
 
 }  // namespace mok::cuda

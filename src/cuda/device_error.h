@@ -40,10 +40,23 @@ struct DeviceError {
 // The error as one sentence naming the argument, rank, token and slot (or the wait) involved.
 std::string describe_device_error(const DeviceError& e, int tokens_per_rank, int top_k);
 
+// Bad routing (an id out of range, a repeated id, a non-finite weight): a cause, named first
+// when several ranks recorded errors in one forward (a rank's repeated ids can push another
+// rank past its capacity, which only checks the rank's own ids).
+bool is_routing_error(int code);
+
 // A real group's barrier gathers every rank's DeviceError (entry r: rank r's). The first rank
-// other than `self_rank` that recorded one, described, with how many others did; nothing when
-// no other rank did (this rank's own error is reported as its own).
+// other than `self_rank` that recorded bad routing, else the first that recorded any error,
+// described, with how many others did; nothing when no other rank did (this rank's own error
+// is reported as its own).
 std::optional<std::string> describe_peer_errors(std::span<const DeviceError> gathered, int self_rank,
                                                 int tokens_per_rank, int top_k);
+
+// What synchronize() says for this rank's own error `own` (code != kOk) with the peers'
+// errors of the same forward (`gathered` empty outside a group): the own error, then the
+// peers'; but a capacity overflow here after a peer's bad routing names the peer's first,
+// since it may be the cause.
+std::string describe_forward_errors(const DeviceError& own, std::span<const DeviceError> gathered, int self_rank,
+                                    int tokens_per_rank, int top_k);
 
 }  // namespace mok::cuda
