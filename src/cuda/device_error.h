@@ -35,6 +35,14 @@ struct DeviceError {
   long long index;
   long long value;
   int abort;  // set once any failure is recorded
+  int pad2;
+  // The first bad routing entry, as the CPU's validation would name it: the count kernel's
+  // checks run in any order, so each keeps the least key (stream position g << 2 | code - 1:
+  // at one position out of range, then repeated, then the weight) stored inverted by
+  // atomicMax (0: none), and the offsets kernel records that one as the error (code, rank,
+  // index, value), ahead of a capacity overflow, as the CPU checks the ids before the
+  // schedule.
+  unsigned long long first_bad_routing_inverted;
 };
 
 // The error as one sentence naming the argument, rank, token and slot (or the wait) involved.

@@ -176,9 +176,26 @@ __device__ __forceinline__ void load_chunk(const ScheduleParams& p, const Stream
 }
 
 // A bad routing entry at stream position g (kept out of line: inlined at every check, the
-// error path multiplied the count kernel's code).
-__device__ __noinline__ void report_bad_entry(DeviceError* err, int code, int rank, unsigned g, int value) {
-  report_error(err, code, rank, 0, g, value);
+// error path multiplied the count kernel's code). Of several, the least (g, code) is the one
+// recorded, whichever warp finds it first (DeviceError::first_bad_routing_inverted); the
+// offsets kernel records it as the error (record_first_bad_routing).
+__device__ __noinline__ void report_bad_entry(DeviceError* err, int code, unsigned g) {
+  const unsigned long long key = (static_cast<unsigned long long>(g) << 2) | static_cast<unsigned>(code - 1);
+  atomicMax(&err->first_bad_routing_inverted, ~key);
+  atomicExch(&err->abort, 1);
+}
+
+// The first bad routing entry the count kernel found, recorded as the error: its rank, slot
+// and (for an id) the id, read back from the ids. Run by one thread after the count kernel.
+__device__ __forceinline__ void record_first_bad_routing(const ScheduleParams& p, unsigned long long inverted) {
+  const unsigned long long key = ~inverted;
+  const int code = static_cast<int>(key & 3) + 1;
+  const long long g = static_cast<long long>(key >> 2);
+  const long long per_rank = static_cast<long long>(p.tokens) * p.top_k;
+  const int src = static_cast<int>(g / per_rank);
+  const long long slot = g % per_rank;
+  const long long value = code == kNonFiniteWeight ? 0 : p.top_experts[src][slot];
+  report_error(p.error, code, src, 0, g, value);
 }
 
 // Validation of the chunk's ids that belong to a source rank validated here: each id in
@@ -241,7 +258,7 @@ __device__ __forceinline__ void validate_chunk(const ScheduleParams& p, const St
     }
     if (!validated(g, pos)) continue;
     const int e = staged[at];
-    if (e < 0 || e >= p.num_experts) report_bad_entry(p.error, kExpertOutOfRange, pos.src, g, e);
+    if (e < 0 || e >= p.num_experts) report_bad_entry(p.error, kExpertOutOfRange, g);
     // Slots j-1 .. j-in_chunk are staged; slots 0 .. j-in_chunk-1 lie before the chunk.
     const int in_chunk = min(j, at);
     bool repeat = false;
@@ -250,8 +267,8 @@ __device__ __forceinline__ void validate_chunk(const ScheduleParams& p, const St
       const int* token_ids = p.top_experts[pos.src] + (pos.slot - j);
       for (int i = 0; i < j - in_chunk; ++i) repeat |= token_ids[i] == e;
     }
-    if (repeat) report_bad_entry(p.error, kDuplicateExpert, pos.src, g, e);
-    if (!isfinite(staged_weight[at])) report_bad_entry(p.error, kNonFiniteWeight, pos.src, g, 0);
+    if (repeat) report_bad_entry(p.error, kDuplicateExpert, g);
+    if (!isfinite(staged_weight[at])) report_bad_entry(p.error, kNonFiniteWeight, g);
   }
 }
 
@@ -283,7 +300,7 @@ __device__ __forceinline__ void check_token_repeats(const ScheduleParams& p, con
     for (int a = 0; a < b; ++a) repeat |= v[a] == v[b];
     if (repeat && b < slots) repeat_slot = b;
   }
-  if (repeat_slot < kWidth) report_bad_entry(p.error, kDuplicateExpert, src, g0 + repeat_slot, token[repeat_slot]);
+  if (repeat_slot < kWidth) report_bad_entry(p.error, kDuplicateExpert, g0 + repeat_slot);
 }
 
 template <int kIdsPerLane>
@@ -300,8 +317,8 @@ __device__ __forceinline__ void validate_one_source(const ScheduleParams& p, con
     const unsigned at = 32u * i + lane;
     chunk_ids[at] = ids[i];
     if (at < o.size) {
-      if (ids[i] < 0 || ids[i] >= p.num_experts) report_bad_entry(p.error, kExpertOutOfRange, o.src, first + at, ids[i]);
-      if (!isfinite(weights[i])) report_bad_entry(p.error, kNonFiniteWeight, o.src, first + at, 0);
+      if (ids[i] < 0 || ids[i] >= p.num_experts) report_bad_entry(p.error, kExpertOutOfRange, first + at);
+      if (!isfinite(weights[i])) report_bad_entry(p.error, kNonFiniteWeight, first + at);
     }
   }
   // The first token's slots before the chunk (j0 of them).
@@ -419,8 +436,13 @@ __global__ void __launch_bounds__(kOffsetsThreads) schedule_offsets_kernel(const
   __syncthreads();
   const int seg = segment[0], rank_rows = segment[1];
   const bool over = rank_rows > p.capacity_rows;
+  // (The count kernel, which records bad routing, is complete: wait_previous_kernel.)
+  const unsigned long long bad_routing = static_cast<const volatile DeviceError*>(p.error)->first_bad_routing_inverted;
+  if (q == 0 && threadIdx.x == 0 && bad_routing != 0) record_first_bad_routing(p, bad_routing);
   if (e == 0 && threadIdx.x == 0) {
-    if (over) report_error(p.error, kCapacityExceeded, p.first_rank + d, 0, p.capacity_rows, rank_rows);
+    // Bad routing is the error when there is some (the CPU validates before it schedules).
+    if (over && bad_routing == 0)
+      report_error(p.error, kCapacityExceeded, p.first_rank + d, 0, p.capacity_rows, rank_rows);
     // 0 row tiles: the scatter and the megakernel do nothing for this rank (no row dropped
     // silently: the error poisons y).
     *plan.num_row_tiles = over ? 0 : rank_rows / kTileM;

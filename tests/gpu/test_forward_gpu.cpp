@@ -2021,6 +2021,76 @@ TEST(GpuRoutingErrorsRandom, EveryBadEntryIsNamedWhereverItSits) {
   }
 }
 
+// What the CPU's validation names first in `data`'s routing: the first bad entry by rank,
+// token and slot; at one slot an id out of range, then a repeat of an earlier slot's id, then
+// a non-finite weight. In the GPU's words (describe_device_error); "" when all are good.
+std::string first_bad_entry_named(const LayerData& data) {
+  const Problem& p = data.problem;
+  const int T = p.tokens_per_rank, k = p.top_k;
+  for (int r = 0; r < p.ep_size; ++r) {
+    const std::int32_t* ids = data.ranks[r].top_experts.data<std::int32_t>();
+    const float* weights = data.ranks[r].router_weights.data<float>();
+    for (int t = 0; t < T; ++t)
+      for (int j = 0; j < k; ++j) {
+        const std::int32_t id = ids[t * k + j];
+        const std::string where = "[rank " + std::to_string(r) + "][token " + std::to_string(t);
+        if (id < 0 || id >= p.num_experts)
+          return "top_experts" + where + ", slot " + std::to_string(j) + "] = " + std::to_string(id);
+        for (int a = 0; a < j; ++a)
+          if (ids[t * k + a] == id)
+            return "top_experts" + where + "]: expert " + std::to_string(id) + " appears twice (slot " +
+                   std::to_string(j) + ")";
+        if (!std::isfinite(weights[t * k + j])) return "router_weights" + where + ", slot " + std::to_string(j) + "]";
+      }
+  }
+  return "";
+}
+
+// Several bad entries in one batch, anywhere (in one chunk or in chunks far apart, on either
+// rank): the error names the one the CPU's validation names, on every call, whichever of the
+// count kernel's warps meets which first.
+TEST(GpuRoutingErrorsRandom, OfSeveralBadEntriesTheFirstIsNamedEveryTime) {
+  MOK_REQUIRE_GPU();
+  const std::uint64_t seed = test_seed();
+  SCOPED_TRACE("MOK_TEST_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed + 1);
+  for (int k : {1, 2, 7, 10, 17}) {
+    const Problem p = make_problem(32, 256, 128, k, {}, 2, k % 2 == 1 && k > 1 ? 64 : 256);
+    const LayerData clean = make_data(p, "gaussian");
+    LayerOptions o;
+    o.backend = Backend::cuda;
+    Layer layer(p, Config{}, o);
+    for (int trial = 0; trial < 4; ++trial) {
+      LayerData host = clean;
+      const int bad = 2 + static_cast<int>(rng() % 4);
+      // Half the trials put every bad entry in one token's neighbourhood (one chunk).
+      const bool near = trial % 2 == 0;
+      const int near_rank = static_cast<int>(rng() % 2), near_token = static_cast<int>(rng() % p.tokens_per_rank);
+      for (int n = 0; n < bad; ++n) {
+        const int rank = near ? near_rank : static_cast<int>(rng() % 2);
+        const int token = near ? std::min(p.tokens_per_rank - 1, near_token + static_cast<int>(rng() % 3))
+                               : static_cast<int>(rng() % p.tokens_per_rank);
+        const int kind = k == 1 ? 1 + static_cast<int>(rng() % 2) : static_cast<int>(rng() % 3);
+        int* ids = host.ranks[rank].top_experts.data<std::int32_t>() + static_cast<std::size_t>(token) * k;
+        if (kind == 0) {
+          const int b = 1 + static_cast<int>(rng() % (k - 1));
+          ids[b] = ids[rng() % b];
+        } else if (kind == 1) {
+          const int values[] = {-1, p.num_experts, 1 << 20};
+          ids[rng() % k] = values[rng() % 3];
+        } else {
+          host.ranks[rank].router_weights.data<float>()[static_cast<std::size_t>(token) * k + rng() % k] =
+              std::numeric_limits<float>::infinity();
+        }
+      }
+      const std::string want = first_bad_entry_named(host);
+      ASSERT_FALSE(want.empty()) << "k=" << k << ": the bad entries were meant to be there";
+      for (int call = 0; call < 3; ++call)
+        expect_refused_and_y_poisoned(layer, host, {want}, "k=" + std::to_string(k) + ", call " + std::to_string(call));
+    }
+  }
+}
+
 // A phase wait inside a CTA whose arrival never comes (MOK_TEST_FAULT: the store warp drops
 // one) must end in a clear error naming the wait, not a hang. The trap that ends the kernel
 // also ends the CUDA context, so this runs in a child process (a death test re-executes this
