@@ -230,7 +230,25 @@ TEST(GpuForwardLimits, SaturatedGatesMatchReference) {
     scale_by_64(rank.w_gate);
     for (SharedHostWeights& s : rank.shared) scale_by_64(s.w_gate);
   }
-  expect_close(run_gpu_all_ranks(host).data, run_reference(host), Precision::bf16, "saturated_gates");
+  const LayerData gpu = run_gpu_all_ranks(host).data, ref = run_reference(host);
+  // y grows with the gates, to some hundreds, where one bf16 step is 1 or 2: past MoK's
+  // absolute bar of 0.5, which is meant for activations of the usual size, though both sides
+  // round at the same points (a fresh seed found max-abs 1 with rel 7.7e-6). So the relative
+  // bar, no value NaN or infinite (what saturation could break), and max-abs within two bf16
+  // steps at the top of the range (2^-6 of the largest |y|; never below MoK's 0.5): a rounded
+  // SwiGLU value one step apart reaches y scaled by its down weights.
+  const Tolerance tol = mok_tolerance(Precision::bf16);
+  for (int r = 0; r < p.ep_size; ++r) {
+    const auto* y = ref.ranks[r].y.data<std::uint16_t>();
+    float largest = 0;
+    for (std::int64_t i = 0; i < ref.ranks[r].y.numel(); ++i)
+      largest = std::max(largest, std::fabs(num::bf16_to_float(y[i])));
+    const double two_steps_at_top = std::max(tol.max_abs, static_cast<double>(largest) / 64.0);
+    const Comparison c = compare(gpu.ranks[r].y, ref.ranks[r].y);
+    std::printf("[check] saturated_gates rank %d: %s (largest |y| %.1f, max-abs bar %.3g)\n", r, c.describe().c_str(),
+                largest, two_steps_at_top);
+    EXPECT_TRUE(c.passes(two_steps_at_top, tol.rel)) << "rank " << r << ": " << c.describe();
+  }
 }
 
 // A NaN in x stays NaN through the clamped SwiGLU (min/max that return the other operand
