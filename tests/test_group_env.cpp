@@ -431,8 +431,8 @@ TEST(GroupErrors, APeersBadRoutingIsNamedAsTheLikelyCause) {
   gathered[6].index = 6LL * T * k + 2 * k + 1;  // rank 6, token 2, slot 1
   gathered[6].value = 3;
   EXPECT_THAT(describe_peer_errors(gathered, 0, T, k).value(),
-              ::testing::AllOf(::testing::StartsWith("rank 6 of the EP group recorded a device error: top_experts[rank 6]"
-                                                     "[token 2]: expert 3 appears twice"),
+              ::testing::AllOf(::testing::StartsWith("rank 6 of the EP group recorded a device error: "
+                                                     "top_experts[rank 6][token 2]: expert 3 appears twice"),
                                HasSubstr("(and 1 other rank recorded one too)")));
 
   DeviceError own{};

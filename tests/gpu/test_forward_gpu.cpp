@@ -492,7 +492,8 @@ TEST(GpuDeterminism, EpSizesGiveBitwiseIdenticalOutputs) {
       outs.push_back(global_y(run_gpu_all_ranks(make_data(p, l.routing)).data));
     }
     for (std::size_t i = 1; i < outs.size(); ++i)
-      expect_same_bits(outs[i], outs[0], "H = " + std::to_string(l.H) + " " + l.routing + ", EP variant " + std::to_string(i));
+      expect_same_bits(outs[i], outs[0],
+                       "H = " + std::to_string(l.H) + " " + l.routing + ", EP variant " + std::to_string(i));
   }
 }
 
