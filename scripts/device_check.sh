@@ -99,6 +99,7 @@ note "$sass"
 
 if [ $RUN_TESTS = 1 ]; then
   start=$(date +%s)
+  [ "$GTEST_FILTER" = '*' ] || note "gpu tests: ONLY those matching GTEST_FILTER=$GTEST_FILTER (not a full check)"
   timeout 240 "$BIN/mok_gpu_tests" --gtest_filter="$GTEST_FILTER" --gtest_output=xml:"$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1
   rc=$?
   [ $rc = 0 ] || FAILED=1
