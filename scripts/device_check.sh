@@ -257,15 +257,18 @@ if [ $RUN_SAN = 1 ] && command -v compute-sanitizer > /dev/null; then
   for tool in ${SANITIZERS:-memcheck racecheck}; do
     : > "$OUT/sanitizer_$tool.log"
     for run in "${san_runs[@]}"; do
-      echo "== compute-sanitizer --tool $tool: mok run $run" >> "$OUT/sanitizer_$tool.log"
+      run_log=$(mktemp)  # (this run's own: its summary and first reports, then appended)
       # shellcheck disable=SC2086  # (each run's words, split)
       timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/mok" run --backend cuda $run \
-        --pass forward --iters 1 --warmup 0 >> "$OUT/sanitizer_$tool.log" 2>&1
+        --pass forward --iters 1 --warmup 0 > "$run_log" 2>&1
       src=$?
       [ $src = 0 ] || FAILED=1
-      note "compute-sanitizer $tool, $run: rc=$src $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
+      summary_line=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$run_log" | tail -1)
+      note "compute-sanitizer $tool, $run: rc=$src ${summary_line:-no summary (cut off?)}"
       # The first reports, where the table is read (the full log is in the pack).
-      [ $src = 0 ] || grep -v '^mok\|^  ' "$OUT/sanitizer_$tool.log" | tail -40
+      [ $src = 0 ] || grep -v '^mok\|^  ' "$run_log" | head -40
+      { echo "== compute-sanitizer --tool $tool: mok run $run (rc=$src)"; cat "$run_log"; } >> "$OUT/sanitizer_$tool.log"
+      rm -f "$run_log"
     done
   done
   # memcheck over the NCCL provider too (a group of one GPU: the windows' LSA pointers, the

@@ -33,7 +33,11 @@ std::uint64_t seed_from_environment_or_fresh() {
     return seed;
   }
   std::random_device fresh;
-  return (static_cast<std::uint64_t>(fresh()) << 32) ^ fresh();
+  const std::uint64_t seed = (static_cast<std::uint64_t>(fresh()) << 32) ^ fresh();
+  // Handed down to the processes this one starts (death tests rerun the binary), so that they
+  // build the same inputs as the seed printed here says.
+  setenv("MOK_TEST_SEED", std::to_string(seed).c_str(), 0);
+  return seed;
 }
 
 // Says the seed when the tests start and again after each failed test, next to its failure.
