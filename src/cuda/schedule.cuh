@@ -440,8 +440,18 @@ __global__ void __launch_bounds__(kOffsetsThreads) schedule_offsets_kernel(const
   const unsigned long long bad_routing = static_cast<const volatile DeviceError*>(p.error)->first_bad_routing_inverted;
   if (q == 0 && threadIdx.x == 0 && bad_routing != 0) record_first_bad_routing(p, bad_routing);
   if (e == 0 && threadIdx.x == 0) {
-    // Bad routing is the error when there is some (the CPU validates before it schedules).
+    // Bad routing is the error when there is some (the CPU validates before it schedules);
+    // else the lowest rank computed here that is over its capacity, as the CPU names it: a
+    // rank over it looks at the ranks before it (their totals are final: the count kernel is
+    // complete), so one block records the error whichever runs first.
+    bool lower_rank_over = false;
     if (over && bad_routing == 0)
+      for (int lower = 0; lower < d && !lower_rank_over; ++lower) {
+        int rows = 0;
+        for (int i = 0; i < E; ++i) rows += padded(p.plans[lower].expert_rows[i]);
+        lower_rank_over = rows > p.capacity_rows;
+      }
+    if (over && bad_routing == 0 && !lower_rank_over)
       report_error(p.error, kCapacityExceeded, p.first_rank + d, 0, p.capacity_rows, rank_rows);
     // 0 row tiles: the scatter and the megakernel do nothing for this rank (no row dropped
     // silently: the error poisons y).

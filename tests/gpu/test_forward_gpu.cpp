@@ -2240,6 +2240,30 @@ TEST(GpuErrors, CapacityTooSmallIsAnErrorNotADrop) {
 // The device's capacity check at its boundary, as the CPU builder's (Schedule.
 // CapacityBoundaryIsExact): rank 0 filled to its capacity exactly, in whole tiles, runs and
 // matches the reference; one row more is refused and y poisoned.
+// Two ranks over their capacity (every token's four experts on ranks 1 and 2): the error names
+// rank 1, as the CPU's builder does, on every call, whichever rank's check runs first.
+TEST(GpuErrors, OfSeveralRanksOverCapacityTheLowestIsNamed) {
+  MOK_REQUIRE_GPU();
+  const Problem p = make_problem(16, 256, 128, 4, {}, 4, 256);  // 4 local experts a rank
+  Routing routing;
+  routing.top_experts.assign(4, {});
+  routing.router_weights.assign(4, std::vector<float>(256 * 4, 0.25f));
+  for (auto& ids : routing.top_experts)
+    for (int t = 0; t < 256; ++t) ids.insert(ids.end(), {4, 5, 8, 9});  // ranks 1, 1, 2, 2
+  LayerData host = make_layer_data(p, routing, test_seed(), false, -1);
+  Config c;
+  c.schedule_capacity_factor = 0.1;
+  std::vector<const std::int32_t*> tops;
+  for (const auto& ids : routing.top_experts) tops.push_back(ids.data());
+  EXPECT_THAT([&] { build_schedules(p, c, tops); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("schedule: rank 1 receives")));
+  LayerOptions o;
+  o.backend = Backend::cuda;
+  Layer layer(p, c, o);
+  for (int call = 0; call < 3; ++call)
+    expect_refused_and_y_poisoned(layer, host, {"schedule: rank 1 receives"}, "call " + std::to_string(call));
+}
+
 TEST(GpuErrors, CapacityBoundaryIsExact) {
   MOK_REQUIRE_GPU();
   const Problem p = make_problem(16, 256, 128, 4, {}, 4, 256);
