@@ -586,12 +586,17 @@ class CudaBackend final : public BackendImpl {
     capacity_ = static_cast<int>(capacity_rows);
     cap_tiles_ = capacity_ / kTileM;
     ring_tiles_ = std::max(1, std::min(c.macrobatch_rows, capacity_) / kTileM);
-    // (The schedule's 32-bit stream positions step up to a chunk and a token past the last id:
-    // schedule.cuh's pos.slot + 32, (end + k - 1) / k. Hence the margin.)
+    // (The schedule's 32-bit stream positions step up to a chunk and a token past the last id,
+    // schedule.cuh's pos.slot + 32 and (end + k - 1) / k, and a rank's padded total, an int in
+    // the offsets kernel, can hold every id plus 127 padding rows per local expert. Hence the
+    // margin.)
     const long long stream_ids = static_cast<long long>(R) * p.tokens_per_rank * p.top_k;
+    const long long padding_rows = static_cast<long long>(p.local_experts()) * (kTileM - 1);
     constexpr long long kMaxStreamIds = (1ll << 31) - 1024;
-    require(stream_ids < kMaxStreamIds, "problem: ep_size * tokens_per_rank * top_k = " + std::to_string(stream_ids) +
-                                            " routed ids; the cuda backend's schedule takes fewer than 2^31 - 1024");
+    require(stream_ids + padding_rows < kMaxStreamIds,
+            "problem: ep_size * tokens_per_rank * top_k = " + std::to_string(stream_ids) + " routed ids, plus " +
+                std::to_string(padding_rows) + " rows of padding (127 per local expert); the cuda backend's "
+                "schedule takes fewer than 2^31 - 1024 in all");
     const std::size_t row_bytes = static_cast<std::size_t>(p.hidden) * 2;
     require(pull_pipeline_bytes(1) / row_bytes >= 2,
             "problem: hidden = " + std::to_string(p.hidden) + " is too wide for the cuda backend's row pulls (at most " +

@@ -36,7 +36,7 @@ std::uint64_t seed_from_environment_or_fresh() {
   const std::uint64_t seed = (static_cast<std::uint64_t>(fresh()) << 32) ^ fresh();
   // Handed down to the processes this one starts (death tests rerun the binary), so that they
   // build the same inputs as the seed printed here says.
-  setenv("MOK_TEST_SEED", std::to_string(seed).c_str(), 0);
+  setenv("MOK_TEST_SEED", std::to_string(seed).c_str(), 1);  // (unset or empty here)
   return seed;
 }
 

@@ -2237,9 +2237,6 @@ TEST(GpuErrors, CapacityTooSmallIsAnErrorNotADrop) {
   expect_refused_and_y_poisoned(layer, host, {"capacity"}, "after a capacity overflow");
 }
 
-// The device's capacity check at its boundary, as the CPU builder's (Schedule.
-// CapacityBoundaryIsExact): rank 0 filled to its capacity exactly, in whole tiles, runs and
-// matches the reference; one row more is refused and y poisoned.
 // Two ranks over their capacity (every token's four experts on ranks 1 and 2): the error names
 // rank 1, as the CPU's builder does, on every call, whichever rank's check runs first.
 TEST(GpuErrors, OfSeveralRanksOverCapacityTheLowestIsNamed) {
@@ -2264,6 +2261,9 @@ TEST(GpuErrors, OfSeveralRanksOverCapacityTheLowestIsNamed) {
     expect_refused_and_y_poisoned(layer, host, {"schedule: rank 1 receives"}, "call " + std::to_string(call));
 }
 
+// The device's capacity check at its boundary, as the CPU builder's (Schedule.
+// CapacityBoundaryIsExact): rank 0 filled to its capacity exactly, in whole tiles, runs and
+// matches the reference; one row more is refused and y poisoned.
 TEST(GpuErrors, CapacityBoundaryIsExact) {
   MOK_REQUIRE_GPU();
   const Problem p = make_problem(16, 256, 128, 4, {}, 4, 256);
