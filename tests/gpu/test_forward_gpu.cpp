@@ -2316,6 +2316,8 @@ TEST(GpuErrors, ShapesBeyondTheKernels32BitFieldsAreNamed) {
       {make_problem(2, 64, 128, 1, {4097 * 128}, 1, 128), "Problem.shared_intermediate[0] = 524416"},
       {make_problem(4096, 64, 524288, 1, {}, 1, 128), "tensor-map coordinates take fewer than 2^31"},
       {make_problem(8, 64, 262144, 8, {}, 1, 1 << 24), "task list takes fewer than 2^31"},
+      // 2^31 - 200 routed ids (with a capacity of about 1.6e9 rows, which its own check takes).
+      {make_problem(2, 64, 128, 1, {}, 2, (1 << 30) - 100), "schedule takes fewer than 2^31 - 1024 in all"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.problem.describe());
