@@ -69,7 +69,16 @@ bool is_routing_error(int code) {
   return code == kExpertOutOfRange || code == kDuplicateExpert || code == kNonFiniteWeight;
 }
 
-std::optional<std::string> describe_peer_errors(std::span<const DeviceError> gathered, int self_rank, int T, int k) {
+namespace {
+
+// The peers' errors of one forward, described (describe_peer_errors's text), and whether the
+// one named is bad routing.
+struct PeerErrors {
+  std::string text;
+  bool bad_routing;
+};
+
+std::optional<PeerErrors> peer_errors(std::span<const DeviceError> gathered, int self_rank, int T, int k) {
   int first = -1, first_routing = -1, failed = 0;
   for (int r = 0; r < static_cast<int>(gathered.size()); ++r) {
     if (r == self_rank || gathered[r].code == kOk) continue;
@@ -83,21 +92,25 @@ std::optional<std::string> describe_peer_errors(std::span<const DeviceError> gat
   std::string s = "rank " + std::to_string(first) + " of the EP group recorded a device error: " +
                   describe_device_error(gathered[first], T, k);
   if (others > 0) s += " (and " + std::to_string(others) + " other rank" + (others > 1 ? "s" : "") + " recorded one too)";
-  return s;
+  return PeerErrors{std::move(s), first_routing >= 0};
+}
+
+}  // namespace
+
+std::optional<std::string> describe_peer_errors(std::span<const DeviceError> gathered, int self_rank, int T, int k) {
+  if (auto peers = peer_errors(gathered, self_rank, T, k)) return std::move(peers->text);
+  return std::nullopt;
 }
 
 std::string describe_forward_errors(const DeviceError& own, std::span<const DeviceError> gathered, int self_rank,
                                     int T, int k) {
   const std::string mine = describe_device_error(own, T, k);
-  const std::optional<std::string> peers = describe_peer_errors(gathered, self_rank, T, k);
+  const std::optional<PeerErrors> peers = peer_errors(gathered, self_rank, T, k);
   if (!peers) return mine;
-  bool peer_bad_routing = false;
-  for (int r = 0; r < static_cast<int>(gathered.size()); ++r)
-    if (r != self_rank && is_routing_error(gathered[r].code)) peer_bad_routing = true;
-  if (own.code == kCapacityExceeded && peer_bad_routing)
-    return *peers + "; in the same forward, and possibly because of it (this rank's capacity check counts the rows "
-                    "its peers' ids send it): " + mine;
-  return mine + "; in the same forward, " + *peers;
+  if (own.code == kCapacityExceeded && peers->bad_routing)
+    return peers->text + "; in the same forward, and possibly because of it (this rank's capacity check counts the "
+                         "rows its peers' ids send it): " + mine;
+  return mine + "; in the same forward, " + peers->text;
 }
 
 }  // namespace mok::cuda
