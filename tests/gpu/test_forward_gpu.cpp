@@ -346,17 +346,18 @@ TEST_P(GpuRankSlice, RowsAndOutputMatchReference) {
     }
   layer.forward(mirror.forward_args());
   layer.synchronize();
-  // The slice's schedule (its rank's rows, from every rank's ids) is the CPU builder's bit
-  // for bit: row order and padding, which the values below cannot see.
+  // The CPU builder's schedule of the active rank (from every rank's ids): the slice's is it
+  // bit for bit (row order and padding, which the values below cannot see), and the reference
+  // rows below follow it.
+  std::vector<const std::int32_t*> tops;
+  for (const auto& rd : host.ranks) tops.push_back(rd.top_experts.data<std::int32_t>());
+  const RankSchedule sched = build_schedule(p, Config{}, tops, active);
   {
-    std::vector<const std::int32_t*> tops;
-    for (const auto& r : host.ranks) tops.push_back(r.top_experts.data<std::int32_t>());
-    const RankSchedule want = build_schedule(p, Config{}, tops, active);
     const auto got = LayerInternals::backend(layer).last_schedules();
     ASSERT_EQ(got.size(), 1u);
-    ASSERT_EQ(got[0].size(), want.rows.size()) << "rank " << active << "'s padded rows";
-    for (std::size_t i = 0; i < want.rows.size(); ++i)
-      ASSERT_EQ(got[0][i], want.rows[i]) << "rank " << active << " row " << i;
+    ASSERT_EQ(got[0].size(), sched.rows.size()) << "rank " << active << "'s padded rows";
+    for (std::size_t i = 0; i < sched.rows.size(); ++i)
+      ASSERT_EQ(got[0][i], sched.rows[i]) << "rank " << active << " row " << i;
   }
   LayerData gpu = host;
   mirror.copy_outputs_to(gpu);
@@ -367,9 +368,6 @@ TEST_P(GpuRankSlice, RowsAndOutputMatchReference) {
 
   // Reference rows of the active rank's experts.
   ref::ThreadPool pool(0);
-  std::vector<const std::int32_t*> tops;
-  for (const auto& rd : host.ranks) tops.push_back(rd.top_experts.data<std::int32_t>());
-  const RankSchedule sched = build_schedule(p, Config{}, tops, active);
   std::vector<ref::SlotBuffer> cpu_combine(R, ref::SlotBuffer(slot_elems, 0));
   const auto fwd = host.forward_args();
   ref::routed_forward_rank(p, pool, sched, active, fwd, cpu_combine);
@@ -2007,6 +2005,11 @@ INSTANTIATE_TEST_SUITE_P(
                          "router_weights[rank 0][token 9, slot 33]", "must be finite"}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// The routing-error tests' layer for top-k = k, on 2 ranks: at odd k > 1, T = 64, so T*k is
+// not a multiple of the chunk and some chunks span both ranks (the general path); at k = 1
+// and even k, T = 256, so every chunk lies in one rank.
+Problem routing_errors_problem(int k) { return make_problem(32, 256, 128, k, {}, 2, k % 2 == 1 && k > 1 ? 64 : 256); }
+
 // Random single bad entries against the id validation, in chunks of one source rank and in
 // chunks spanning two, k chosen so that tokens straddle both the validation's 32-id steps
 // and the chunks (128 ids here), the bad entry anywhere in the batch. Each forward must name
@@ -2017,9 +2020,7 @@ TEST(GpuRoutingErrorsRandom, EveryBadEntryIsNamedWhereverItSits) {
   SCOPED_TRACE("MOK_TEST_SEED=" + std::to_string(seed));
   std::mt19937_64 rng(seed);
   for (int k : {1, 2, 5, 7, 10, 15, 16, 17}) {
-    // Odd k at T = 64: T*k is not a multiple of the chunk, so some chunks span both ranks
-    // (the general path); k = 1 and even k at T = 256: every chunk lies in one rank.
-    const Problem p = make_problem(32, 256, 128, k, {}, 2, k % 2 == 1 && k > 1 ? 64 : 256);
+    const Problem p = routing_errors_problem(k);
     const LayerData clean = make_data(p, "gaussian");
     LayerOptions o;
     o.backend = Backend::cuda;
@@ -2098,7 +2099,7 @@ TEST(GpuRoutingErrorsRandom, OfSeveralBadEntriesTheFirstIsNamedEveryTime) {
   SCOPED_TRACE("MOK_TEST_SEED=" + std::to_string(seed));
   std::mt19937_64 rng(seed + 1);
   for (int k : {1, 2, 7, 10, 17}) {
-    const Problem p = make_problem(32, 256, 128, k, {}, 2, k % 2 == 1 && k > 1 ? 64 : 256);
+    const Problem p = routing_errors_problem(k);
     const LayerData clean = make_data(p, "gaussian");
     LayerOptions o;
     o.backend = Backend::cuda;
