@@ -116,7 +116,9 @@ int mok_layer_create(const mok_problem* problem, const mok_config* config, const
                      mok_layer** layer);
 /* Destroys it; NULL is ignored. In MOK_DISTRIBUTED mode this is collective, as mok::Layer's
  * destructor is: it waits for its queued work at most the group's wait limit (then aborts the
- * communicator); the communicator's own teardown then waits for the peers. */
+ * communicator), then meets the peers within the group's start-up limit (aborting when one
+ * does not come: it aborted, or never destroys its layer) and tears the communicator down
+ * with them. */
 void mok_layer_destroy(mok_layer* layer);
 /* Destroys it after a failure on this rank, as mok::Layer is destroyed while an exception
  * propagates: a distributed group's communicator is aborted (mok_layer_abandon_group), so

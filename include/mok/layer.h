@@ -11,7 +11,8 @@
 //     destroying such a Layer are collective: every rank does both. A rank that gives up on
 //     its peers throws mok::PeerWaitError; a destroy waits for its queued work at most the
 //     group's wait limit, then aborts the communicator (saying so on stderr), and otherwise
-//     tears it down with the peers; a Layer destroyed while an exception propagates aborts
+//     meets the peers within the group's start-up limit (a peer that aborted or never comes
+//     makes it abort too) and tears it down with them; a Layer destroyed while an exception propagates aborts
 //     it at once instead of waiting. A forward that throws on
 //     one rank (a bad argument, say) leaves the group out of step, since its peers went on:
 //     that rank's communicator is aborted at once, its later forwards, backwards and

@@ -192,12 +192,16 @@ int test_fault_from_env() {
 // unmap the peers' memory under a running megakernel (CudaBackend::drain_before_abort). Per
 // forward, one event after its ids' all-gather (its schedule's count kernel, which reads the
 // abandoned word, comes next) and one after its megakernel; NCCL work sits on either side of
-// both, so recording them costs no programmatic launch. A ring of kTrackedForwards.
+// both, so recording them costs no programmatic launch. A ring of kTrackedForwards. A forward
+// is tracked from its first mark on: one that fails before its second (a launch in between,
+// or that record itself) has megakernel_recorded false, and its megakernel_done still holds
+// an older forward's state, which says nothing about this one.
 class ForwardMarks {
  public:
   static constexpr int kTrackedForwards = 16;
   struct Pair {
     cudaEvent_t ids_gathered = nullptr, megakernel_done = nullptr;
+    bool megakernel_recorded = false;
   };
   ForwardMarks() = default;
   ForwardMarks(const ForwardMarks&) = delete;
@@ -818,6 +822,14 @@ class CudaBackend final : public BackendImpl {
       const RelaxedCaptureMode relaxed;  // (event queries inside a capture, this thread's or another's)
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(group_wait_limit_ms());
       forward_marks_.each_oldest_first([&](const ForwardMarks::Pair& m) {
+        if (!m.megakernel_recorded) {
+          // A forward that failed between its marks: its megakernel may be queued or not. It
+          // is the newest tracked one (its failure aborts the group before any other call),
+          // so the stream holds nothing after it: wait for the stream, once its ids are in.
+          if (cudaEventQuery(m.ids_gathered) == cudaErrorNotReady) return false;  // will read the word
+          poll_until_done([&] { return cudaStreamQuery(stream_); }, deadline);
+          return false;
+        }
         if (cudaEventQuery(m.megakernel_done) != cudaErrorNotReady) return true;  // done (or the context failed)
         if (cudaEventQuery(m.ids_gathered) == cudaErrorNotReady) return false;    // will read the word
         poll_until_done([&] { return cudaEventQuery(m.megakernel_done); }, deadline);
@@ -918,7 +930,11 @@ class CudaBackend final : public BackendImpl {
       // barrier after staging: no rank pulls rows before every rank has staged its x.
       group_->all_gather(ranks[0].inputs.top_experts.data, gathered_tops_.as<void>(),
                          static_cast<std::size_t>(T) * p.top_k * sizeof(int), stream_);
-      if (marks != nullptr) MOK_CUDA_CHECK(cudaEventRecord(marks->ids_gathered, stream_));
+      if (marks != nullptr) {
+        MOK_CUDA_CHECK(cudaEventRecord(marks->ids_gathered, stream_));
+        marks->megakernel_recorded = false;  // (tracked from here: ForwardMarks)
+        forward_marks_.advance();
+      }
     }
     // Each rank validates its own ids (a slice or virtual ranks: every rank's).
     sp.validate_first_rank = group_ ? first_rank_ : 0;
@@ -996,7 +1012,7 @@ class CudaBackend final : public BackendImpl {
         .cooperative(cooperative_)("forward_megakernel", forward_megakernel, fp);
     if (marks != nullptr) {
       MOK_CUDA_CHECK(cudaEventRecord(marks->megakernel_done, stream_));
-      forward_marks_.advance();
+      marks->megakernel_recorded = true;
     }
     // The group barrier: an all-gather of every rank's DeviceError, which completes on no rank
     // before every rank has contributed, so after it every rank's rows are in our combine
@@ -1605,6 +1621,19 @@ class CudaBackend final : public BackendImpl {
       try {
         wait_for_stream("destroying the layer");
       } catch (const std::exception&) {
+      }
+    }
+    // Deregistering the windows (free_symmetric) is collective, and NCCL waits there for every
+    // rank without a limit: a peer that aborted its communicator (a failed call of its own,
+    // abandon_group) after its last collective, or that never destroys its layer, would leave
+    // this rank waiting for good. So the ranks meet first where the wait is bounded (the
+    // start-up limit, as before the registration in allocate()): a rank missing there aborts
+    // this rank's communicator (saying so), which takes the windows with it.
+    if (group_ && !group_->communicator_aborted()) {
+      try {
+        group_->check_same_everywhere("arrival at the layer's destroy", "ready");
+      } catch (const std::exception& e) {
+        abort_group_after(std::string("destroying the layer: ") + e.what());  // (a no-op once aborted)
       }
     }
     // After an abort, the stream's NCCL work returns at once and what follows it (stage_x,
