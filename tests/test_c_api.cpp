@@ -189,9 +189,12 @@ TEST(CApi, FailuresAreStatusesWithTheLayersMessage) {
 
 TEST(CApi, NamedShapesAndTheAbiVersion) {
   EXPECT_EQ(mok_c_abi_version(), MOK_C_ABI_VERSION);
-  std::vector<std::string> names;
-  for (int i = 0; mok_shape_name(i) != nullptr; ++i) names.push_back(mok_shape_name(i));
-  EXPECT_EQ(names.size(), named_shapes().size());
+  ASSERT_EQ(mok_shape_count(), static_cast<int32_t>(named_shapes().size()));
+  for (int32_t i = 0; i < mok_shape_count(); ++i) {
+    ASSERT_NE(mok_shape_name(i), nullptr) << i;
+    EXPECT_EQ(std::string(mok_shape_name(i)), named_shapes()[i].name);
+  }
+  EXPECT_EQ(mok_shape_name(mok_shape_count()), nullptr);
   EXPECT_EQ(mok_shape_name(-1), nullptr);
   mok_problem p{};
   ASSERT_EQ(mok_problem_from_shape("deepseek-v4-pro", 0, 0, &p), MOK_OK) << mok_last_error();

@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define MOK_C_ABI_VERSION 3
+#define MOK_C_ABI_VERSION 4
 #define MOK_C_MAX_DIMS 4
 #define MOK_C_MAX_SHARED 8
 
@@ -99,8 +99,10 @@ const char* mok_build_commit(void);
 /* Fills *config with the library's defaults; NULL is ignored. */
 void mok_default_config(mok_config* config);
 
-/* The named shapes (MoK's four, the single-GPU ones, test shapes): the name at `index`,
- * NULL past the last (or if listing them failed: mok_last_error() then says why). */
+/* The named shapes (MoK's four, the single-GPU ones, test shapes): how many there are, or
+ * -1 if listing them failed (mok_last_error() then says why); and the name at `index` in
+ * [0, mok_shape_count()), NULL for any other index or on that failure. */
+int32_t mok_shape_count(void);
 const char* mok_shape_name(int32_t index);
 /* mok::problem_from_shape: the shape `name` at `ep_size` ranks of `tokens_per_rank` tokens
  * (0: the shape's own defaults; negative values are errors). The problem is validated: one

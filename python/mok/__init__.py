@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["MokError", "MokTypeError", "PeerWaitError", "Problem", "Layer", "cuda_available", "library_path", "shapes"]
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 _MAX_DIMS = 4
 _MAX_SHARED = 8
 _OK, _ERROR, _PEER_WAIT_ERROR = 0, 1, 4
@@ -168,6 +168,7 @@ def _lib():
         lib.mok_layer_synchronize.argtypes = [ctypes.c_void_p]
         lib.mok_layer_config.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Config)]
         lib.mok_layer_combine_slots.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(_Tensor)]
+        lib.mok_shape_count.restype = ctypes.c_int32
         lib.mok_shape_name.argtypes = [ctypes.c_int32]
         lib.mok_shape_name.restype = ctypes.c_char_p
         lib.mok_problem_from_shape.argtypes = [ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32,
@@ -236,11 +237,10 @@ def _static_string(fn):
 
 def shapes():
     """The named shapes' names (`mok shapes` lists them with their dimensions)."""
-    names, i = [], 0
-    while (name := _lib().mok_shape_name(i)) is not None:
-        names.append(name.decode())
-        i += 1
-    return names
+    count = _lib().mok_shape_count()
+    if count < 0:
+        _check(_ERROR)
+    return [_lib().mok_shape_name(i).decode() for i in range(count)]
 
 
 @dataclass

@@ -238,6 +238,12 @@ void mok_default_config(mok_config* config) {
   if (config != nullptr) config_to(mok::Config{}, config);
 }
 
+int32_t mok_shape_count(void) {
+  int32_t count = -1;
+  guarded([&] { count = static_cast<int32_t>(mok::named_shapes().size()); });
+  return count;
+}
+
 const char* mok_shape_name(int32_t index) {
   const char* name = nullptr;
   guarded([&] {

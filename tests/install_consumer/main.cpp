@@ -63,7 +63,7 @@ int public_api_missing() {
     &mok::TensorView::describe, &mok::check_tensor,
     // mok/c_api.h
     &mok_c_abi_version, &mok_last_error, &mok_cuda_available, &mok_version,
-    &mok_build_commit, &mok_default_config, &mok_shape_name, &mok_problem_from_shape,
+    &mok_build_commit, &mok_default_config, &mok_shape_count, &mok_shape_name, &mok_problem_from_shape,
     &mok_layer_create, &mok_layer_destroy, &mok_layer_destroy_after_error,
     &mok_layer_abandon_group, &mok_layer_group_aborted, &mok_layer_forward,
     &mok_layer_backward, &mok_layer_synchronize, &mok_layer_combine_slots,
