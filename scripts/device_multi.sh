@@ -7,7 +7,8 @@
 #   2. reference: `mok bench --ep-mode distributed` on Qwen3.5 checks every rank's rows and y
 #      against the reference (each rank computes its own);
 #   3. a killed rank: rank 1 of a long-running group is killed with SIGKILL; the launcher
-#      must exit non-zero naming rank 1 within 60 s (N >= 2 only);
+#      must exit non-zero naming rank 1 within 60 s (N >= 2 only); and rank 1 abandoning
+#      its group as its layer's destroy starts: the others' destroys give up on it in time;
 #   4. with 2 GPUs or more, a layer on GPU 1 called with GPU 0 current (GpuDevices);
 # then, with --bench, bench/run.py --launch G on Qwen3.5 at 2048 tokens per rank against the
 # PyTorch + NCCL all-to-all peer (records under $OUT/results).
@@ -89,6 +90,21 @@ for n in ${SIZES//,/ }; do
     ok=1
     [ $rc != 0 ] && [ "$named" -ge 1 ] && [ $took -le 60 ] || { ok=0; FAILED=1; }
     row "EP=$n killed rank 1: launcher rc=$rc, named=$named, stopped ${took} s after the kill: $([ $ok = 1 ] && echo ok || echo FAILED)"
+    # 3b. rank 1 abandons its group as its layer's destroy starts, after the last collective
+    #     (MOK_TEST_FAULT=abandon_at_destroy): the other ranks' destroys meet within the
+    #     start-up limit (10 s here), give up saying so, and every rank exits 0 in time,
+    #     where the collective deregistration would otherwise wait for rank 1 for good.
+    log="$OUT/abandon_at_destroy_ep$n.log"
+    start=$(date +%s)
+    MOK_GROUP_START_TIMEOUT_MS=10000 timeout 180 "$BIN/mok" launch -n "$n" -- sh -c \
+      "if [ \"\$MOK_RANK\" = 1 ]; then export MOK_TEST_FAULT=abandon_at_destroy; fi; exec \"$BIN/mok\" run \
+       --backend cuda --ep-mode distributed --shape medium --ep $n --iters 2 --warmup 0" > "$log" 2>&1
+    rc=$?
+    took=$(( $(date +%s) - start ))
+    met=$(grep -c "readiness to destroy the layer" "$log")
+    ok=1
+    [ $rc = 0 ] && [ "$met" -ge $(( n - 1 )) ] && [ $took -le 120 ] || { ok=0; FAILED=1; }
+    row "EP=$n rank 1 abandons at its destroy: launcher rc=$rc, $met of $(( n - 1 )) peers gave up on it, ${took} s: $([ $ok = 1 ] && echo ok || echo FAILED)"
   fi
 done
 

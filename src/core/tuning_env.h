@@ -19,7 +19,7 @@ enum class TuningEnv : int {
   kTaskLag,          // MOK_TASK_LAG: bands between a band's gate/up and its down tiles
   kWaitTimeoutMs,    // MOK_WAIT_TIMEOUT_MS: the cross-CTA spin-wait limit
   kGroupStartMs,     // MOK_GROUP_START_TIMEOUT_MS: how long a rank waits for its NCCL group to form
-  kTestFault,        // MOK_TEST_FAULT: lose_staging_read or abandoned_group, each for its test
+  kTestFault,        // MOK_TEST_FAULT: lose_staging_read, abandoned_group or abandon_at_destroy, each for its test
   kCount
 };
 

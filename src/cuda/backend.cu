@@ -178,14 +178,19 @@ unsigned phase_wait_units(std::uint64_t timeout_ns) {
 // MOK_TEST_FAULT=lose_staging_read: a deliberate lost arrival, for the test that proves a
 // stuck phase wait is reported rather than hung. =abandoned_group: the layer starts with its
 // abandoned word set, as an aborting group's is, for the test that proves a forward then
-// touches no other rank's memory (in any EP mode). Anything else set is an error.
+// touches no other rank's memory (in any EP mode). =abandon_at_destroy: in a real group, the
+// rank abandons it as its layer's destroy starts (after its last collective), for the check
+// that its peers' destroys then end within the start-up limit (scripts/device_multi.sh);
+// without a group it changes nothing. Anything else set is an error.
 int test_fault_from_env() {
   const char* name = tuning_env_name(TuningEnv::kTestFault);
   const char* env = std::getenv(name);
   if (env == nullptr || *env == '\0') return kNoFault;
   if (std::string(env) == "lose_staging_read") return kFaultLoseStagingRead;
   if (std::string(env) == "abandoned_group") return kFaultAbandonedGroup;
-  throw Error(std::string(name) + " = '" + env + "': must be lose_staging_read or abandoned_group (or unset)");
+  if (std::string(env) == "abandon_at_destroy") return kFaultAbandonAtDestroy;
+  throw Error(std::string(name) + " = '" + env +
+              "': must be lose_staging_read, abandoned_group or abandon_at_destroy (or unset)");
 }
 
 // Distributed mode: where the layer's last eager forwards are, for an abort that must not
@@ -1614,6 +1619,7 @@ class CudaBackend final : public BackendImpl {
     // A rank that fails while its peers carry on may have NCCL kernels on its stream waiting
     // for them; the frees below would wait for those: abort the communicator first.
     if (group_ && std::uncaught_exceptions() > 0) group_->abort_communicator();  // (drained first: the hook)
+    if (group_ && test_fault_ == kFaultAbandonAtDestroy) abort_group_after("MOK_TEST_FAULT=abandon_at_destroy");
     // Otherwise the frees wait for the queued work, whose all-gathers a peer that failed and
     // stays alive never joins: wait for it here first, within the group's limit, which aborts
     // the communicator when it runs out (a destructor reports nothing; the reason is logged).
@@ -1631,7 +1637,7 @@ class CudaBackend final : public BackendImpl {
     // this rank's communicator (saying so), which takes the windows with it.
     if (group_ && !group_->communicator_aborted()) {
       try {
-        group_->check_same_everywhere("arrival at the layer's destroy", "ready");
+        group_->check_same_everywhere("readiness to destroy the layer (deregister its windows)", "ready");
       } catch (const std::exception& e) {
         abort_group_after(std::string("destroying the layer: ") + e.what());  // (a no-op once aborted)
       }

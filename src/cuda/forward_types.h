@@ -102,6 +102,7 @@ enum TestFault : int {
   kNoFault = 0,
   kFaultLoseStagingRead = 1,  // the store warp never says it has read the staging tile
   kFaultAbandonedGroup = 2,   // the layer's abandoned word is set from the start (any EP mode)
+  kFaultAbandonAtDestroy = 3, // distributed: the rank abandons its group as its layer's destroy starts
 };
 
 // Everything the megakernel reads, by value (__grid_constant__).
