@@ -150,8 +150,9 @@ elseif(MODE STREQUAL "bad_input")
   expect_refused("[options: --ep-mode, --backend]" run ${small} --backend cpu --ep-mode slice)
   # Refused before any work or file: a slice's save could never be loaded, the cuda backend
   # has no backward, and a count of communication SMs beyond any GPU's is refused as such.
+  # (On the cuda backend, with or without a GPU here: the cpu backend refuses a slice first.)
   expect_refused("option --save with --ep-mode slice: a slice makes only its active rank's weights"
-                 run ${small} --ep-mode slice --save "${WORK}/slice_save")
+                 run ${small} --backend cuda --ep-mode slice --save "${WORK}/slice_save")
   if(EXISTS "${WORK}/slice_save")
     message(FATAL_ERROR "--save with a slice: refused, but its directory was created")
   endif()
@@ -251,6 +252,26 @@ elseif(MODE STREQUAL "bad_input")
   if(EXISTS "${WORK}/cfg")
     message(FATAL_ERROR "a bad --tile-rows was refused after --save claimed its directory")
   endif()
+  # Tuning only the cuda backend reads is refused on the cpu backend (it was printed as used),
+  # before --save claims anything; so are LayerOptions the cpu backend would ignore.
+  foreach(tuning "--band;3" "--comm-sms;5" "--pairs" "--macrobatch;8192" "--minibatch;256")
+    list(GET tuning 0 option)
+    expect_refused("option ${option}: tunes the cuda backend; the cpu backend does not read it"
+                   run ${small} --backend cpu ${tuning} --save "${WORK}/cuda_only")
+  endforeach()
+  expect_refused("LayerOptions.ep_mode = rank_slice: the cpu backend holds every rank"
+                 run ${small} --backend cpu --ep-mode slice --save "${WORK}/cuda_only")
+  if(EXISTS "${WORK}/cuda_only")
+    message(FATAL_ERROR "an option the cpu backend does not take was refused after --save claimed its directory")
+  endif()
+  # A run that fails after claiming --save (here the schedule's capacity, found by the layer)
+  # removes the directories it created for it, and only those.
+  file(MAKE_DIRECTORY "${WORK}/kept_parent")
+  expect_refused("raise schedule_capacity_factor"
+                 run --shape small --backend cpu --routing worst:0 --capacity 0.01 --save "${WORK}/kept_parent/a/b")
+  if(EXISTS "${WORK}/kept_parent/a" OR NOT IS_DIRECTORY "${WORK}/kept_parent")
+    message(FATAL_ERROR "a failed run left the --save directories it created, or removed one it did not create")
+  endif()
   # --save names a file: not a directory, said as such.
   file(WRITE "${WORK}/afile" "x")
   expect_refused("option --save ${WORK}/afile: is not a directory" run ${small} --backend cpu --save "${WORK}/afile")
@@ -278,9 +299,10 @@ elseif(MODE STREQUAL "bad_input")
   file(REMOVE_RECURSE "${WORK}")
 elseif(MODE STREQUAL "bad_active_rank")
   # Out of range and not a number: each must fail normally, naming the option and its rule.
+  # (On the cuda backend, with or without a GPU here: the cpu backend refuses a slice first.)
   foreach(bad 2 -1 1x)
     expect_refused("option --active-rank: must be busiest or a rank in [0, 2), got '${bad}'"
-                   run --shape tiny --ep-mode slice --active-rank ${bad})
+                   run --shape tiny --backend cuda --ep-mode slice --active-rank ${bad})
   endforeach()
   # Not a slice: the option would be ignored, so it is refused.
   expect_refused("option --active-rank: only a rank slice" run --shape tiny --active-rank 0)

@@ -91,6 +91,18 @@ TEST_F(BadInput, WrongXShape) {
   args[1].inputs.x = TensorView::contiguous(wide.view().data, DType::bf16, {8, 64});
   args[1].inputs.x.strides = {128, 1};
   EXPECT_THAT(forward_error(args), AllOf(HasSubstr("x[rank 1]"), HasSubstr("contiguous")));
+  // Data not aligned to its elements (a C caller's pointer one byte on, say) is refused, never
+  // read through a misaligned typed pointer.
+  {
+    HostTensor spare(DType::f32, {8 * 2 + 1});
+    auto a = data_.forward_args();
+    a[1].inputs.router_weights =
+        TensorView::contiguous(static_cast<char*>(spare.view().data) + 2, DType::f32, {8, 2});
+    EXPECT_THAT(forward_error(a), AllOf(HasSubstr("router_weights[rank 1]"), HasSubstr("aligned to its 4-byte")));
+    a = data_.forward_args();
+    a[0].inputs.x = TensorView::contiguous(static_cast<char*>(data_.ranks[0].x.view().data) + 1, DType::bf16, {8, 64});
+    EXPECT_THAT(forward_error(a), AllOf(HasSubstr("x[rank 0]"), HasSubstr("aligned to its 2-byte")));
+  }
   // An ndim the view's arrays cannot hold is reported, never read past them.
   for (int bad : {5, 1000000, -1}) {
     auto a = data_.forward_args();
@@ -139,10 +151,11 @@ TEST_F(BadInput, PlacementOfTheTensorsMovedInBulk) {
   bad[1].inputs.router_weights = moved(bad[1].inputs.router_weights, 4);
   EXPECT_NO_THROW(check_forward_args(p_, o, bad, Device::cpu, here));
   bad[1].inputs.top_experts = moved(bad[1].inputs.top_experts, 2);
-  EXPECT_THAT(check(bad, here), AllOf(HasSubstr("top_experts[rank 1]"), HasSubstr("4-byte aligned")));
+  // (On any device: check_tensor's element alignment, ahead of the placement's own rule.)
+  EXPECT_THAT(check(bad, here), AllOf(HasSubstr("top_experts[rank 1]"), HasSubstr("aligned to its 4-byte elements")));
   bad = args;
   bad[0].inputs.router_weights = moved(bad[0].inputs.router_weights, 6);
-  EXPECT_THAT(check(bad, here), AllOf(HasSubstr("router_weights[rank 0]"), HasSubstr("4-byte aligned")));
+  EXPECT_THAT(check(bad, here), AllOf(HasSubstr("router_weights[rank 0]"), HasSubstr("aligned to its 4-byte elements")));
   bad = args;
   bad[0].inputs.top_experts.device_index = 1;
   EXPECT_THAT(check(bad, here), AllOf(HasSubstr("top_experts[rank 0]"), HasSubstr("must be on cuda:0")));
@@ -388,6 +401,25 @@ TEST(BadOptions, RankSliceActiveRankAndThreadsOnCpu) {
   o.cpu_threads = 1000000;  // would ask the OS for a million threads
   EXPECT_THAT(error_message([&] { Layer l(p, Config{}, o); }),
               AllOf(HasSubstr("cpu_threads = 1000000"), HasSubstr("at most 4 per core")));
+  // What the cpu backend would ignore is refused, naming the field (and so by validate() alone).
+  int stream_stand_in = 0;
+  o = LayerOptions{};
+  o.cuda_stream = &stream_stand_in;
+  EXPECT_THAT(error_message([&] { o.validate(); }), AllOf(HasSubstr("cuda_stream"), HasSubstr("cpu backend")));
+  EXPECT_THAT(error_message([&] { Layer l(p, Config{}, o); }), HasSubstr("LayerOptions.cuda_stream"));
+  o = LayerOptions{};
+  o.cuda_device = 1;
+  EXPECT_THAT(error_message([&] { Layer l(p, Config{}, o); }),
+              AllOf(HasSubstr("cuda_device = 1"), HasSubstr("cpu backend uses no GPU")));
+  o.cuda_device = -3;
+  EXPECT_THAT(error_message([&] { o.validate(); }), AllOf(HasSubstr("cuda_device = -3"), HasSubstr(">= 0")));
+  o = LayerOptions{};
+  o.ep_mode = EpMode::distributed;
+  EXPECT_THAT(error_message([&] { o.validate(); }), AllOf(HasSubstr("ep_mode = distributed"), HasSubstr("cpu")));
+  o.active_rank = -1;
+  o.ep_mode = EpMode::all_ranks;
+  EXPECT_THAT(error_message([&] { o.validate(); }), HasSubstr("active_rank = -1"));
+  EXPECT_NO_THROW(LayerOptions{}.validate());
 }
 
 TEST(BadNames, ShapesDtypesBackends) {

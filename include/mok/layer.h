@@ -118,6 +118,13 @@ struct LayerOptions {
   // made), nullptr = its legacy default stream. It must outlive the Layer: the destructor waits on it (the CUDA runtime cannot tell a destroyed
   // stream's handle from a live one; using it is undefined, a crash in practice).
   void* cuda_stream = nullptr;
+
+  // The rules of these fields that hold whatever the problem (the Layer constructor also
+  // bounds active_rank by ep_size): cpu_threads in range, cuda_device >= 0, and on the cpu
+  // backend, which holds every rank on the host, ep_mode all_ranks and no CUDA device or
+  // stream (a value there would be ignored). Throws mok::Error naming the field; for callers
+  // that check before any work (mok run).
+  void validate() const;
 };
 
 // Per-rank statistics of the last schedule (for reports and tests).

@@ -49,8 +49,9 @@ struct TensorView {
   T* as() const { return static_cast<T*>(data); }
 };
 
-// Validates that `view` has the given dtype, device, shape and is contiguous; on failure
-// throws mok::Error naming `name` and the rule broken.
+// Validates that `view` has the given dtype, device, shape and is contiguous, with its data
+// aligned to its elements (the library reads it through typed pointers); on failure throws
+// mok::Error naming `name` and the rule broken.
 void check_tensor(const TensorView& view, const std::string& name, DType dtype,
                   std::initializer_list<std::int64_t> shape, Device device);
 

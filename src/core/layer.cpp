@@ -35,18 +35,32 @@ struct Layer::Impl {
   std::mutex calls;
 };
 
+void LayerOptions::validate() const {
+  // (A bound, so that a typo cannot ask the OS for a million threads.)
+  const int max_threads = static_cast<int>(std::max(16u, 4 * std::thread::hardware_concurrency()));
+  require(cpu_threads >= 0 && cpu_threads <= max_threads,
+          "LayerOptions.cpu_threads = " + std::to_string(cpu_threads) + ": must be in [0, " +
+              std::to_string(max_threads) + "] (0 = all cores; at most 4 per core)");
+  require(active_rank >= 0, "LayerOptions.active_rank = " + std::to_string(active_rank) + ": must be >= 0");
+  require(cuda_device >= 0, "LayerOptions.cuda_device = " + std::to_string(cuda_device) + ": must be >= 0");
+  if (backend != Backend::cpu) return;
+  require(ep_mode == EpMode::all_ranks,
+          std::string("LayerOptions.ep_mode = ") + to_string(ep_mode) +
+              ": the cpu backend holds every rank (use all_ranks); rank_slice and distributed need the cuda backend");
+  require(cuda_stream == nullptr, "LayerOptions.cuda_stream: set, but the cpu backend runs on no stream (leave it null, "
+                                  "or use the cuda backend)");
+  require(cuda_device == 0, "LayerOptions.cuda_device = " + std::to_string(cuda_device) +
+                                ": the cpu backend uses no GPU (leave it 0, or use the cuda backend)");
+}
+
 Layer::Layer(const Problem& problem, const Config& config, const LayerOptions& options)
     : impl_(std::make_unique<Impl>()) {
   problem.validate();
   config.validate();
-  require(options.active_rank >= 0 && options.active_rank < problem.ep_size,
+  options.validate();
+  require(options.active_rank < problem.ep_size,
           "LayerOptions.active_rank = " + std::to_string(options.active_rank) + ": must be in [0, ep_size = " +
               std::to_string(problem.ep_size) + ")");
-  // (A bound, so that a typo cannot ask the OS for a million threads.)
-  const int max_threads = static_cast<int>(std::max(16u, 4 * std::thread::hardware_concurrency()));
-  require(options.cpu_threads >= 0 && options.cpu_threads <= max_threads,
-          "LayerOptions.cpu_threads = " + std::to_string(options.cpu_threads) + ": must be in [0, " +
-              std::to_string(max_threads) + "] (0 = all cores; at most 4 per core)");
   impl_->problem = problem;
   impl_->options = options;
   impl_->backend = options.backend == Backend::cpu ? make_cpu_backend(problem, config, options)

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cstdint>
 #include <sstream>
 
 #include "mok/error.h"
@@ -89,7 +90,10 @@ void check_tensor(const TensorView& view, const std::string& name, DType dtype,
   bool shape_ok = view.ndim == static_cast<int>(shape.size());
   int i = 0;
   for (auto s : shape) shape_ok = shape_ok && view.shape[i++] == s;
-  if (view.data != nullptr && view.dtype == dtype && shape_ok && view.device == device && view.is_contiguous())
+  // (Checked for the dtype asked for: a view of another dtype is refused below either way.)
+  const bool aligned = reinterpret_cast<std::uintptr_t>(view.data) % dtype_size(dtype) == 0;
+  if (view.data != nullptr && view.dtype == dtype && shape_ok && view.device == device && view.is_contiguous() &&
+      aligned)
     return;
   std::ostringstream want;
   want << to_string(dtype) << "[";
@@ -101,6 +105,10 @@ void check_tensor(const TensorView& view, const std::string& name, DType dtype,
   require(shape_ok, name + ": shape must be " + want.str() + ", got " + view.describe());
   require(view.device == device, name + ": must be on " + to_string(device) + ", got " + view.describe());
   require(view.is_contiguous(), name + ": must be contiguous (row-major), got " + view.describe());
+  std::ostringstream at;
+  at << view.data;
+  require(aligned, name + ": data at " + at.str() + " must be aligned to its " + std::to_string(dtype_size(dtype)) +
+                       "-byte elements, got " + view.describe());
 }
 
 }  // namespace mok

@@ -10,11 +10,10 @@ namespace {
 
 class CpuBackend final : public BackendImpl {
  public:
-  CpuBackend(const Problem& p, const Config& c, const LayerOptions& o) : problem_(p), config_(c), pool_(o.cpu_threads) {
-    require(o.ep_mode == EpMode::all_ranks,
-            std::string("LayerOptions.ep_mode = ") + to_string(o.ep_mode) +
-                ": the cpu backend holds every rank (use all_ranks); rank_slice and distributed need the cuda backend");
-  }
+  // (LayerOptions::validate has refused what this backend does not take: other EP modes, a
+  // CUDA device or stream.)
+  CpuBackend(const Problem& p, const Config& c, const LayerOptions& o)
+      : problem_(p), config_(c), pool_(o.cpu_threads) {}
 
   void forward(std::span<const RankForward> ranks) override {
     std::vector<TensorView> slots;

@@ -1,10 +1,15 @@
 // mok run: runs the layer on a shape, optionally checks it against the CPU reference,
 // saves/loads every tensor as .npy, and prints a short table.
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <memory>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "comm/group_env.h"
 #include "core/backend.h"
@@ -56,6 +61,38 @@ execution:
   --capacity F --minibatch N --macrobatch N --comm-sms N --tile-rows N --band N   config
   --pairs                 compute SMs in 2-CTA clusters sharing weight tiles (experimental)
 )";
+
+// The --save directories a run created, removed again when it ends before its save (a refused
+// or failed run leaves no empty directory behind): deepest first, each only while empty
+// (std::filesystem::remove leaves a directory that holds anything).
+class CreatedDirectories {
+ public:
+  CreatedDirectories() = default;
+  CreatedDirectories(const CreatedDirectories&) = delete;
+  CreatedDirectories& operator=(const CreatedDirectories&) = delete;
+  ~CreatedDirectories() {
+    for (const auto& d : created_) {
+      std::error_code ignored;
+      std::filesystem::remove(d, ignored);
+    }
+  }
+  // Creates `dir` and its missing parents (make_option_directory), noting which were missing.
+  void create(const std::filesystem::path& dir, const std::string& option) {
+    std::vector<std::filesystem::path> missing;
+    std::error_code ec;
+    for (std::filesystem::path d = std::filesystem::absolute(dir, ec); !ec && !d.empty() && d != d.root_path();
+         d = d.parent_path()) {
+      if (std::filesystem::exists(d, ec) || ec) break;
+      missing.push_back(d);  // (deepest first)
+    }
+    make_option_directory(dir, option);
+    created_.insert(created_.end(), missing.begin(), missing.end());
+  }
+  void keep() { created_.clear(); }
+
+ private:
+  std::vector<std::filesystem::path> created_;
+};
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -115,6 +152,8 @@ int run_command(const std::vector<std::string>& argv) {
   }
   const auto active_rank_text = args.take("active-rank");
   options.cpu_threads = static_cast<int>(args.take_int("threads").value_or(0));
+  // (Before any work or file: the Layer checks them again, with the active rank's bound.)
+  naming_options([&] { options.validate(); });
   const bool on_cuda = options.backend == Backend::cuda;
   const std::string pass = args.take_or("pass", on_cuda ? "forward" : "both");
   if (pass != "forward" && pass != "backward" && pass != "both")
@@ -129,6 +168,10 @@ int run_command(const std::vector<std::string>& argv) {
   const bool check = args.take_flag("check");
   const auto [warmup, iters] = take_repetitions(args, on_cuda ? 5 : 0, on_cuda ? 20 : 1);
 
+  const char* cuda_only_tuning = nullptr;  // (--capacity and --tile-rows shape the CPU's schedule too)
+  if (!on_cuda)
+    for (const char* n : {"minibatch", "macrobatch", "comm-sms", "band", "pairs"})
+      if (!cuda_only_tuning && args.has(n)) cuda_only_tuning = n;
   Config config;
   if (auto v = args.take_double("capacity")) config.schedule_capacity_factor = *v;
   if (auto v = args.take_int("minibatch")) config.minibatch_rows = static_cast<int>(*v);
@@ -138,6 +181,10 @@ int run_command(const std::vector<std::string>& argv) {
   if (auto v = args.take_int("band")) config.task_band_tiles = static_cast<int>(*v);
   if (args.take_flag("pairs")) config.task_pairs = true;
   naming_options([&] { config.validate(); });  // (before any work or file: the Layer checks it again)
+  // Tuning that only the cuda backend reads is refused on the cpu backend rather than printed
+  // as if it had been used (after the config's own rules, which name a bad value first).
+  if (cuda_only_tuning)
+    throw Error(std::string("option --") + cuda_only_tuning + ": tunes the cuda backend; the cpu backend does not read it");
 
   // The save directory is claimed before any work: a run never mixes its tensors with an
   // earlier run's files, and an unwritable path is found before the results exist.
@@ -146,6 +193,7 @@ int run_command(const std::vector<std::string>& argv) {
       !save_dir ? std::filesystem::path()
       : my_rank >= 0 ? std::filesystem::path(*save_dir) / ("rank" + std::to_string(my_rank))
                      : std::filesystem::path(*save_dir);
+  CreatedDirectories created_for_save;
   auto claim_save_dir = [&] {
     if (!save_dir) return;
     std::error_code ec;
@@ -158,7 +206,15 @@ int run_command(const std::vector<std::string>& argv) {
                     ": already holds files (an earlier run's?); mok does not mix two runs' tensors: give a new or "
                     "empty directory");
     }
-    make_option_directory(save_target, "--save");
+    created_for_save.create(save_target, "--save");
+    // A directory that exists but this process may not write to is found now, not after the run.
+    const std::filesystem::path probe = save_target / (".mok_write_probe." + std::to_string(getpid()));
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0)
+      throw Error("option --save " + save_target.string() + ": cannot write there: " + std::strerror(errno));
+    ::close(fd);
+    std::error_code ignored;
+    std::filesystem::remove(probe, ignored);
   };
 
   // The options that depend on the EP mode, checked once it is settled and before any work
@@ -368,6 +424,7 @@ int run_command(const std::vector<std::string>& argv) {
     } else {
       io::save_layer_data(*save_dir, data);
     }
+    created_for_save.keep();
   }
   bool expected = true;
   if (expect_dir) {
