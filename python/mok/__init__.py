@@ -190,9 +190,12 @@ _INT32_MAX = 2**31 - 1
 
 
 def _c_string(value, name):
-    """`value` as the bytes of a C string, or MokError naming `name` when it holds a NUL
-    character (C would end the string there and silently drop the rest)."""
-    text = str(value)
+    """`value` (a str) as the bytes of a C string; MokTypeError naming `name` for anything else
+    (str() of None or of bytes would be sent as the text 'None' or "b'...'"), MokError when
+    it holds a NUL character (C would end the string there and silently drop the rest)."""
+    if not isinstance(value, str):
+        raise MokTypeError(f"{name} = {value!r}: must be a str, got a {type(value).__name__}")
+    text = value
     if "\0" in text:
         raise MokError(f"{name} = {text!r}: holds a NUL character, where the C interface would cut it short")
     return text.encode()
@@ -269,7 +272,8 @@ class Problem:
                    p.swiglu_limit if p.has_swiglu_limit else None)
 
     def _c(self):
-        if isinstance(self.shared_intermediate, (str, bytes, Mapping)) or \
+        # (Ordered: a set's order is arbitrary, and the order pairs each width with its weights.)
+        if isinstance(self.shared_intermediate, (str, bytes, Mapping, set, frozenset)) or \
                 not hasattr(self.shared_intermediate, "__len__"):
             raise MokTypeError(f"Problem.shared_intermediate = {self.shared_intermediate!r}: a list of the shared "
                                "experts' widths (empty: none)")
@@ -389,6 +393,12 @@ def _shared_list(entries, name):
         if not isinstance(entry, Mapping) and not hasattr(entry, "__iter__"):
             raise MokTypeError(f"{name}[{s}]: a (w_gate, w_up, w_down) triple or a dict of those keys, got a "
                                f"{type(entry).__name__}")
+        if isinstance(entry, Mapping):
+            unknown = set(entry) - {"w_gate", "w_up", "w_down"}
+            if unknown:
+                # (Refused, not dropped: a misspelt key would leave its tensor unused.)
+                raise MokError(f"{name}[{s}]: unknown key(s) {sorted(unknown, key=repr)}; the keys are "
+                               "w_gate, w_up, w_down")
         try:
             triple = _shared_triple(entry)
         except KeyError as exc:

@@ -319,7 +319,17 @@ class Errors(unittest.TestCase):
         with self.assertRaisesRegex(mok.MokTypeError, r"Problem.shared_intermediate = \{64: 'x'\}: a list"):
             mok.Layer(mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=2, tokens_per_rank=16,
                                   shared_intermediate={64: "x"}))
+        # A set has no order to pair each width with its weights by.
+        with self.assertRaisesRegex(mok.MokTypeError, r"Problem.shared_intermediate = \{64\}: a list"):
+            mok.Layer(mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=2, tokens_per_rank=16,
+                                  shared_intermediate={64}))
+        # Text arguments are str: str() of None or bytes would be sent as 'None' or "b'...'".
+        for bad in (None, b"tiny", 7):
+            with self.assertRaisesRegex(mok.MokTypeError, r"name = .*: must be a str"):
+                mok.Problem.from_shape(bad)
         with mok.Layer(SMALL) as layer:
+            with self.assertRaisesRegex(mok.MokTypeError, r"why = b'x': must be a str"):
+                layer.abandon_group(b"x")
             with self.assertRaisesRegex(mok.MokError, r"rank = 4294967297: must be an int32"):
                 layer.combine_slots(2**32 + 1)
         # Integer scalars from numpy are ints; bools are not.
@@ -334,6 +344,11 @@ class Errors(unittest.TestCase):
         with mok.Layer(SMALL) as layer:
             with self.assertRaisesRegex(mok.MokError, r"ranks\[0\]\.d_shared: 0 entries for 1 shared experts"):
                 layer.backward([dict(b, d_shared=[])])
+            # A shared expert's dict with a key it does not know (misspelt, say) is refused, not
+            # read for its three known keys with the rest dropped.
+            g, u, d = ranks[0]["shared"][0]
+            with self.assertRaisesRegex(mok.MokError, r"ranks\[0\]\.shared\[0\]: unknown key\(s\) \['bogus'\]"):
+                layer.forward([dict(ranks[0], shared=[dict(w_gate=g, w_up=u, w_down=d, bogus=1)]), ranks[1]])
 
     def test_inputs_the_c_interface_would_misread_are_refused(self):
         ranks = make_inputs(SMALL, 11)
