@@ -123,7 +123,7 @@ elseif(MODE STREQUAL "bad_numbers")
   expect_refused("option --grace: must be a finite number" launch -n 2 --grace nan -- true)
   # Decimal only (stod also reads hex), and a value past double's range is said to be.
   expect_refused("option --capacity: '0x1p-1' is not a number" run --shape tiny --capacity 0x1p-1)
-  expect_refused("routing: hot expert '0x3' is not a number" run --shape tiny --routing hot:0.5:0x3)
+  expect_refused("routing: hot expert: '0x3' is not an integer" run --shape tiny --routing hot:0.5:0x3)
   expect_refused("routing: zipf exponent '1e400' is out of range" run --shape tiny --routing zipf:1e400)
   expect_refused("option -n: 'abc' is not an integer" launch -n abc -- true)
   # A blank on either side is not part of a number (stoll and stod skipped leading ones only).

@@ -226,6 +226,19 @@ TEST_F(NpyMalformed, TruncatedOrOversizedData) {
   write_npy(dir_.file("overflow.npy"),
             "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 4), }", "");
   expect_error(dir_.file("overflow.npy"), "not a countable array", DType::f32, {});
+  // More dimensions than a tensor holds: named with the file, not by the tensor alone.
+  write_npy(dir_.file("five.npy"), "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1, 1, 1, 1), }",
+            raw_bytes(std::vector<float>(1, 1.0f)));
+  expect_error(dir_.file("five.npy"), "has 5 dimensions, at most 4", DType::f32, {});
+  // An empty array's other dimensions obey the same bound, wherever its zero stands (the
+  // zero first loaded, the zero last was refused).
+  for (const char* shape : {"(0, 4294967296, 4294967296)", "(4294967296, 4294967296, 0)"}) {
+    write_npy(dir_.file("empty.npy"),
+              std::string("{'descr': '<f4', 'fortran_order': False, 'shape': ") + shape + ", }", "");
+    expect_error(dir_.file("empty.npy"), "not a countable array", DType::f32, {});
+  }
+  write_npy(dir_.file("empty.npy"), "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 0, 5), }", "");
+  EXPECT_EQ(npy::load(dir_.file("empty.npy"), DType::f32).numel(), 0);
 }
 
 TEST_F(NpyMalformed, WrongDtype) {
@@ -337,6 +350,15 @@ TEST(ProblemJson, ParseErrorsNameTheSourceAndTheKey) {
       // Beyond float's range: refused as written, not validated as the 0 or inf it would become.
       {replace("\"swiglu_limit\": null", "\"swiglu_limit\": 1e-50"), "1e-50 is outside float's range"},
       {replace("\"swiglu_limit\": null", "\"swiglu_limit\": 1e300"), "1e+300 is outside float's range"},
+      // Numbers as JSON writes them: no '+', no leading zeros, digits on both sides of a '.'.
+      {replace("\"hidden\": 64", "\"hidden\": +64"), "\"hidden\": '+64' is not an integer"},
+      {replace("\"hidden\": 64", "\"hidden\": 0064"), "\"hidden\": '0064' is not an integer"},
+      {replace("[32]", "[+32]"), "\"shared_intermediate\" entry: '+32' is not an integer"},
+      {replace("\"swiglu_limit\": null", "\"swiglu_limit\": .5"), "'.5' is not a number or null"},
+      {replace("\"swiglu_limit\": null", "\"swiglu_limit\": 1."), "'1.' is not a number or null"},
+      {replace("\"swiglu_limit\": null", "\"swiglu_limit\": 1e"), "'1e' is not a number or null"},
+      // Nothing after the closing brace, a NUL byte included (it read as the end of the text).
+      {good + std::string(1, '\0') + "junk", "text after the closing '}'"},
   };
   for (const auto& [text, key] : bad) {
     const std::string msg = error_message([&] { io::problem_from_json(text, "src.json"); });

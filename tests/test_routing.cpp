@@ -312,7 +312,10 @@ TEST(RoutingSpecParse, RejectsEverythingElse) {
       {"hot:x", "hot fraction"},      {"hot:0.5:x", "hot expert"},     {"hot:0.5:7:1", "too many"},
       {"hot:0.5:7.5", "hot expert"},  {"hot:0.5:1e10", "hot expert"},  {"worst:x", "worst rank"},
       {"worst:1:2", "too many"},      {"worst:1.5", "worst rank"},     {"file:", "directory"},
-      {"file", "directory"}};
+      {"file", "directory"},
+      // Integers are written as integers, as on the command line ("1.0" is a decimal).
+      {"hot:0.5:1.0", "hot expert: '1.0' is not an integer"}, {"hot:0.5:1e0", "hot expert: '1e0' is not an integer"},
+      {"worst:-0.0", "worst rank: '-0.0' is not an integer"}, {"worst: 1", "worst rank: ' 1' is not an integer"}};
   for (const auto& [text, what] : bad) {
     const std::string msg = error_message([&] { RoutingSpec::parse(text); });
     EXPECT_THAT(msg, HasSubstr("routing")) << "'" << text << "'";

@@ -480,7 +480,12 @@ TEST(ApiMisuse, EachIsANamedError) {
   EXPECT_THAT(error_message([&] { HostTensor(DType::bf16, {big, big}); }), HasSubstr("dimension 1"));
   EXPECT_THAT(error_message([&] { HostTensor(DType::bf16, {(std::int64_t(1) << 62) + 1, 4}); }),
               HasSubstr("larger than 2^63 bytes"));
-  EXPECT_EQ(HostTensor(DType::bf16, {0, big, big}).numel(), 0);
+  // An empty tensor's other dimensions obey the bound too, wherever the zero stands (the zero
+  // first was taken and the zero last refused; the contiguous strides of the first wrapped).
+  EXPECT_THAT(error_message([&] { HostTensor(DType::bf16, {0, big, big}); }), HasSubstr("larger than 2^63 bytes"));
+  EXPECT_THAT(error_message([&] { HostTensor(DType::bf16, {big, big, 0}); }), HasSubstr("larger than 2^63 bytes"));
+  EXPECT_EQ(HostTensor(DType::bf16, {3, 0, 5}).numel(), 0);
+  EXPECT_EQ(HostTensor(DType::bf16, {3, 0, 5}).view().strides[0], 0);
   // More dimensions than a TensorView holds (view() wrote past its arrays).
   EXPECT_THAT(error_message([&] { HostTensor(DType::f32, {3, 1, 1, 1, 2}); }), HasSubstr("5 dimensions, at most 4"));
 }

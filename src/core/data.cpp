@@ -20,17 +20,24 @@ HostTensor::HostTensor(DType dtype, std::vector<std::int64_t> shape) : dtype_(dt
   // At most kMaxTensorDims dimensions: view() describes it in a TensorView's fixed arrays.
   require(shape_.size() <= static_cast<std::size_t>(kMaxTensorDims),
           "HostTensor: " + std::to_string(shape_.size()) + " dimensions, at most " + std::to_string(kMaxTensorDims));
+  // (The product of the non-zero dimensions, wherever a zero stands: an empty tensor's
+  // other dimensions obey the same bound, and numel()'s product, in any order, cannot wrap.)
   const std::int64_t max_bytes = std::numeric_limits<std::int64_t>::max();
   std::int64_t n = 1;
+  bool empty = false;
   for (std::size_t d = 0; d < shape_.size(); ++d) {
     require(shape_[d] >= 0, "HostTensor: dimension " + std::to_string(d) + " = " + std::to_string(shape_[d]) +
                                 " must be >= 0");
-    require(shape_[d] == 0 || n <= max_bytes / static_cast<std::int64_t>(dtype_size(dtype_)) / shape_[d],
+    if (shape_[d] == 0) {
+      empty = true;
+      continue;
+    }
+    require(n <= max_bytes / static_cast<std::int64_t>(dtype_size(dtype_)) / shape_[d],
             "HostTensor: dimension " + std::to_string(d) + " = " + std::to_string(shape_[d]) +
                 " makes the tensor larger than 2^63 bytes");
     n *= shape_[d];
   }
-  storage_.resize(static_cast<std::size_t>(n) * dtype_size(dtype_));
+  storage_.resize(empty ? 0 : static_cast<std::size_t>(n) * dtype_size(dtype_));
 }
 
 std::int64_t HostTensor::numel() const {

@@ -104,7 +104,8 @@ FlatObject parse_flat_object(const std::string& t, const std::string& source) {
       if (next == '}') break;
       if (next != ',') throw bad("expected ',' or '}' after \"" + key + "\"");
     }
-  if (ws() != '\0') throw bad("text after the closing '}'");
+  ws();
+  if (i != t.size()) throw bad("text after the closing '}'");  // (a NUL byte too: ws() says '\0' there)
   return out;
 }
 
@@ -114,11 +115,39 @@ const std::string& json_value(const FlatObject& o, const std::string& key, const
   return it->second;
 }
 
+// Whether `t` is a number as JSON writes one, -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?,
+// or with `integer` the part before the fraction alone. (std::stoll and std::stod, which read
+// the value, also take "+8", "0008", ".5" and "1.": not JSON, and not what problem_to_json
+// writes.)
+bool json_number_syntax(const std::string& t, bool integer) {
+  std::size_t i = 0;
+  auto digits = [&] {
+    const std::size_t from = i;
+    while (i < t.size() && t[i] >= '0' && t[i] <= '9') ++i;
+    return i > from;
+  };
+  if (i < t.size() && t[i] == '-') ++i;
+  if (i < t.size() && t[i] == '0')
+    ++i;
+  else if (!digits())
+    return false;
+  if (!integer) {
+    if (i < t.size() && t[i] == '.' && (++i, !digits())) return false;
+    if (i < t.size() && (t[i] == 'e' || t[i] == 'E')) {
+      ++i;
+      if (i < t.size() && (t[i] == '+' || t[i] == '-')) ++i;
+      if (!digits()) return false;
+    }
+  }
+  return i == t.size();
+}
+
 // A problem size: an int, the whole (blank-trimmed) value (a wider one would be truncated).
 int strict_int(const std::string& v, const std::string& what) {
   const std::size_t first = v.find_first_not_of(" \t\r\n");
   const std::size_t last = v.find_last_not_of(" \t\r\n");
   const std::string t = first == std::string::npos ? "" : v.substr(first, last - first + 1);
+  if (!json_number_syntax(t, true)) throw Error(what + ": '" + t + "' is not an integer");
   return static_cast<int>(
       parse_integer(t, std::numeric_limits<int>::min(), std::numeric_limits<int>::max(), what));
 }
@@ -154,6 +183,7 @@ Problem problem_from_json(const std::string& json, const std::string& source) {
   const std::string limit = json_value(text, "swiglu_limit", source);
   if (limit != "null") {
     const std::string what = source + ": \"swiglu_limit\"";
+    if (!json_number_syntax(limit, false)) throw Error(what + ": '" + limit + "' is not a number or null");
     p.swiglu_limit = to_float_in_range(parse_finite(limit, what + " (a number or null)"), what);
   }
   try {

@@ -1,7 +1,10 @@
 #include "io/npy.h"
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <sstream>
 
@@ -118,11 +121,18 @@ class HeaderParser {
   std::size_t i_ = 0;
 };
 
+// `path` opened for reading, or the error naming it and the system's reason.
+std::ifstream open_for_reading(const std::string& path) {
+  errno = 0;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, std::string("cannot be opened") + (errno != 0 ? std::string(": ") + std::strerror(errno) : ""));
+  return in;
+}
+
 }  // namespace
 
 Header read_header(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, "cannot be opened");
+  std::ifstream in = open_for_reading(path);
   char magic[8];
   if (!in.read(magic, 8)) fail(path, "too short to be a .npy file");
   if (std::memcmp(magic, "\x93NUMPY", 6) != 0) fail(path, "bad magic (not a .npy file)");
@@ -220,15 +230,24 @@ HostTensor load(const std::string& path, DType dtype, const std::vector<std::int
   } else {
     fail(path, "dtype '" + h.descr + "' cannot be read as " + to_string(dtype) + " (expected '" + want + "')");
   }
+  if (h.shape.size() > static_cast<std::size_t>(kMaxTensorDims))
+    fail(path, "shape " + shape_string(h.shape) + " has " + std::to_string(h.shape.size()) + " dimensions, at most " +
+                   std::to_string(kMaxTensorDims));
   // The element count (overflow-checked) is compared with the file before anything is
-  // allocated: a header may claim any shape.
+  // allocated: a header may claim any shape. The non-zero dimensions' product must fit, as a
+  // HostTensor's must, wherever a zero stands (an array with one is empty).
   std::size_t n = 1;
-  for (std::int64_t d : h.shape)
-    if (d < 0 || __builtin_mul_overflow(n, static_cast<std::size_t>(d), &n))
+  bool empty = false;
+  for (std::int64_t d : h.shape) {
+    if (d == 0) empty = true;
+    if (d < 0 || (d > 0 && (__builtin_mul_overflow(n, static_cast<std::size_t>(d), &n) ||
+                            n > static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()) / elem)))
       fail(path, "shape " + shape_string(h.shape) + " is not a countable array");
+  }
+  if (empty) n = 0;
   std::size_t need = 0;
   if (__builtin_mul_overflow(n, elem, &need)) fail(path, "shape " + shape_string(h.shape) + " is too large");
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in = open_for_reading(path);  // (again: read_header's stream is closed)
   in.seekg(0, std::ios::end);
   const std::size_t file_size = static_cast<std::size_t>(in.tellg());
   if (file_size < h.data_offset || file_size - h.data_offset != need)

@@ -27,12 +27,11 @@ double parse_number(const std::string& text, const std::string& what) {
   return v;
 }
 
-// An integer field: a number with no fractional part that fits an int.
+// An integer field, written as an integer (as the command line's integers are: "1.0", "1e0"
+// and "-0.0" are not), that fits an int; its range is checked with the problem.
 int parse_int(const std::string& text, const std::string& what) {
-  const double v = parse_number(text, what);
-  if (v != std::floor(v) || v < -2147483648.0 || v > 2147483647.0)
-    throw Error("routing: " + what + " '" + text + "' is not an integer");
-  return static_cast<int>(v);
+  return static_cast<int>(parse_integer(text, std::numeric_limits<int>::min(), std::numeric_limits<int>::max(),
+                                        "routing: " + what));
 }
 
 
