@@ -522,6 +522,7 @@ TEST(LayerIo, LoadCountsTheCallersMemoryBeforeReading) {
 // A problem.json that describes less than the directory holds (fewer ranks, fewer shared
 // experts) is refused: loading it would run another problem than the one saved.
 TEST(LayerIo, LoadRefusesFilesBeyondTheProblem) {
+  namespace fs = std::filesystem;
   TempDir dir("layer");
   const Problem p = test::make_problem(4, 32, 32, 2, {32}, 2, 4);  // 2 local experts per rank
   io::save_layer_data(dir.str(), test::make_data(p, 2, false));
@@ -536,8 +537,22 @@ TEST(LayerIo, LoadRefusesFilesBeyondTheProblem) {
   no_shared.shared_intermediate.clear();
   write_file(pj, io::problem_to_json(no_shared));
   EXPECT_THAT(error_message([&] { io::load_layer_data(dir.str(), false); }),
-              AllOf(HasSubstr("shared0_w_gate.npy"), HasSubstr("0 shared expert(s)")));
+              AllOf(HasSubstr("rank0/shared0_"), HasSubstr("0 shared expert(s)")));
   write_file(pj, io::problem_to_json(p));
+  EXPECT_NO_THROW(io::load_layer_data(dir.str(), false));
+  // Any file of them, in any rank: not only the ones a load reads first.
+  fs::create_directories(dir.path() / "rank2");
+  fs::copy_file(dir.path() / "rank0" / "w_gate.npy", dir.path() / "rank2" / "w_gate.npy");
+  EXPECT_THAT(error_message([&] { io::load_layer_data(dir.str(), false); }),
+              AllOf(HasSubstr("rank2 is there"), HasSubstr("ep_size is 2")));
+  fs::remove_all(dir.path() / "rank2");
+  fs::copy_file(dir.path() / "rank1" / "shared0_w_up.npy", dir.path() / "rank1" / "shared1_w_up.npy");
+  EXPECT_THAT(error_message([&] { io::load_layer_data(dir.str(), false); }),
+              AllOf(HasSubstr("rank1/shared1_w_up.npy is there"), HasSubstr("1 shared expert(s)")));
+  fs::remove(dir.path() / "rank1" / "shared1_w_up.npy");
+  // Names that only look alike are not mok's: left alone.
+  write_file((dir.path() / "rank1" / "shared_notes.txt").string(), "x");
+  fs::create_directories(dir.path() / "ranks_old");
   EXPECT_NO_THROW(io::load_layer_data(dir.str(), false));
 }
 

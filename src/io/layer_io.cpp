@@ -1,6 +1,7 @@
 #include "io/layer_io.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -321,14 +322,44 @@ LayerData load_layer_data(const std::string& dir, const bool with_backward,
     pin(0, "w_gate", {local, I, H});
     const std::size_t S = p.shared_intermediate.size();
     for (std::size_t s = 0; s < S; ++s) pin(0, "shared" + std::to_string(s) + "_w_gate", {p.shared_intermediate[s], H});
-    const fs::path extra_rank = rank_dir(dir, p.ep_size) / "x.npy";
-    if (npy::regular_file_at(extra_rank.string(), context))
-      throw Error(context + ": " + extra_rank.string() + " is there, but problem.json's ep_size is " +
-                  std::to_string(p.ep_size) + ": the files hold another problem");
-    const fs::path extra_shared = rank_dir(dir, 0) / ("shared" + std::to_string(S) + "_w_gate.npy");
-    if (npy::regular_file_at(extra_shared.string(), context))
-      throw Error(context + ": " + extra_shared.string() + " is there, but problem.json's shared_intermediate lists " +
-                  std::to_string(S) + " shared expert(s): the files hold another problem");
+    // Any rank<N> beyond ep_size, and in a rank's directory any shared<S>_* file beyond the
+    // shared experts problem.json lists, whatever it holds (a part of another problem's save).
+    auto numbered = [](const std::string& name, const std::string& prefix, std::size_t* end) -> long long {
+      std::size_t i = prefix.size();
+      if (name.compare(0, prefix.size(), prefix) != 0 || i >= name.size() || !std::isdigit(static_cast<unsigned char>(name[i])))
+        return -1;
+      long long n = 0;
+      for (; i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])) && n < (1LL << 40); ++i)
+        n = n * 10 + (name[i] - '0');
+      *end = i;
+      return n;
+    };
+    auto listing = [&](const fs::path& d) {
+      std::vector<std::string> names;
+      std::error_code ec;
+      if (!fs::is_directory(d, ec)) return names;  // (a missing rank is named by the loads below)
+      fs::directory_iterator it(d, ec);
+      for (; !ec && it != fs::directory_iterator(); it.increment(ec)) names.push_back(it->path().filename().string());
+      if (ec) throw Error(context + ": cannot list " + d.string() + ": " + ec.message());
+      std::sort(names.begin(), names.end());  // (the first beyond is named the same way every time)
+      return names;
+    };
+    for (const std::string& name : listing(dir)) {
+      std::size_t end = 0;
+      const long long r = numbered(name, "rank", &end);
+      if (r >= p.ep_size && end == name.size())
+        throw Error(context + ": " + (fs::path(dir) / name).string() + " is there, but problem.json's ep_size is " +
+                    std::to_string(p.ep_size) + ": the files hold another problem");
+    }
+    for (int r = 0; r < p.ep_size; ++r)
+      for (const std::string& name : listing(rank_dir(dir, r))) {
+        std::size_t end = 0;
+        const long long shared = numbered(name, "shared", &end);
+        if (shared >= static_cast<long long>(S) && end < name.size() && name[end] == '_')
+          throw Error(context + ": " + (rank_dir(dir, r) / name).string() +
+                      " is there, but problem.json's shared_intermediate lists " + std::to_string(S) +
+                      " shared expert(s): the files hold another problem");
+      }
   }
 
   const std::uint64_t data_bytes = layer_data_host_bytes(p, with_backward);
