@@ -101,7 +101,7 @@ for n in ${SIZES//,/ }; do
        --backend cuda --ep-mode distributed --shape medium --ep $n --iters 2 --warmup 0" > "$log" 2>&1
     rc=$?
     took=$(( $(date +%s) - start ))
-    met=$(grep -c "readiness to destroy the layer" "$log")
+    met=$(grep -c "meeting to destroy the layer" "$log")
     ok=1
     [ $rc = 0 ] && [ "$met" -ge $(( n - 1 )) ] && [ $took -le 120 ] || { ok=0; FAILED=1; }
     row "EP=$n rank 1 abandons at its destroy: launcher rc=$rc, $met of $(( n - 1 )) peers gave up on it, ${took} s: $([ $ok = 1 ] && echo ok || echo FAILED)"

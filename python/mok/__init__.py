@@ -168,6 +168,7 @@ def _lib():
         lib.mok_layer_synchronize.argtypes = [ctypes.c_void_p]
         lib.mok_layer_config.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Config)]
         lib.mok_layer_combine_slots.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(_Tensor)]
+        lib.mok_shape_count.argtypes = []
         lib.mok_shape_count.restype = ctypes.c_int32
         lib.mok_shape_name.argtypes = [ctypes.c_int32]
         lib.mok_shape_name.restype = ctypes.c_char_p
@@ -241,9 +242,10 @@ def _static_string(fn):
 def shapes():
     """The named shapes' names (`mok shapes` lists them with their dimensions)."""
     count = _lib().mok_shape_count()
-    if count < 0:
+    names = [] if count < 0 else [_lib().mok_shape_name(i) for i in range(count)]
+    if count < 0 or None in names:  # (listing them failed: the library's message says why)
         _check(_ERROR)
-    return [_lib().mok_shape_name(i).decode() for i in range(count)]
+    return [name.decode() for name in names]
 
 
 @dataclass

@@ -360,6 +360,12 @@ void EpGroup::all_gather(const void* send, void* recv, std::size_t bytes_per_ran
              "ncclAllGather");
 }
 
+void EpGroup::meet(void* stream, void* scratch, const std::string& what, std::uint64_t deadline_ms) {
+  // (In place: this rank's byte is already at scratch + rank, where NCCL wants it.)
+  all_gather(static_cast<char*>(scratch) + rank(), scratch, 1, stream);
+  wait(stream, what, deadline_ms > 0 ? deadline_ms : impl_->limits.start_ms);
+}
+
 void EpGroup::wait(void* stream, const std::string& what, std::uint64_t deadline_ms,
                    const std::function<void()>& check) {
   wait_until_done([stream] { return static_cast<int>(cudaStreamQuery(static_cast<cudaStream_t>(stream))); }, what,

@@ -81,6 +81,15 @@ class EpGroup {
   // a barrier: it completes on no rank before every rank has called it.
   void all_gather(const void* send, void* recv, std::size_t bytes_per_rank, void* stream);
 
+  // A bounded meeting of every rank on `stream` (drained by the caller): an in-place
+  // all-gather of one byte per rank over `scratch` (size() bytes of device memory, allocated
+  // beforehand, so that a meeting at teardown needs no allocation), then wait() for it with
+  // `deadline_ms` (0: the start-up limit). It copies nothing to or from the host and uses no
+  // other stream, so nothing else on the device can hold it past its limit. Throws as wait()
+  // does (the communicator aborted) when a rank does not come; once it returns, every rank
+  // has reached it.
+  void meet(void* stream, void* scratch, const std::string& what, std::uint64_t deadline_ms = 0);
+
   // Waits for `stream` with a deadline (the group's timeout, or `deadline_ms` when > 0),
   // watching NCCL's asynchronous errors; on a timeout or error aborts the communicator and
   // throws mok::Error saying so. `check`, when given, runs while waiting and may throw a

@@ -116,7 +116,8 @@ std::uint64_t wait_timeout_ns() { return limit_ns_from_env(TuningEnv::kWaitTimeo
 
 // MOK_GROUP_START_TIMEOUT_MS: how long a rank of a real group waits for the others to start:
 // for rank 0's NCCL id, then for every rank's arrival (default 120 s: each process makes its
-// data and CUDA context first, and launchers start them seconds apart).
+// data and CUDA context first, and launchers start them seconds apart); and, at the layer's
+// destroy, for the others to reach theirs (EpGroup::meet).
 std::uint64_t group_start_timeout_ms() { return limit_ns_from_env(TuningEnv::kGroupStartMs, 120000) / 1000000; }
 
 constexpr int kMaxPhaseMarks = 6;  // record_phases: setup, schedule, megakernel, group barrier, epilogue, end
@@ -1290,6 +1291,7 @@ class CudaBackend final : public BackendImpl {
       peer_x_[first_rank_] = x_sym_.local;
       combine_ptrs[first_rank_] = static_cast<__nv_bfloat16*>(combine_sym_.local);
       gathered_tops_ = track(DeviceBuffer(static_cast<std::size_t>(R) * T * p.top_k * sizeof(int)));
+      teardown_scratch_ = DeviceBuffer(static_cast<std::size_t>(group_->size()));
     } else {
       for (int r = 0; r < R; ++r) combine_.push_back(track(DeviceBuffer(combine_bytes)));
       for (auto& b : combine_) combine_ptrs.push_back(b.as<__nv_bfloat16>());
@@ -1608,13 +1610,18 @@ class CudaBackend final : public BackendImpl {
   comm::SymmetricBuffer x_sym_, combine_sym_;
   std::vector<void*> peer_x_;
   DeviceBuffer gathered_tops_;
+  // One byte per rank for the destroy's meeting (EpGroup::meet): allocated with the layer, so
+  // that the destroy allocates nothing (a full GPU would otherwise fail it on one rank alone).
+  DeviceBuffer teardown_scratch_;
 
  public:
   ~CudaBackend() override {
+    bool on_layers_device = true;
     try {
       on_device_.enter(options_.cuda_device);  // (left after the last member is freed)
     } catch (const std::exception&) {
       // (A context that cannot even set its device frees what it can from here.)
+      on_layers_device = false;
     }
     // A rank that fails while its peers carry on may have NCCL kernels on its stream waiting
     // for them; the frees below would wait for those: abort the communicator first.
@@ -1634,12 +1641,18 @@ class CudaBackend final : public BackendImpl {
     // abandon_group) after its last collective, or that never destroys its layer, would leave
     // this rank waiting for good. So the ranks meet first where the wait is bounded (the
     // start-up limit, as before the registration in allocate()): a rank missing there aborts
-    // this rank's communicator (saying so), which takes the windows with it.
+    // this rank's communicator (saying so), which takes the windows with it. The meeting is
+    // on the layer's own (drained) stream with memory allocated beforehand, and nothing that
+    // can fail follows its gather: once a rank has passed it, its peers deregister.
     if (group_ && !group_->communicator_aborted()) {
-      try {
-        group_->check_same_everywhere("readiness to destroy the layer (deregister its windows)", "ready");
-      } catch (const std::exception& e) {
-        abort_group_after(std::string("destroying the layer: ") + e.what());  // (a no-op once aborted)
+      if (!on_layers_device) {
+        abort_group_after("destroying the layer: its device could not be set");
+      } else {
+        try {
+          group_->meet(stream_, teardown_scratch_.as<void>(), "meeting to destroy the layer (deregister its windows)");
+        } catch (const std::exception& e) {
+          abort_group_after(std::string("destroying the layer: ") + e.what());  // (a no-op once aborted)
+        }
       }
     }
     // After an abort, the stream's NCCL work returns at once and what follows it (stage_x,

@@ -76,17 +76,19 @@ class CreatedDirectories {
       std::filesystem::remove(d, ignored);
     }
   }
-  // Creates `dir` and its missing parents (make_option_directory), noting which were missing.
-  void create(const std::filesystem::path& dir, const std::string& option) {
-    std::vector<std::filesystem::path> missing;
+  // Creates `dir` and its missing parents (make_option_directory), noting which were missing
+  // (noted first: a creation that fails part way leaves its upper ones, removed too), or only
+  // `dir` itself with `parents_shared` (a group's ranks share the parent: one rank's removal
+  // could race another's creation of its own directory there).
+  void create(const std::filesystem::path& dir, const std::string& option, bool parents_shared) {
     std::error_code ec;
     for (std::filesystem::path d = std::filesystem::absolute(dir, ec); !ec && !d.empty() && d != d.root_path();
          d = d.parent_path()) {
       if (std::filesystem::exists(d, ec) || ec) break;
-      missing.push_back(d);  // (deepest first)
+      created_.push_back(d);  // (deepest first)
+      if (parents_shared) break;
     }
     make_option_directory(dir, option);
-    created_.insert(created_.end(), missing.begin(), missing.end());
   }
   void keep() { created_.clear(); }
 
@@ -147,7 +149,7 @@ int run_command(const std::vector<std::string>& argv) {
     my_rank = env.rank;
     group_size = env.world_size;
     // The group's device for this process (the data goes there too); the cpu backend refuses
-    // a group when the Layer is made.
+    // a group (LayerOptions::validate, below).
     if (options.backend == Backend::cuda) options.cuda_device = env.cuda_device(cuda_device_count());
   }
   const auto active_rank_text = args.take("active-rank");
@@ -206,7 +208,7 @@ int run_command(const std::vector<std::string>& argv) {
                     ": already holds files (an earlier run's?); mok does not mix two runs' tensors: give a new or "
                     "empty directory");
     }
-    created_for_save.create(save_target, "--save");
+    created_for_save.create(save_target, "--save", my_rank >= 0);
     // A directory that exists but this process may not write to is found now, not after the run.
     const std::filesystem::path probe = save_target / (".mok_write_probe." + std::to_string(getpid()));
     const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
