@@ -838,6 +838,9 @@ class CudaBackend final : public BackendImpl {
         }
         if (cudaEventQuery(m.megakernel_done) != cudaErrorNotReady) return true;  // done (or the context failed)
         if (cudaEventQuery(m.ids_gathered) == cudaErrorNotReady) return false;    // will read the word
+        // The megakernel a forward's own wait just gave up on (the group's whole limit): not
+        // waited for twice. Nothing after it in the stream has run.
+        if (m.megakernel_done == megakernel_waited_for_) return false;
         poll_until_done([&] { return cudaEventQuery(m.megakernel_done); }, deadline);
         return true;
       });
@@ -926,9 +929,17 @@ class CudaBackend final : public BackendImpl {
       if (capture_status == cudaStreamCaptureStatusNone) {
         marks = &forward_marks_.next();
         const RelaxedCaptureMode relaxed;  // (another thread's global-mode capture stays valid)
-        if (cudaEventQuery(marks->megakernel_done) == cudaErrorNotReady)  // (16 forwards ahead)
+        if (cudaEventQuery(marks->megakernel_done) == cudaErrorNotReady) {  // (16 forwards ahead)
+          // (Should this wait give up, its abort's drain does not wait for the same megakernel
+          // a second time: megakernel_waited_for_.)
+          megakernel_waited_for_ = marks->megakernel_done;
+          struct Clear {
+            cudaEvent_t& event;
+            ~Clear() { event = nullptr; }
+          } clear{megakernel_waited_for_};
           group_->wait_for_event(marks->megakernel_done, "a forward waiting for the megakernel 16 forwards back",
                                  group_wait_limit_ms(), [this] { throw_if_trapped(); });
+        }
       }
     }
     if (group_) {
@@ -1602,6 +1613,8 @@ class CudaBackend final : public BackendImpl {
   // is destroyed first.
   HostMapped<int> abandoned_;
   ForwardMarks forward_marks_;
+  // The megakernel_done event an eager forward is waiting for (16 forwards back), else null.
+  cudaEvent_t megakernel_waited_for_ = nullptr;
   // Distributed mode only (the destructor frees the symmetric buffers while the group lives).
   std::unique_ptr<comm::EpGroup> group_;
   // Why this rank aborted its group's communicator (abort_group_after); empty while it has
