@@ -284,6 +284,37 @@ TEST_F(Rendezvous, ARankThatNeverArrivesIsNamedAndTheWaiterTakesItsMarkBack) {
   EXPECT_TRUE(std::filesystem::exists(third.mark(2)));  // only its own
 }
 
+// A rank whose wait runs out as the last peer arrives: it takes its mark back, looks once more,
+// finds everyone (a peer that saw every mark may already be in NCCL's unbounded start) and
+// goes on with its mark left again, instead of leaving that peer waiting for good.
+TEST_F(Rendezvous, ARankGivingUpAsTheLastPeerArrivesGoesOnIfAllAreThere) {
+  IdRendezvous root(rank(0, "j")), other(rank(1, "j"));
+  char id[128];
+  std::memset(id, 0x4d, sizeof(id));
+  root.publish(id, sizeof(id));
+  bool looked_again = false;
+  other.set_before_last_look([&] {
+    EXPECT_FALSE(std::filesystem::exists(other.mark(1))) << "the mark is taken back before the last look";
+    std::ofstream(root.mark(0), std::ios::binary).write(id, sizeof(id));  // rank 0 arrives just now
+    looked_again = true;
+  });
+  EXPECT_NO_THROW(other.arrive_and_wait_for_all(id, sizeof(id), 0));
+  EXPECT_TRUE(looked_again);
+  EXPECT_TRUE(std::filesystem::exists(other.mark(1)));  // marked again: rank 0 may go on
+  // Nobody there at the last look either: it gives up naming them, its mark taken back.
+  std::filesystem::remove(root.mark(0));
+  std::filesystem::remove(other.mark(1));
+  other.set_before_last_look({});
+  try {
+    other.arrive_and_wait_for_all(id, sizeof(id), 0);
+    FAIL() << "returned with rank 0 missing";
+  } catch (const PeerWaitError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("not arrived: rank 0"));
+    EXPECT_THAT(e.what(), Not(HasSubstr("removed the id")));
+  }
+  EXPECT_FALSE(std::filesystem::exists(other.mark(1)));
+}
+
 // Rank 0 gave up (and removed the id and marks) while rank 1 still waits: rank 1 leaves no
 // mark again, so that one it would leave behind if it were killed now cannot exist.
 TEST_F(Rendezvous, AWaiterDoesNotMarkAgainOnceRank0HasRemovedTheId) {

@@ -139,8 +139,17 @@ void IdRendezvous::arrive_and_wait_for_all(void* id, std::size_t bytes, std::uin
   if (all_here) return;
   std::error_code ignored;
   std::filesystem::remove(mark(rank_), ignored);
-  // (This rank's own mark is missing only when rank 0 removed the id: said apart.)
-  const bool own_removed = std::erase(missing, rank_) > 0;
+  // The last look (see the header): every other rank here, with rank 0's id still published
+  // (it removes the id when it gives up), means someone may have gone on: so does this rank.
+  if (before_last_look_) before_last_look_();
+  missing.clear();
+  for (int r = 0; r < world_size_; ++r)
+    if (r != rank_ && !holds(mark(r), id, bytes)) missing.push_back(r);
+  const bool id_removed = !holds(file_, id, bytes);
+  if (missing.empty() && !id_removed) {
+    leave_mark();
+    return;
+  }
   const std::string start = "EP group: rank " + std::to_string(rank_) + " waited " + std::to_string(timeout_ms) +
                             " ms for the other ranks to arrive; ";
   if (missing.empty())
@@ -150,7 +159,7 @@ void IdRendezvous::arrive_and_wait_for_all(void* id, std::size_t bytes, std::uin
   if (missing.size() > 8) names += " and " + std::to_string(missing.size() - 8) + " more";
   throw PeerWaitError(start + "not arrived: rank" + (missing.size() > 1 ? "s " : " ") + names + " (their marks " +
                       file_.string() + ".here.<rank>, each holding the id; did they start, with the same directory "
-                      "and job?)" + (own_removed ? "; meanwhile rank 0 removed the id (it gave up on the group?)" : ""));
+                      "and job?)" + (id_removed ? "; meanwhile rank 0 removed the id (it gave up on the group?)" : ""));
 }
 
 void IdRendezvous::retire() const {

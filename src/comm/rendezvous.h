@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 
 #include "comm/group_env.h"
 
@@ -53,7 +54,15 @@ class IdRendezvous {
   // since it read it) takes the file's id into `id` and marks again. Throws
   // mok::PeerWaitError naming the ranks that did not arrive (and takes its own mark back, so
   // a later job is not told it is here).
+  // Giving up, it takes its mark back first and then looks once more: a rank that saw every
+  // mark and went on into NCCL's unbounded start saw this one's, so it saw the others' before
+  // the removal, and they are still there unless their ranks gave up at the same moment. When
+  // that last look finds every other rank, this one marks again and goes on instead of
+  // leaving those that went on waiting in NCCL for good. (It closes the window between the
+  // poll's last look and its deadline; ranks giving up at the same instant remain.)
   void arrive_and_wait_for_all(void* id, std::size_t bytes, std::uint64_t timeout_ms) const;
+  // Tests only: runs between taking the mark back and the last look (a peer arriving then).
+  void set_before_last_look(std::function<void()> hook) { before_last_look_ = std::move(hook); }
   std::filesystem::path mark(int rank) const;
 
   // Rank 0, once every rank holds the id and has arrived (the group formed): removes the id
@@ -65,6 +74,7 @@ class IdRendezvous {
   std::filesystem::path file_;
   int rank_ = 0;
   int world_size_ = 1;
+  std::function<void()> before_last_look_;
 };
 
 }  // namespace mok::comm
