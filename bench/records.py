@@ -8,6 +8,7 @@ import copy
 import datetime
 import glob
 import json
+import math
 import os
 import re
 import subprocess
@@ -15,6 +16,7 @@ import sys
 
 import checks
 import gpu_clocks
+import workdir
 
 SCHEMA = 1
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -140,7 +142,10 @@ def collect_env(repo_root=REPO_ROOT, mok_json=None):
     build = mok_json.get("build") if isinstance(mok_json, dict) else None
     given = _env_commit()
     if isinstance(build, dict) and build.get("commit") and build["commit"] != "unknown":
-        stamp = str(build["commit"])
+        stamp = str(build["commit"]).strip().lower()
+        if not re.fullmatch(r"[0-9a-f]{7,40}", stamp):
+            # (Refused here, before the peer runs: a record must name a commit load_record takes.)
+            raise ValueError(f"mok.json build.commit {build['commit']!r} is not a commit's hex sha (7 to 40 digits)")
         if given is not None and not same_commit(given[0], stamp):
             raise ValueError(f"{COMMIT_ENV}={given[0]} names another commit than the timed binary's stamp "
                              f"(mok.json build.commit {stamp}); unset it or rebuild mok")
@@ -149,7 +154,7 @@ def collect_env(repo_root=REPO_ROOT, mok_json=None):
                          "source": "mok.json build"}
         return env
     if given is not None:
-        env["commit"] = {"sha": given[0], "dirty": given[1], "source": COMMIT_ENV}
+        env["commit"] = {"sha": given[0].lower(), "dirty": given[1], "source": COMMIT_ENV}
         return env
     if isinstance(build, dict) and build.get("commit") == "unknown":
         # A binary built outside a git checkout: the tree run.py runs from need not be the one
@@ -221,7 +226,7 @@ def merge_group(moks):
     out["rows"] = dict(busiest["rows"])
     out["rows"]["remote"] = max(int(m["rows"].get("remote", 0)) for m in moks)
     rank_checks = [((m.get("check") or {}).get("forward") or {}) for m in moks]
-    out["check"] = {"forward": {"passes": all(bool(c.get("passes")) for c in rank_checks),
+    out["check"] = {"forward": {"passes": all(c.get("passes") is True for c in rank_checks),
                                 "max_abs": max(float(c.get("max_abs", float("inf"))) for c in rank_checks),
                                 "rel": max(float(c.get("rel", float("inf"))) for c in rank_checks)}}
     phases = [forward_phases(m) for m in moks]
@@ -277,6 +282,33 @@ def clock_section(mok, peer, clocks, capability, sms, mok_performed_tflops, dens
     return out
 
 
+def check_passes(check, source, key):
+    """A check object's verdict: its "passes" as a real bool (missing: False, a check that says
+    nothing does not pass). Anything else (the string "false", 1, null) is a ValueError naming
+    the file and the key: bool("false") is True, and must never read as PASS."""
+    if not isinstance(check, dict):
+        raise ValueError(f"{source}: '{key}' must be an object (got {json.dumps(check)[:40]})")
+    if "passes" not in check:
+        return False
+    verdict = check["passes"]
+    if not isinstance(verdict, bool):
+        raise ValueError(f"{source}: '{key}.passes' must be true or false (got {json.dumps(verdict)[:40]})")
+    return verdict
+
+
+def strict_json(value):
+    """`value` with every non-finite float (a check's rel over a zero reference, inf) written as
+    the string "inf", "-inf" or "nan": a record is strict JSON (json.dump(allow_nan=False)),
+    which other readers than Python's accept, and no figure is dropped."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
 def make_record(mok, peer, env, clocks=None, errors=None):
     """One benchmark record from mok.json, peer.json (may be None), collect_env() and the
     clock samples of the run (run.py: {"samples", "gpus", "period_ms", "error"}; may be None).
@@ -320,16 +352,17 @@ def make_record(mok, peer, env, clocks=None, errors=None):
     mok_gbps = gbps(hbm, ms(mok_fwd))
     pipe_gbps = gbps(hbm, ms(pipe_fwd))
 
-    mok_pass = None if mok_check is None else bool(mok_check.get("passes"))
+    mok_pass = None if mok_check is None else check_passes(mok_check, "mok.json", "check.forward")
+    peer_verdict = None if peer_check is None else check_passes(peer_check, "peer.json", "check")
     # A peer that ran but has no check, or reported errors (its check or a timing raised), is
     # incomplete: the record fails rather than showing PASS beside missing figures.
     peer_incomplete = bool(peer) and (peer_check is None or bool(peer.get("errors")))
-    peer_pass = None if not peer else False if peer_incomplete else bool(peer_check.get("passes"))
+    peer_pass = None if not peer else False if peer_incomplete else peer_verdict
     errors = [str(e) for e in errors or []]
     commit = env["commit"]
     mgpu = mok.get("gpu") or {}
     capability = penv.get("capability") or mgpu.get("capability")
-    return {
+    return strict_json({
         "schema": SCHEMA,
         "date": env["date"],
         "commit": {"sha": commit["sha"], "short": commit["sha"][:7] if commit["sha"] != "unknown" else "unknown",
@@ -391,8 +424,8 @@ def make_record(mok, peer, env, clocks=None, errors=None):
         # --no-peer ("peer_ran" false) nothing was measured beside mok: shown as "no peer",
         # never PASS.
         "check": {"mok": mok_pass, "pytorch": peer_pass, "peer_ran": bool(peer),
-                  "passes": bool(mok_pass) and peer_pass is True and not errors},
-    }
+                  "passes": mok_pass is True and peer_pass is True and not errors},
+    })
 
 
 # ---- reading a record -------------------------------------------------------------------
@@ -460,7 +493,10 @@ def check_text(rec):
 
 
 def fmt(v, spec, suffix=""):
-    """A number for a table ("–" when unknown)."""
+    """A number for a table ("–" when unknown; a non-finite one, which records hold as the
+    string "inf" or "nan" (strict_json), as it is)."""
+    if isinstance(v, str):
+        return v
     return "–" if v is None else format(v, spec) + suffix
 
 
@@ -470,6 +506,77 @@ def pct(fraction):
 
 
 # ---- files ------------------------------------------------------------------------------
+# (The work directory's JSON files are read here, not in workdir.py: that file is part of the
+# peer's code (checks.PEER_FILES), whose hash the records carry, and the peer's timed code did
+# not change with these checks.)
+
+def read_json_named(path):
+    """The JSON value in `path`; ValueError naming the file when it is not valid JSON."""
+    with open(path, encoding="utf-8") as f:
+        try:
+            return json.load(f)
+        except ValueError as exc:  # (JSONDecodeError, and text that is not UTF-8)
+            raise ValueError(f"{path}: not valid JSON: {exc}") from None
+
+
+def write_json_atomic(path, value):
+    """Writes `value` as JSON to `path` through a temporary file in the same folder (flushed,
+    fsynced) and os.replace: a reader sees the old file or the whole new one, never half of it;
+    the temporary file is removed on any failure."""
+    tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
+                       f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:
+            json.dump(value, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def load_peer_json(work_dir):
+    """DIR/peer.json as a dict; ValueError naming the file when it is not valid JSON, not an
+    object, or its check's "passes" is not a real bool (the string "false" would read as true)."""
+    path = os.path.join(work_dir, workdir.PEER_JSON)
+    doc = read_json_named(path)
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: must be a JSON object")
+    check = doc.get("check")
+    if check is not None:
+        if not isinstance(check, dict):
+            raise ValueError(f"{path}: key 'check' must be an object")
+        if "passes" in check and not isinstance(check["passes"], bool):
+            raise ValueError(f"{path}: key 'check.passes' must be true or false "
+                             f"(got {json.dumps(check['passes'])[:40]})")
+    return doc
+
+
+def load_mok_json(work_dir):
+    """workdir.load_mok_json, with a file that is not valid JSON named, and the check's verdict
+    required to be a real bool (bool("false") is True: a verdict that is not true or false must
+    never read as PASS; a missing check is allowed, and the record then says FAIL)."""
+    path = os.path.join(work_dir, workdir.MOK_JSON)
+    if os.path.exists(path):
+        try:
+            doc = read_json_named(path)
+        except ValueError as exc:
+            raise workdir.ContractError(str(exc)) from None
+        if not isinstance(doc, dict):
+            raise workdir.ContractError(f"{path}: must be a JSON object")
+    doc = workdir.load_mok_json(work_dir)
+    check = doc.get("check")
+    if check is not None:
+        forward = check.get("forward") if isinstance(check, dict) else None
+        if not isinstance(check, dict) or (forward is not None and not isinstance(forward, dict)):
+            raise workdir.ContractError(f"{path}: key 'check.forward' must be an object")
+        if forward is not None and "passes" in forward and not isinstance(forward["passes"], bool):
+            raise workdir.ContractError(f"{path}: key 'check.forward.passes' must be true or false "
+                                        f"(got {json.dumps(forward['passes'])[:40]})")
+    return doc
+
 
 def safe_name(name):
     """`name` as a file-name part: runs of other characters than letters, digits, '.', '_' and
@@ -483,49 +590,210 @@ def record_basename(record):
     return "_".join(safe_name(p) for p in (day, record["shape"], record["ep_mode"], record["commit"]["short"]))
 
 
-def write_record(record, results_dir=RESULTS_DIR):
-    """Writes results_dir/<basename>.json, or <basename>_2.json, _3, ... : never overwrites."""
-    os.makedirs(results_dir, exist_ok=True)
-    base = record_basename(record)
-    n = 1
+def in_results_dir(path, results_dir=None):
+    """Whether `path` (a folder or a file) is the repository's own results folder or lies in it
+    (real paths: a link to it counts). `results_dir`: RESULTS_DIR as it is now (tests patch it)."""
+    root = os.path.realpath(RESULTS_DIR if results_dir is None else results_dir)
+    real = os.path.realpath(path)
+    return real == root or os.path.commonpath([real, root]) == root
+
+
+# A record made from a test fixture (tests/fake_mok.py's "SYNTHETIC-GPU (test fixture)", the
+# fixtures' "FIXTURE-GPU") must never stand in bench/results/ beside real measurements.
+SYNTHETIC_GPU = re.compile(r"synthetic|fixture", re.IGNORECASE)
+
+
+def synthetic_gpu_error(record):
+    """Why `record` may not stand in the repository's results folder (its gpu.name is missing,
+    not a string, or names a test fixture), or None."""
+    name = (record.get("gpu") or {}).get("name") if isinstance(record.get("gpu"), dict) else None
+    if not isinstance(name, str) or not name.strip():
+        return f"'gpu.name' must be a non-empty string (got {json.dumps(name)[:40]})"
+    if SYNTHETIC_GPU.search(name):
+        return (f"'gpu.name' {name!r} is a test fixture's GPU: a synthetic record never goes into "
+                f"{RESULTS_DIR} (give the tests' runs a --results-dir of their own)")
+    return None
+
+
+def _unique_tmp(folder, base):
+    """A new, empty, exclusively created temporary file in `folder` (not *.json, so report.py's
+    glob never reads it): (fd, path)."""
     while True:
-        path = os.path.join(results_dir, f"{base}.json" if n == 1 else f"{base}_{n}.json")
+        path = os.path.join(folder, f".{base}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
         try:
-            with open(path, "x") as f:  # exclusive create: fails if the file exists
-                json.dump(record, f, indent=1, sort_keys=False)
-                f.write("\n")
-            return path
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), path
         except FileExistsError:
-            n += 1
+            continue
+
+
+def _fsync_dir(folder):
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # (some file systems do not sync folders; the file itself was synced)
+    finally:
+        os.close(fd)
+
+
+def write_record(record, results_dir=None):
+    """Writes results_dir/<basename>.json, or <basename>_2.json, _3, ... : never overwrites, and
+    never leaves a half-written record: the JSON goes to a temporary file in the same folder,
+    flushed and fsynced, which is then hard-linked to the first free name (os.link fails rather
+    than replace a file) and unlinked. results_dir defaults to RESULTS_DIR, where a record must
+    name a real GPU (synthetic_gpu_error). The record is validated as load_record would
+    (validate_record) first: a ValueError naming the rule, and nothing written."""
+    results_dir = RESULTS_DIR if results_dir is None else results_dir
+    errors = record_errors(record)
+    if errors:
+        raise ValueError(f"record not written to {results_dir}: " + "; ".join(errors))
+    if in_results_dir(results_dir):
+        why = synthetic_gpu_error(record)
+        if why:
+            raise ValueError(f"record not written to {results_dir}: {why}")
+    os.makedirs(results_dir, exist_ok=True)
+    text = json.dumps(record, indent=1, sort_keys=False, allow_nan=False) + "\n"
+    base = record_basename(record)
+    fd, tmp = _unique_tmp(results_dir, base)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        n = 1
+        while True:
+            path = os.path.join(results_dir, f"{base}.json" if n == 1 else f"{base}_{n}.json")
+            try:
+                os.link(tmp, path)  # fails if the name is taken: a record is never overwritten
+                break
+            except FileExistsError:
+                n += 1
+        _fsync_dir(results_dir)
+        return path
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
 
 
 # What the report reads without asking: a file lacking one is not a record (peer.json has the
 # same schema number and a "shape", and once passed for one).
 REQUIRED = {"shape": str, "ep_mode": str, "tokens_per_rank": int, "precision": str, "problem": dict,
             "date": str, "commit": dict, "check": dict}
+DATE_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # what collect_env writes (UTC)
+# A device's clock may run a little ahead of the machine that reads its records.
+FUTURE_SLACK = datetime.timedelta(minutes=10)
 
 
-def load_record(path):
-    """A record file's content; ValueError naming the file and what is missing or wrong when it
-    is not a mok benchmark record of this schema."""
-    with open(path) as f:
-        rec = json.load(f)
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _timed_errors(entry, key):
+    """What is wrong with a timed entry {median_ms, min_ms, max_ms} at `key`, or None."""
+    if not isinstance(entry, dict):
+        return f"'{key}' must be an object with median_ms (got {json.dumps(entry)[:40]})"
+    med = entry.get("median_ms")
+    if not _number(med) or not math.isfinite(med) or med <= 0:
+        return f"'{key}.median_ms' must be a finite number > 0 (got {json.dumps(med)[:40]})"
+    for bound in ("min_ms", "max_ms"):
+        v = entry.get(bound)
+        if bound in entry and v is not None and (not _number(v) or not math.isfinite(v)):
+            return f"'{key}.{bound}' must be a finite number (got {json.dumps(v)[:40]})"
+    lo, hi = entry.get("min_ms"), entry.get("max_ms")
+    if (lo is not None and lo > med) or (hi is not None and hi < med):
+        return f"'{key}' must have min_ms <= median_ms <= max_ms (got {lo}, {med}, {hi})"
+    return None
+
+
+def record_errors(rec, now=None):
+    """What makes `rec` (a loaded JSON value) not a mok benchmark record of this schema, as
+    messages naming the key and the rule; [] when it is one. Beyond the keys the report reads
+    (REQUIRED): gpu.name a non-empty string, commit.sha 7 to 40 lower-case hex digits or
+    "unknown", check.passes and check.peer_ran real bools and check.mok and check.pytorch bools
+    or null (null: not checked, no peer), mok.forward's and every peer's forward median_ms
+    finite and > 0 with min_ms <= median_ms <= max_ms, and date an ISO-8601 UTC time
+    (YYYY-MM-DDTHH:MM:SSZ) not in the future."""
     if not isinstance(rec, dict) or rec.get("schema") != SCHEMA:
-        raise ValueError(f"{path}: not a mok benchmark record (schema {SCHEMA})")
+        return [f"not a mok benchmark record (schema {SCHEMA})"]
     words = {str: "a string", int: "a whole number", dict: "an object"}
     for key, kind in REQUIRED.items():
         if not isinstance(rec.get(key), kind) or isinstance(rec.get(key), bool):
             got = "missing" if key not in rec else json.dumps(rec[key])[:40]
-            raise ValueError(f"{path}: not a mok benchmark record: '{key}' must be {words[kind]} ({got})")
+            return [f"not a mok benchmark record: '{key}' must be {words[kind]} ({got})"]
     for key in ("sha", "short"):
         if not isinstance(rec["commit"].get(key), str):
-            raise ValueError(f"{path}: not a mok benchmark record: 'commit.{key}' must be a string")
+            return [f"not a mok benchmark record: 'commit.{key}' must be a string"]
+    errors = []
+    gpu = rec.get("gpu")
+    name = gpu.get("name") if isinstance(gpu, dict) else None
+    if not isinstance(name, str) or not name.strip():
+        errors.append(f"'gpu.name' must be a non-empty string (got {json.dumps(name)[:40]})")
+    sha = rec["commit"]["sha"]
+    if not re.fullmatch(r"[0-9a-f]{7,40}", sha) and sha != "unknown":
+        errors.append(f"'commit.sha' must be 7 to 40 lower-case hex digits or \"unknown\" (got {sha[:50]!r})")
+    check = rec["check"]
+    for key, nullable in (("passes", False), ("peer_ran", False), ("mok", True), ("pytorch", True)):
+        if key in check and not isinstance(check[key], bool) and not (nullable and check[key] is None):
+            errors.append(f"'check.{key}' must be true or false{' (or null)' if nullable else ''} "
+                          f"(got {json.dumps(check[key])[:40]})")
+    mok = rec.get("mok")
+    why = _timed_errors(mok.get("forward") if isinstance(mok, dict) else None, "mok.forward")
+    if why:
+        errors.append(why)
+    peers = rec.get("peers")
+    if peers is not None and not isinstance(peers, dict):
+        errors.append("'peers' must be an object")
+    for peer, entry in sorted((peers or {}).items() if isinstance(peers, dict) else []):
+        forward = entry.get("forward") if isinstance(entry, dict) else None
+        if forward is not None:
+            why = _timed_errors(forward, f"peers.{peer}.forward")
+            if why:
+                errors.append(why)
+    date = rec["date"]
+    try:
+        when = datetime.datetime.strptime(date, DATE_FORMAT).replace(tzinfo=datetime.timezone.utc)
+    except ValueError:
+        errors.append(f"'date' must be an ISO-8601 UTC time like 2026-12-02T15:30:00Z (got {date[:40]!r})")
+    else:
+        now = now or datetime.datetime.now(datetime.timezone.utc)
+        if when > now + FUTURE_SLACK:
+            errors.append(f"'date' {date} is in the future (now {now.strftime(DATE_FORMAT)})")
+    return errors
+
+
+def validate_record(rec, where):
+    """ValueError naming `where` (the file) and every broken rule (record_errors)."""
+    errors = record_errors(rec)
+    if errors:
+        raise ValueError(f"{where}: " + "; ".join(errors))
+
+
+def load_record(path):
+    """A record file's content; ValueError naming the file and what is missing or wrong when it
+    is not a mok benchmark record of this schema (record_errors), is not valid JSON, or is a
+    test fixture's record in the repository's results folder (synthetic_gpu_error)."""
+    with open(path, encoding="utf-8") as f:
+        try:
+            rec = json.load(f)
+        except ValueError as exc:  # (JSONDecodeError, and text that is not UTF-8)
+            raise ValueError(f"{path}: not valid JSON: {exc}") from None
+    validate_record(rec, path)
+    if in_results_dir(os.path.dirname(os.path.abspath(path))):
+        why = synthetic_gpu_error(rec)
+        if why:
+            raise ValueError(f"{path}: refused: {why}")
     return rec
 
 
-def already_there(record, results_dir=RESULTS_DIR):
-    """The file in `results_dir` that holds this very record (its name, or a _N of it, with the
-    same content), or None."""
+def already_there(record, results_dir=None):
+    """The file in `results_dir` (default RESULTS_DIR) that holds this very record (its name, or
+    a _N of it, with the same content), or None."""
+    results_dir = RESULTS_DIR if results_dir is None else results_dir
     base = os.path.join(results_dir, record_basename(record))
     for path in [base + ".json"] + sorted(glob.glob(glob.escape(base) + "_*.json")):
         try:
@@ -537,11 +805,12 @@ def already_there(record, results_dir=RESULTS_DIR):
     return None
 
 
-def import_record(record, results_dir=RESULTS_DIR):
+def import_record(record, results_dir=None):
     """Copies a record made elsewhere (a device run's $OUT) into `results_dir` through
     write_record, so a name already taken (the same day, shape, mode and commit, from another
     run) gets _2, _3, ... and no record is overwritten; one already there with the same content
     is not copied again (it would read as a repeat run). Returns (path, copied)."""
+    results_dir = RESULTS_DIR if results_dir is None else results_dir
     there = already_there(record, results_dir)
     return (there, False) if there else (write_record(record, results_dir), True)
 
@@ -559,11 +828,17 @@ def main(argv=None):
     except (OSError, ValueError) as exc:
         print(f"records.py: {exc}; nothing was imported", file=sys.stderr)
         return 1
+    if in_results_dir(args.results_dir):  # (a fixture's record never goes in, nor the others beside it)
+        for source, rec in zip(args.files, loaded):
+            why = synthetic_gpu_error(rec)
+            if why:
+                print(f"records.py: {source}: {why}; nothing was imported", file=sys.stderr)
+                return 1
     for source, rec in zip(args.files, loaded):  # (every file checked first: all or nothing on a bad one)
         try:
             path, copied = import_record(rec, args.results_dir)
             print(f"{source} -> {path}" if copied else f"{source}: already there as {path}")
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             print(f"records.py: {source}: {exc}; the files above were imported, this one and those after not",
                   file=sys.stderr)
             return 1

@@ -15,10 +15,12 @@ Exit status 2: no CUDA GPU (or no PyTorch) here.
 """
 import argparse
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import checks  # noqa: E402
@@ -64,7 +66,40 @@ def plan_runs(args):
     """The list of (shape, ep_mode, ep, tokens) to run, from the command line; with --repeat N
     the whole list N times over (pass after pass, so each repeat sees the GPU as a new run
     would: the records of one commit then show in the report's repeat table)."""
-    return _plan_once(args) * max(1, getattr(args, "repeat", 1) or 1)
+    return _plan_once(args) * repeats(args)
+
+
+def repeats(args):
+    """--repeat's count of passes (1 when not given)."""
+    return max(1, getattr(args, "repeat", 1) or 1)
+
+
+# A shape name becomes a part of a work directory's name under --work-root (which run.py
+# deletes and recreates): no separator, no "..", no leading dot or dash.
+SHAPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def shape_list(text):
+    """--shapes "a, b" -> ["a", "b"] (blanks around each name stripped); [] when not given."""
+    return [part.strip() for part in text.split(",")] if text is not None else []
+
+
+def shape_errors(text):
+    """Messages for a --shapes value that breaks its rule (each names the option): an empty
+    field ("a,,b", ",", ""), a name given twice, or one that does not match SHAPE_NAME."""
+    if text is None:
+        return []
+    errors, seen = [], set()
+    for name in shape_list(text):
+        if not name:
+            errors.append(f"--shapes {text!r}: an empty name (comma-separated shape names, e.g. glm-5.2,mixtral-8x7b)")
+        elif not SHAPE_NAME.fullmatch(name):
+            errors.append(f"--shapes: {name!r} is not a shape name (letters, digits, '.', '_' and '-', "
+                          "starting with a letter or digit)")
+        elif name in seen:
+            errors.append(f"--shapes: {name!r} is given twice (use --repeat to run a shape again)")
+        seen.add(name)
+    return errors
 
 
 def _given(value, default):
@@ -96,11 +131,11 @@ def _plan_once(args):
                          ("--ep-mode", args.ep_mode)):
             if val is not None and val is not False:
                 raise SystemExit(f"run.py: {opt} does not apply with --launch (a real group of --launch ranks)")
-        shapes = [s for s in (args.shapes.split(",") if args.shapes else []) if s] or ["qwen3.5-397b-a17b"]
+        shapes = [s for s in shape_list(args.shapes) if s] or ["qwen3.5-397b-a17b"]
         tokens = {s: t for s, _, _, t in DEFAULT_RUNS}
         return [(s, "distributed", args.launch, _given(args.tokens, tokens.get(s))) for s in shapes]
     defaults = {s: (m, r, t) for s, m, r, t in DEFAULT_RUNS}
-    shapes = [s for s in (args.shapes.split(",") if args.shapes else []) if s]
+    shapes = [s for s in shape_list(args.shapes) if s]
     if args.sweep:
         if len(shapes) != 1:
             raise SystemExit("run.py: --sweep needs exactly one shape (--shapes NAME)")
@@ -137,7 +172,22 @@ def option_errors(args):
         errors.append("--profile-peer profiles the one-process peer (peer_torch.py), not --launch's")
     if args.profile_peer and args.no_peer:
         errors.append("--profile-peer profiles the peer, which --no-peer leaves out")
+    errors += shape_errors(args.shapes)
     return errors
+
+
+def results_dir_error(results_dir):
+    """Why records cannot be written into `results_dir` (created here when missing), or None:
+    checked before anything runs, so that no GPU time is spent on a run whose record would be
+    lost (a --results-dir that is a file, or not writable)."""
+    try:
+        os.makedirs(results_dir, exist_ok=True)
+        # A probe file (not *.json: report.py never reads it), removed at once.
+        with tempfile.NamedTemporaryFile(dir=results_dir, prefix=".run-py-probe-", suffix=".tmp"):
+            pass
+    except OSError as exc:
+        return f"--results-dir {results_dir}: records cannot be written there ({type(exc).__name__}: {exc})"
+    return None
 
 
 # A group's run (mok or the peer) that has not ended after this long is stopped by its
@@ -182,8 +232,8 @@ def peer_command(args, work, ep_mode=None, ep=None):
 def load_mok(work, ep_mode, ep):
     """mok.json of a run; for a group, every rank's, merged into one (records.merge_group)."""
     if ep_mode == "distributed":
-        return records.merge_group([workdir.load_mok_json(os.path.join(work, f"rank{r}")) for r in range(ep)])
-    return workdir.load_mok_json(work)
+        return records.merge_group([records.load_mok_json(os.path.join(work, f"rank{r}")) for r in range(ep)])
+    return records.load_mok_json(work)
 
 
 def sampled_gpus(ep_mode, ep, visible=None):
@@ -217,12 +267,34 @@ def stop_clocks(sampler, args, ep_mode, ep):
             "error": sampler.error}
 
 
-def run_one(args, shape, ep_mode, ep, tokens):
-    """Runs mok and the peer for one configuration; returns a summary row (dict)."""
-    label = f"{shape} {ep_mode or '-'} EP={ep or '-'} T={tokens or '-'}"
-    row = {"label": label, "shape": shape, "ok": False, "error": None, "record": None}
-    work = os.path.join(args.work_root, "_".join(str(p) for p in (shape, ep_mode, ep, tokens)))
+def work_dir(args, shape, ep_mode, ep, tokens, pass_index=None):
+    """The run's work directory under --work-root: shape_mode_ep_tokens, and _pass<P> (from 1)
+    when --repeat runs the list more than once (pass_index from 0), so that --keep-work keeps
+    every pass's work and a pass never deletes the one before it."""
+    name = "_".join(str(p) for p in (shape, ep_mode, ep, tokens))
+    if pass_index is not None:
+        name += f"_pass{pass_index + 1}"
+    return os.path.join(args.work_root, name)
+
+
+def remove_work(work, work_root):
+    """shutil.rmtree(work), only when its real path lies inside --work-root's real path (and is
+    not the root itself): a name that escaped it (a link, '..') must never delete anything else."""
+    real, root = os.path.realpath(work), os.path.realpath(work_root)
+    if real == root or os.path.commonpath([real, root]) != root:
+        raise ValueError(f"refusing to delete {work}: its real path {real} is not inside --work-root {root}")
     shutil.rmtree(work, ignore_errors=True)
+
+
+def run_one(args, shape, ep_mode, ep, tokens, pass_index=None):
+    """Runs mok and the peer for one configuration; returns a summary row (dict). pass_index:
+    which pass of --repeat (from 0), None without --repeat."""
+    label = f"{shape} {ep_mode or '-'} EP={ep or '-'} T={tokens or '-'}"
+    if pass_index is not None:
+        label += f" pass {pass_index + 1}"
+    row = {"label": label, "shape": shape, "ok": False, "error": None, "record": None}
+    work = work_dir(args, shape, ep_mode, ep, tokens, pass_index)
+    remove_work(work, args.work_root)
     os.makedirs(work)
     print(f"\n=== {label}: work directory {work}", flush=True)
 
@@ -267,15 +339,16 @@ def _run_and_record(args, cmd, row, work, ep_mode, ep, sampler):
         rc = subprocess.call(cmd)
         peer_path = os.path.join(work, workdir.PEER_JSON)
         if os.path.exists(peer_path):
-            peer = workdir.read_json(peer_path)
+            try:
+                peer = records.load_peer_json(work)
+            except (OSError, ValueError) as exc:
+                # Unreadable (cut short, edited, a verdict that is not true or false): a failed
+                # peer, named, rather than a bare JSONDecodeError that ends the run unrecorded.
+                peer = failed_peer(args, ep_mode, f"{workdir.PEER_JSON} could not be read: {exc}")
+                errors.append(f"{workdir.PEER_JSON} could not be read: {exc}")
+                row["error"] = row["error"] or errors[-1]
         elif rc != 0:  # the peer failed before writing its verdict: a failed peer, not a missing one
-            # (With the timing it was asked for: a run made to the contract that failed shows as
-            # FAIL in the report, rather than as off-contract behind an older passing record.)
-            peer = {"check": {"passes": False}, "errors": {"peer": f"exited {rc} without writing peer.json"},
-                    # (Today's peer failed: the record stands for the shape as today's FAIL.)
-                    "peer_code": checks.peer_code("peer_dist" if ep_mode == "distributed" else "peer_torch"),
-                    "timing": {"warmup": args.warmup, "iters": args.iters, "ceiling_warmup": args.ceiling_warmup,
-                               "ceiling_iters": args.ceiling_iters}}
+            peer = failed_peer(args, ep_mode, f"exited {rc} without writing peer.json")
         if rc != 0:
             errors.append(f"{'peer_dist.py' if ep_mode == 'distributed' else 'peer_torch.py'} exited {rc}")
             row["error"] = row["error"] or errors[-1]
@@ -286,7 +359,16 @@ def _run_and_record(args, cmd, row, work, ep_mode, ep, sampler):
     # than the defaults, and the report keeps it apart.)
     record["mok_args"] = [a for extra in args.mok_arg for a in shlex.split(extra)]
     row["record"] = record
-    row["path"] = records.write_record(record, args.results_dir)
+    try:
+        row["path"] = records.write_record(record, args.results_dir)
+    except (OSError, ValueError) as exc:
+        # The GPU time is spent: the record is kept in the work directory (which stays), and the
+        # run fails, saying where.
+        saved = save_record_in_work(record, work)
+        row["error"] = f"record not written ({exc}); {saved}"
+        row["unsaved"] = True
+        print(f"run.py: {row['error']}", file=sys.stderr, flush=True)
+        return row
     print(f"record: {row['path']}", flush=True)
     # --no-peer with mok's check passing is what was asked for, not a failed run; its record
     # does not pass either (the summary says "no peer").
@@ -295,8 +377,34 @@ def _run_and_record(args, cmd, row, work, ep_mode, ep, sampler):
         row["error"] = "check failed"
     row["ok"] = row["error"] is None
     if row["ok"] and not args.keep_work:
-        shutil.rmtree(work, ignore_errors=True)
+        remove_work(work, args.work_root)
     return row
+
+
+def failed_peer(args, ep_mode, why):
+    """The peer.json of a peer that left no usable verdict: failed, with the timing it was asked
+    for (a run made to the contract that failed shows as FAIL in the report, rather than as
+    off-contract behind an older passing record) and today's peer code (the record stands for
+    the shape as today's FAIL)."""
+    return {"check": {"passes": False}, "errors": {"peer": why},
+            "peer_code": checks.peer_code("peer_dist" if ep_mode == "distributed" else "peer_torch"),
+            "timing": {"warmup": args.warmup, "iters": args.iters, "ceiling_warmup": args.ceiling_warmup,
+                       "ceiling_iters": args.ceiling_iters}}
+
+
+RESCUED_RECORD = "record.json"
+
+
+def save_record_in_work(record, work):
+    """Saves a record that could not be written into the results folder as WORK/record.json
+    (whole or not at all; the work directory is then kept); returns what to tell the user."""
+    path = os.path.join(work, RESCUED_RECORD)
+    try:
+        records.write_json_atomic(path, record)
+    except (OSError, ValueError) as exc:
+        return f"saving it as {path} failed too ({type(exc).__name__}: {exc})"
+    return (f"the record is saved as {path} and the work directory kept (import it with "
+            f"`python3 bench/records.py import {path}` once the cause is fixed)")
 
 
 def summary_table(rows):
@@ -313,7 +421,7 @@ def summary_table(rows):
             cells = (r["label"], fmt(mf.get("median_ms"), ".3f"), fmt(pf.get("median_ms"), ".3f"),
                      fmt(rec["ratios"]["speedup_forward_vs_pytorch"], ".2f", "x"),
                      fmt(mf.get("tflops"), ".1f"), pct(frac), pct(done), records.check_text(rec))
-            if r["error"] and records.record_passes(rec):
+            if r["error"] and (records.record_passes(rec) or r.get("unsaved")):
                 cells = cells[:-1] + (f"ERROR: {r['error']}",)
         else:
             cells = (r["label"], "–", "–", "–", "–", "–", "–", f"ERROR: {r['error']}")
@@ -369,7 +477,8 @@ def main(argv=None):
     errors = option_errors(args)
     if errors:
         ap.error("; ".join(errors))
-    runs = plan_runs(args)  # refuses options that do not apply, before anything runs
+    once = _plan_once(args)  # refuses options that do not apply, before anything runs
+    passes = repeats(args)
 
     ok, what = cuda_status(args.assume_no_gpu)
     if not ok:
@@ -383,14 +492,19 @@ def main(argv=None):
         print(f"run.py: the mok binary '{args.mok_bin}' does not exist; build it (cmake) or pass --mok-bin",
               file=sys.stderr)
         return 1
+    why = results_dir_error(args.results_dir)
+    if why:  # (before any GPU time is spent on a record that could not be kept)
+        print(f"run.py: {why}", file=sys.stderr)
+        return 1
     print(f"run.py: GPU {what}")
     rows = []
-    for shape, mode, ep, tokens in runs:
-        try:
-            rows.append(run_one(args, shape, mode, ep, tokens))
-        except Exception as exc:  # keep going with the next run
-            rows.append({"label": f"{shape} {mode} EP={ep} T={tokens}", "shape": shape, "ok": False,
-                         "error": f"{type(exc).__name__}: {exc}", "record": None})
+    for p in range(passes):
+        for shape, mode, ep, tokens in once:
+            try:
+                rows.append(run_one(args, shape, mode, ep, tokens, p if passes > 1 else None))
+            except Exception as exc:  # keep going with the next run
+                rows.append({"label": f"{shape} {mode} EP={ep} T={tokens}" + (f" pass {p + 1}" if passes > 1 else ""),
+                             "shape": shape, "ok": False, "error": f"{type(exc).__name__}: {exc}", "record": None})
     failed = [r for r in rows if not r["ok"]]
     print("\n" + passed_line(rows))
     print(summary_table(rows))

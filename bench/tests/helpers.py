@@ -29,3 +29,13 @@ def read_text(path):
 def read_json(path):
     with open(path) as f:
         return json.load(f)
+
+
+def set_median(entry, ms):
+    """Sets a timed entry's median_ms to `ms`, scaling its min_ms and max_ms with it: a record
+    keeps min_ms <= median_ms <= max_ms (records.load_record refuses one that does not)."""
+    old = entry["median_ms"]
+    for key in ("min_ms", "max_ms"):
+        if entry.get(key) is not None:
+            entry[key] = entry[key] * ms / old
+    entry["median_ms"] = ms

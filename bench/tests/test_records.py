@@ -1,5 +1,6 @@
 import contextlib
 import copy
+import io
 import json
 import os
 import subprocess
@@ -11,6 +12,8 @@ import helpers  # noqa: F401  (sets sys.path)
 from helpers import env, fixture
 
 import records
+import workdir
+from synth_workdir import make_workdir
 
 QWEN = {"num_experts": 512, "hidden": 4096, "intermediate": 1024, "top_k": 10, "shared_intermediate": [1024],
         "ep_size": 64, "tokens_per_rank": 2048, "precision": "bf16", "swiglu_limit": None}
@@ -113,6 +116,35 @@ class MakeRecord(unittest.TestCase):
         forged = dict(self.rec, errors=["peer_torch.py exited 1"])
         self.assertFalse(records.record_passes(forged))
         self.assertEqual(records.check_text(forged), "FAIL (peer_torch.py exited 1)")
+
+    def test_a_verdict_that_is_not_a_real_bool_is_refused_naming_the_file_and_key(self):
+        # bool("false") is True: such a verdict must never read as PASS.
+        for value in ("false", "true", 1, None, [False]):
+            mok = copy.deepcopy(self.mok)
+            mok["check"]["forward"]["passes"] = value
+            with self.assertRaises(ValueError) as cm:
+                records.make_record(mok, self.peer, env())
+            self.assertIn("mok.json: 'check.forward.passes' must be true or false", str(cm.exception))
+            peer = copy.deepcopy(self.peer)
+            peer["check"]["passes"] = value
+            with self.assertRaises(ValueError) as cm:
+                records.make_record(self.mok, peer, env())
+            self.assertIn("peer.json: 'check.passes' must be true or false", str(cm.exception))
+        mok = copy.deepcopy(self.mok)
+        mok["check"]["forward"] = "passed"
+        with self.assertRaisesRegex(ValueError, "mok.json: 'check.forward' must be an object"):
+            records.make_record(mok, self.peer, env())
+        # A check without a verdict does not pass (nor does the record).
+        mok = copy.deepcopy(self.mok)
+        del mok["check"]["forward"]["passes"]
+        rec = records.make_record(mok, self.peer, env())
+        self.assertEqual((rec["check"]["mok"], rec["check"]["passes"]), (False, False))
+        # A group: a rank whose verdict is not true does not pass.
+        ranks = [copy.deepcopy(self.mok) for _ in range(2)]
+        for m in ranks:
+            m["forward_iters_ms"] = [1.0]
+        ranks[1]["check"]["forward"]["passes"] = "true"
+        self.assertIs(records.merge_group(ranks)["check"]["forward"]["passes"], False)
 
     def test_backward_performed_tflops(self):
         peer = dict(copy.deepcopy(self.peer), backward={"median_ms": 4.0, "min_ms": 4.0, "max_ms": 4.0})
@@ -343,6 +375,178 @@ class Files(unittest.TestCase):
                 self.assertIn(why, str(cm.exception))
                 self.assertIn(p, str(cm.exception))
 
+    def write_json(self, d, value, name="r.json"):
+        p = os.path.join(d, name)
+        with open(p, "w") as f:
+            json.dump(value, f)
+        return p
+
+    def test_load_refuses_hand_made_records_naming_the_file_and_key(self):
+        good = json.loads(json.dumps(self.rec))
+        good["gpu"]["name"] = "NVIDIA H100 80GB HBM3"
+
+        def with_(path, value):
+            bad = copy.deepcopy(good)
+            parent = bad
+            for key in path[:-1]:
+                parent = parent[key]
+            if value is KeyError:
+                del parent[path[-1]]
+            else:
+                parent[path[-1]] = value
+            return bad
+
+        cases = [
+            (("gpu", "name"), "", "'gpu.name' must be a non-empty string"),
+            (("gpu", "name"), None, "'gpu.name' must be a non-empty string"),
+            (("gpu", "name"), KeyError, "'gpu.name' must be a non-empty string"),
+            (("commit", "sha"), "XYZ1234", "'commit.sha' must be 7 to 40 lower-case hex digits or \"unknown\""),
+            (("commit", "sha"), "012345", "'commit.sha'"),
+            (("commit", "sha"), "0123456789ABCDEF", "'commit.sha'"),
+            (("check", "passes"), "false", "'check.passes' must be true or false (got \"false\")"),
+            (("check", "passes"), 1, "'check.passes' must be true or false"),
+            (("check", "peer_ran"), None, "'check.peer_ran' must be true or false"),
+            (("check", "mok"), "true", "'check.mok' must be true or false (or null)"),
+            (("check", "pytorch"), 0, "'check.pytorch' must be true or false (or null)"),
+            (("mok", "forward", "median_ms"), 0, "'mok.forward.median_ms' must be a finite number > 0"),
+            (("mok", "forward", "median_ms"), -1.0, "'mok.forward.median_ms' must be a finite number > 0"),
+            (("mok", "forward", "median_ms"), float("nan"), "'mok.forward.median_ms' must be a finite number > 0"),
+            (("mok", "forward", "median_ms"), float("inf"), "'mok.forward.median_ms' must be a finite number > 0"),
+            (("mok", "forward", "median_ms"), "1.0", "'mok.forward.median_ms' must be a finite number > 0"),
+            (("mok", "forward", "median_ms"), True, "'mok.forward.median_ms' must be a finite number > 0"),
+            (("mok", "forward"), None, "'mok.forward' must be an object with median_ms"),
+            (("mok", "forward", "min_ms"), 1.5, "'mok.forward' must have min_ms <= median_ms <= max_ms"),
+            (("mok", "forward", "max_ms"), 0.5, "'mok.forward' must have min_ms <= median_ms <= max_ms"),
+            (("mok", "forward", "max_ms"), float("nan"), "'mok.forward.max_ms' must be a finite number"),
+            (("peers", "pytorch_pipeline", "forward", "median_ms"), -3.0,
+             "'peers.pytorch_pipeline.forward.median_ms' must be a finite number > 0"),
+            (("peers", "pytorch_grouped_gemms", "forward", "min_ms"), 99.0,
+             "'peers.pytorch_grouped_gemms.forward' must have min_ms <= median_ms <= max_ms"),
+            (("date",), "2001-02-03", "'date' must be an ISO-8601 UTC time"),
+            (("date",), "2001-02-03T04:05:06+02:00", "'date' must be an ISO-8601 UTC time"),
+            (("date",), "2001-02-30T04:05:06Z", "'date' must be an ISO-8601 UTC time"),
+            (("date",), "2999-01-01T00:00:00Z", "'date' 2999-01-01T00:00:00Z is in the future"),
+        ]
+        with tempfile.TemporaryDirectory() as d:
+            self.assertEqual(records.load_record(self.write_json(d, good)), good)
+            for path, value, why in cases:
+                p = self.write_json(d, with_(path, value))
+                with self.assertRaises(ValueError, msg=(path, value)) as cm:
+                    records.load_record(p)
+                self.assertIn(why, str(cm.exception), (path, value))
+                self.assertTrue(str(cm.exception).startswith(p + ": "), str(cm.exception))
+            # What is allowed: an unknown commit, null verdicts (no peer, mok unchecked), a peer
+            # whose forward was skipped, no min/max.
+            for path, value in ((("commit", "sha"), "unknown"), (("check", "pytorch"), None),
+                                (("check", "mok"), None), (("peers", "pytorch_pipeline", "forward"), None),
+                                (("mok", "forward", "min_ms"), KeyError), (("check", "peer_ran"), KeyError)):
+                records.load_record(self.write_json(d, with_(path, value)))
+            # A file that is not JSON is named.
+            p = os.path.join(d, "cut.json")
+            with open(p, "w") as f:
+                f.write(json.dumps(good)[:100])
+            with self.assertRaises(ValueError) as cm:
+                records.load_record(p)
+            self.assertTrue(str(cm.exception).startswith(f"{p}: not valid JSON: "), str(cm.exception))
+            # write_record refuses what load_record would, writing nothing.
+            out = os.path.join(d, "out")
+            with self.assertRaises(ValueError) as cm:
+                records.write_record(with_(("mok", "forward", "median_ms"), float("nan")), out)
+            self.assertIn(f"record not written to {out}: 'mok.forward.median_ms'", str(cm.exception))
+            self.assertFalse(os.path.exists(out))
+
+    def test_records_are_strict_json(self):
+        # A non-finite figure (a check's rel over a zero reference) is kept as a string, and
+        # the file has no NaN or Infinity, which strict JSON readers refuse.
+        peer = fixture("fixture_peer_qwen35_slice.json")
+        peer["check"]["rel"] = float("inf")
+        peer["check"]["max_abs"] = float("nan")
+        peer["check"]["passes"] = False
+        rec = records.make_record(fixture("fixture_mok_qwen35_slice.json"), peer, env())
+        self.assertEqual((rec["peers"]["pytorch_pipeline"]["check"]["rel"],
+                          rec["peers"]["pytorch_pipeline"]["check"]["max_abs"]), ("inf", "nan"))
+        self.assertEqual(records.fmt("inf", ".3f"), "inf")
+        with tempfile.TemporaryDirectory() as d:
+            p = records.write_record(rec, d)
+            with open(p) as f:
+                text = f.read()
+
+            def refuse(name):
+                raise ValueError(name)
+            self.assertEqual(json.loads(text, parse_constant=refuse), rec)
+        # json.dump itself is told to refuse one (allow_nan=False) should any get through.
+        with mock.patch.object(records, "strict_json", side_effect=lambda v: v), \
+                mock.patch.object(records, "record_errors", return_value=[]):
+            bad = records.make_record(fixture("fixture_mok_qwen35_slice.json"), peer, env())
+            with tempfile.TemporaryDirectory() as d:
+                with self.assertRaises(ValueError):
+                    records.write_record(bad, d)
+                self.assertEqual(os.listdir(d), [])
+
+    def test_write_is_atomic_and_leaves_no_temporary_file(self):
+        with tempfile.TemporaryDirectory() as d:
+            # The link to the final name fails (a file system without hard links, a full disk):
+            # no record, no temporary file.
+            with mock.patch.object(records.os, "link", side_effect=OSError(28, "No space left on device")):
+                with self.assertRaises(OSError):
+                    records.write_record(self.rec, d)
+            self.assertEqual(os.listdir(d), [])
+            # The write fails half-way: nothing either.
+            with mock.patch.object(records.os, "fsync", side_effect=OSError(5, "Input/output error")):
+                with self.assertRaises(OSError):
+                    records.write_record(self.rec, d)
+            self.assertEqual(os.listdir(d), [])
+            # A name taken meanwhile (another writer) is never replaced: the next one is used.
+            base = records.record_basename(self.rec)
+            taken = os.path.join(d, base + ".json")
+            real_link = os.link
+
+            def link(src, dst):
+                if dst == taken and not os.path.exists(taken):
+                    with open(taken, "w") as f:
+                        f.write("another writer's record")
+                return real_link(src, dst)
+            with mock.patch.object(records.os, "link", side_effect=link):
+                p = records.write_record(self.rec, d)
+            self.assertEqual(os.path.basename(p), base + "_2.json")
+            self.assertEqual(helpers.read_text(taken), "another writer's record")
+            self.assertEqual(sorted(os.listdir(d)), [base + ".json", base + "_2.json"])
+            self.assertEqual(records.load_record(p), json.loads(json.dumps(self.rec)))
+
+    def test_fixture_records_never_go_into_the_repositorys_results(self):
+        # records.RESULTS_DIR stands for bench/results/ (a temporary folder here).
+        with tempfile.TemporaryDirectory() as d:
+            results, elsewhere = os.path.join(d, "results"), os.path.join(d, "elsewhere")
+            with mock.patch.object(records, "RESULTS_DIR", results):
+                fixture_rec = self.rec  # "FIXTURE-GPU"
+                synthetic = dict(self.rec, gpu=dict(self.rec["gpu"], name="SYNTHETIC-GPU (test fixture)"))
+                real = dict(self.rec, gpu=dict(self.rec["gpu"], name="NVIDIA H200"))
+                for rec in (fixture_rec, synthetic, dict(self.rec, gpu=dict(self.rec["gpu"], name="a Synthetic one"))):
+                    for target in (None, results, os.path.join(results, ".")):
+                        with self.assertRaises(ValueError) as cm:
+                            records.write_record(rec, target)
+                        self.assertIn("is a test fixture's GPU", str(cm.exception))
+                self.assertFalse(os.path.exists(results))  # (not even the folder)
+                # Elsewhere (a test's own folder, a device's $OUT) they are written and read.
+                p = records.write_record(synthetic, elsewhere)
+                self.assertEqual(records.load_record(p)["gpu"]["name"], "SYNTHETIC-GPU (test fixture)")
+                # A real GPU's record goes in; a fixture's copied in by hand is refused on reading.
+                records.write_record(real, results)
+                sneaked = os.path.join(results, "sneaked.json")
+                with open(p) as src, open(sneaked, "w") as dst:
+                    dst.write(src.read())
+                with self.assertRaises(ValueError) as cm:
+                    records.load_record(sneaked)
+                self.assertIn(f"{sneaked}: refused: 'gpu.name' 'SYNTHETIC-GPU (test fixture)' is a test fixture's GPU",
+                              str(cm.exception))
+                os.remove(sneaked)
+                # The import refuses it too, and imports nothing beside it.
+                good = records.write_record(dict(real, date="2001-02-03T05:00:00Z"), elsewhere)
+                with contextlib.redirect_stderr(io.StringIO()) as err:
+                    self.assertEqual(records.main(["import", good, p]), 1)
+                self.assertIn("is a test fixture's GPU", err.getvalue())
+                self.assertEqual(len(os.listdir(results)), 1)
+
     def test_default_results_dir_is_bench_results(self):
         self.assertEqual(records.RESULTS_DIR, os.path.join(helpers.BENCH_DIR, "results"))
 
@@ -463,6 +667,18 @@ class Environment(unittest.TestCase):
             e = records.collect_env(records.REPO_ROOT, {"build": {"commit": "unknown", "dirty": True}})
         self.assertEqual(e["commit"], {"sha": "abcdef1234", "dirty": False, "source": "MOK_BENCH_COMMIT"})
 
+    def test_a_commit_is_named_as_records_hold_it(self):
+        # Lower-case hex (what load_record takes), and a stamp that is no sha is refused before
+        # the peer runs rather than after, when the record could not be written.
+        with commit_env("ABCDEF1234", "1"):
+            e = records.collect_env(records.REPO_ROOT, None)
+        self.assertEqual(e["commit"]["sha"], "abcdef1234")
+        with commit_env():
+            e = records.collect_env(records.REPO_ROOT, {"build": {"commit": "0123456789AB", "dirty": False}})
+            self.assertEqual(e["commit"]["sha"], "0123456789ab")
+            with self.assertRaisesRegex(ValueError, "mok.json build.commit 'v1.2-dirty' is not a commit's hex sha"):
+                records.collect_env(records.REPO_ROOT, {"build": {"commit": "v1.2-dirty", "dirty": False}})
+
     def test_no_git_fallbacks(self):
         with tempfile.TemporaryDirectory() as d, commit_env():
             e = records.collect_env(d, {"build": {"commit": "feedface" * 5, "dirty": True}})
@@ -504,6 +720,72 @@ class Environment(unittest.TestCase):
                                   {"date": "2001-02-03T04:05:06Z",
                                    "commit": {"sha": "unknown", "dirty": None, "source": "none"}})
         self.assertEqual(records.record_basename(rec), "2001-02-03_qwen3.5-397b-a17b_slice_unknown")
+
+
+class JsonFiles(unittest.TestCase):
+    """The work directory's JSON files as run.py reads them (records.load_peer_json,
+    records.load_mok_json) and the atomic write of a record kept in a work directory."""
+
+    def test_a_json_file_is_written_whole_or_not_at_all(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = records.write_json_atomic(os.path.join(d, "peer.json"),
+                                             {"check": {"passes": True}, "forward": {"median_ms": 1.0}})
+            self.assertEqual(path, os.path.join(d, "peer.json"))
+            before = helpers.read_text(path)
+            # The dump fails half-way (a value JSON cannot hold): the old file stays whole, no
+            # temporary file is left.
+            with self.assertRaises(TypeError):
+                records.write_json_atomic(path, {"check": {"passes": True}, "forward": {"median_ms": object()}})
+            self.assertEqual(helpers.read_text(path), before)
+            self.assertEqual(os.listdir(d), ["peer.json"])
+            with mock.patch.object(records.os, "replace", side_effect=OSError(28, "No space left on device")):
+                with self.assertRaises(OSError):
+                    records.write_json_atomic(path, {"check": {"passes": False}})
+            self.assertEqual(helpers.read_text(path), before)
+            self.assertEqual(os.listdir(d), ["peer.json"])
+            self.assertEqual(records.load_peer_json(d)["check"], {"passes": True})
+
+    def test_unreadable_json_is_named(self):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "peer.json"), "w") as f:
+                f.write('{"check": {"passes": tr')
+            with self.assertRaises(ValueError) as cm:
+                records.load_peer_json(d)
+            self.assertTrue(str(cm.exception).startswith(os.path.join(d, "peer.json") + ": not valid JSON: "))
+            for doc, why in (([1], "must be a JSON object"), ({"check": "ok"}, "key 'check' must be an object"),
+                             ({"check": {"passes": "false"}}, "key 'check.passes' must be true or false")):
+                records.write_json_atomic(os.path.join(d, "peer.json"), doc)
+                with self.assertRaises(ValueError) as cm:
+                    records.load_peer_json(d)
+                self.assertIn(f"peer.json: {why}", str(cm.exception))
+            make_workdir(d)
+            with open(os.path.join(d, "mok.json"), "w") as f:
+                f.write("{")
+            with self.assertRaises(workdir.ContractError) as cm:
+                records.load_mok_json(d)
+            self.assertTrue(str(cm.exception).startswith(os.path.join(d, "mok.json") + ": not valid JSON: "))
+
+    def test_a_mok_verdict_that_is_not_a_real_bool_is_a_contract_error(self):
+        with tempfile.TemporaryDirectory() as d:
+            doc = make_workdir(d)
+            path = os.path.join(d, "mok.json")
+            for value in ("false", "true", 0, None):
+                bad = dict(doc, check={"forward": dict(doc["check"]["forward"], passes=value)})
+                with open(path, "w") as f:
+                    json.dump(bad, f)
+                with self.assertRaises(workdir.ContractError) as cm:
+                    records.load_mok_json(d)
+                self.assertIn(f"{path}: key 'check.forward.passes' must be true or false", str(cm.exception))
+            with open(path, "w") as f:
+                json.dump(dict(doc, check={"forward": "yes"}), f)
+            with self.assertRaisesRegex(workdir.ContractError, "key 'check.forward' must be an object"):
+                records.load_mok_json(d)
+            # No check at all is allowed (the record says FAIL), and a real bool is read as it is.
+            without = dict(doc)
+            del without["check"]
+            with open(path, "w") as f:
+                json.dump(without, f)
+            self.assertNotIn("check", records.load_mok_json(d))
 
 
 if __name__ == "__main__":

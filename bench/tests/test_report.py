@@ -10,7 +10,7 @@ import unittest
 from unittest import mock
 
 import helpers
-from helpers import read_text, env, fixture
+from helpers import read_text, env, fixture, set_median
 
 import records
 import report
@@ -36,7 +36,7 @@ def fixture_records(d):
     paths = []
     # An old qwen record that a newer one with the same key replaces.
     old_mok = copy.deepcopy(qwen[0])
-    old_mok["forward"]["median_ms"] = 10.0
+    set_median(old_mok["forward"], 10.0)
     paths.append(records.write_record(records.make_record(old_mok, qwen[1], env(date="2001-01-01T00:00:00Z")), d))
     paths.append(records.write_record(records.make_record(*qwen, env(date="2001-02-03T04:05:06Z")), d))
     paths.append(records.write_record(records.make_record(*mix, env()), d))
@@ -45,7 +45,7 @@ def fixture_records(d):
         m, p = copy.deepcopy(qwen[0]), copy.deepcopy(qwen[1])
         m["problem"]["tokens_per_rank"] = t
         m["rows"]["real"] = t * 10
-        m["forward"]["median_ms"] = t / 2048
+        set_median(m["forward"], t / 2048)
         paths.append(records.write_record(records.make_record(m, p, env()), d))
     return paths
 
@@ -170,7 +170,7 @@ class Report(unittest.TestCase):
             self.assertEqual(q[0]["mok"]["forward"]["median_ms"], 1.0)
             # Same date: the later file name (the _2 suffix) wins.
             rec = records.make_record(fixture("fixture_mok_mixtral_all.json"), None, env())
-            rec["mok"]["forward"]["median_ms"] = 7.0
+            set_median(rec["mok"]["forward"], 7.0)
             p = records.write_record(rec, d)
             self.assertTrue(p.endswith("_2.json"))
             recs = report.newest_per_key(report.load_records(paths + [p]))
@@ -404,7 +404,7 @@ class Report(unittest.TestCase):
 
         def with_peer(code, ms, date):
             m, p = copy.deepcopy(qwen[0]), copy.deepcopy(qwen[1])
-            m["forward"]["median_ms"] = ms
+            set_median(m["forward"], ms)
             if code is not None:
                 p["peer_code"] = code
             return records.make_record(m, p, env(date=date))
@@ -473,13 +473,13 @@ class Report(unittest.TestCase):
             paths = fixture_records(results)
             qwen = (fixture("fixture_mok_qwen35_slice.json"), fixture("fixture_peer_qwen35_slice.json"))
             alone = copy.deepcopy(qwen[0])
-            alone["forward"]["median_ms"] = 0.123
-            records.write_record(records.make_record(alone, None, env(date="2099-01-01T00:00:00Z")), results)
+            set_median(alone["forward"], 0.123)
+            records.write_record(records.make_record(alone, None, env(date="2020-01-01T00:00:00Z")), results)
             quick_mok, quick_peer = copy.deepcopy(qwen[0]), copy.deepcopy(qwen[1])
             quick_mok["timing"].update(warmup=0, iters=1)
             quick_peer["timing"].update(warmup=0, iters=1)
-            quick_mok["forward"]["median_ms"] = 0.456
-            records.write_record(records.make_record(quick_mok, quick_peer, env(date="2099-01-02T00:00:00Z")), results)
+            set_median(quick_mok["forward"], 0.456)
+            records.write_record(records.make_record(quick_mok, quick_peer, env(date="2020-01-02T00:00:00Z")), results)
             out, plots = os.path.join(d, "R.md"), os.path.join(d, "plots")
             recs = report.generate(sorted(glob.glob(os.path.join(results, "*.json"))), out, plots)
             q = [r for r in recs if r["shape"] == "qwen3.5-397b-a17b" and r["tokens_per_rank"] == 2048]
@@ -577,6 +577,108 @@ class Report(unittest.TestCase):
                     report.generate(paths, out, plots)
             self.assertEqual(helpers.read_text(out), text)
             self.assertEqual(sorted(os.listdir(d)), ["R.md", "plots", "results"])
+
+    def snapshot(self, d):
+        """Every file under d with its bytes and mtime (what "nothing touched" compares)."""
+        out = {}
+        for root, _, files in os.walk(d):
+            for n in files:
+                p = os.path.join(root, n)
+                with open(p, "rb") as f:
+                    out[os.path.relpath(p, d)] = (f.read(), os.path.getmtime(p))
+        return out
+
+    def made_report(self, d):
+        results = os.path.join(d, "results")
+        paths = fixture_records(results)
+        out, plots = os.path.join(d, "R.md"), os.path.join(d, "plots")
+        self.assertEqual(report.main(["--results-dir", results, "--out", out, "--plots-dir", plots]), 0)
+        self.assertTrue(os.listdir(plots))
+        return paths, out, plots
+
+    def run_report(self, args):
+        return subprocess.run([sys.executable, os.path.join(helpers.BENCH_DIR, "report.py")] + args,
+                              capture_output=True, text=True)
+
+    def test_a_results_dir_that_does_not_exist_touches_nothing(self):
+        with tempfile.TemporaryDirectory() as d:
+            _, out, plots = self.made_report(d)
+            before = self.snapshot(d)
+            typo = os.path.join(d, "resluts")
+            r = self.run_report(["--results-dir", typo, "--out", out, "--plots-dir", plots])
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            self.assertIn(f"report.py: --results-dir {typo}: no such folder. Nothing was written.", r.stderr)
+            self.assertNotIn("Traceback", r.stderr)
+            self.assertEqual(self.snapshot(d), before)
+
+    def test_files_of_which_none_loads_touch_nothing(self):
+        with tempfile.TemporaryDirectory() as d:
+            paths, out, plots = self.made_report(d)
+            junk = os.path.join(d, "junk")
+            os.makedirs(junk)
+            with open(os.path.join(junk, "a.json"), "w") as f:
+                f.write("{not json")
+            with open(os.path.join(junk, "peer.json"), "w") as f:
+                json.dump(fixture("fixture_peer_qwen35_slice.json"), f)
+            before = self.snapshot(d)
+            for args in (["--results-dir", junk], [os.path.join(d, "missing.json"), os.path.join(junk, "a.json")]):
+                r = self.run_report(args + ["--out", out, "--plots-dir", plots])
+                self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+                self.assertIn("none of the 2 file(s) given is a readable record", r.stderr)
+                self.assertIn("Nothing was written.", r.stderr)
+                self.assertNotIn("Traceback", r.stderr)
+                self.assertEqual(self.snapshot(d), before)
+            # An empty results folder is a suite with no records yet (not a typo).
+            empty = os.path.join(d, "empty")
+            os.makedirs(empty)
+            r = self.run_report(["--results-dir", empty, "--out", out, "--plots-dir", plots])
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("No records yet", helpers.read_text(out))
+
+    def test_a_plot_that_fails_leaves_the_old_report_and_plots(self):
+        with tempfile.TemporaryDirectory() as d:
+            paths, out, plots = self.made_report(d)
+            before = self.snapshot(d)
+            # The sweep is drawn after the bar plots: a crash there must not leave the bars new
+            # and the sweep gone, nor a REPORT.md that links plots that are not there.
+            with mock.patch.object(report, "_sweep_plot", side_effect=RuntimeError("simulated crash")):
+                with self.assertRaisesRegex(RuntimeError, "simulated crash"):
+                    report.generate(paths[:2] + paths[3:], out, plots)
+            self.assertEqual(self.snapshot(d), before)
+            self.assertEqual(sorted(os.listdir(d)), ["R.md", "plots", "results"])
+
+    def test_an_unwritable_out_folder_touches_no_plot(self):
+        with tempfile.TemporaryDirectory() as d:
+            paths, out, plots = self.made_report(d)
+            before = self.snapshot(d)
+            elsewhere = os.path.join(d, "no", "such", "folder", "R.md")
+            r = self.run_report(["--results-dir", os.path.join(d, "results"), "--out", elsewhere, "--plots-dir", plots])
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            self.assertIn(f"report.py: --out {elsewhere}: cannot be written", r.stderr)
+            self.assertNotIn("Traceback", r.stderr)
+            self.assertEqual(self.snapshot(d), before)
+
+    def test_skipped_files_are_listed_in_the_report(self):
+        with tempfile.TemporaryDirectory() as d:
+            results = os.path.join(d, "results")
+            paths = fixture_records(results)
+            with open(os.path.join(results, "peer.json"), "w") as f:
+                json.dump(fixture("fixture_peer_qwen35_slice.json"), f)
+            edited = helpers.read_json(paths[1])
+            edited["check"]["passes"] = "false"
+            with open(os.path.join(results, "edited.json"), "w") as f:
+                json.dump(edited, f)
+            out = os.path.join(d, "R.md")
+            self.assertEqual(report.main(["--results-dir", results, "--out", out, "--plots-dir",
+                                          os.path.join(d, "plots")]), 0)
+            text = helpers.read_text(out)
+            self.assertIn("## Skipped files", text)
+            self.assertIn("| results/edited.json | 'check.passes' must be true or false (got \"false\") |", text)
+            self.assertIn("| results/peer.json | not a mok benchmark record: 'ep_mode' must be a string (missing) |", text)
+            self.assertNotIn(d, text)  # (paths relative to the report, not this machine's)
+        with tempfile.TemporaryDirectory() as d:  # none skipped: no section
+            _, out, _ = self.made_report(d)
+            self.assertNotIn("## Skipped files", helpers.read_text(out))
 
     def test_bad_file_is_skipped(self):
         with tempfile.TemporaryDirectory() as d:

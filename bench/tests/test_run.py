@@ -177,11 +177,62 @@ class Options(unittest.TestCase):
         self.refused(["--shapes", "glm-5.2", "--sweep", "--sweep-tokens", "512,0"],
                      "--sweep-tokens: '0' is not a whole number >= 1", 1)
 
+    def test_shape_names_are_checked_before_anything_runs(self):
+        # A shape name is joined onto --work-root, which run.py deletes and recreates: a path
+        # ("/tmp/x", "../x") would have deleted /tmp/x_all_1_64 or a sibling of the work root.
+        self.refused(["--shapes", "/tmp/x"], "--shapes: '/tmp/x' is not a shape name")
+        self.refused(["--shapes", "glm-5.2,../x"], "--shapes: '../x' is not a shape name")
+        self.refused(["--shapes", ".hidden"], "--shapes: '.hidden' is not a shape name")
+        self.refused(["--shapes=-x"], "--shapes: '-x' is not a shape name")
+        for empty in ("a,,b", ",", "", "glm-5.2,"):
+            self.refused(["--shapes", empty], "an empty name")
+        self.refused(["--shapes", "glm-5.2, glm-5.2"], "--shapes: 'glm-5.2' is given twice")
+        self.assertEqual(run.shape_errors(" glm-5.2 , mixtral-8x7b "), [])
+        self.assertEqual(run.shape_errors(None), [])
+        # Blanks around a name are stripped (" glm-5.2" is glm-5.2, not an unknown shape).
+        self.assertEqual(run.plan_runs(ns(shapes=" glm-5.2 , mixtral-8x7b ")),
+                         [("glm-5.2", "slice", 64, 2048), ("mixtral-8x7b", "all", 1, 4096)])
+
     def test_plan_keeps_a_given_value(self):
         # `args.tokens or default` read 0 as "not given"; main refuses 0 before planning.
         self.assertEqual(run.plan_runs(ns(shapes="glm-5.2", tokens=0, ep=0)), [("glm-5.2", "slice", 0, 0)])
         with self.assertRaises(SystemExit):
             run.plan_runs(ns(shapes="glm-5.2", sweep_tokens="512"))
+
+
+class WorkDirectories(unittest.TestCase):
+    def test_nothing_outside_the_work_root_is_deleted(self):
+        with tempfile.TemporaryDirectory() as d:
+            root = os.path.join(d, "work")
+            os.makedirs(root)
+            victim = os.path.join(d, "x_all_1_64")
+            os.makedirs(victim)
+            with open(os.path.join(victim, "keep"), "w") as f:
+                f.write("precious")
+            args = types.SimpleNamespace(work_root=root)
+            # run_one with a name that escapes the root (option checking refuses it; this is the
+            # guard behind it): refused before any rmtree.
+            with self.assertRaises(ValueError) as cm:
+                run.run_one(args, "../x", "all", 1, 64)
+            self.assertIn("is not inside --work-root", str(cm.exception))
+            self.assertTrue(os.path.exists(os.path.join(victim, "keep")))
+            # A link inside the root that leads out of it: its real path decides.
+            os.symlink(victim, os.path.join(root, "glm-5.2_all_1_64"))
+            with self.assertRaises(ValueError):
+                run.remove_work(os.path.join(root, "glm-5.2_all_1_64"), root)
+            with self.assertRaises(ValueError):  # nor the root itself
+                run.remove_work(os.path.join(root, "."), root)
+            self.assertTrue(os.path.exists(os.path.join(victim, "keep")))
+            inside = os.path.join(root, "glm-5.2_slice_64_64")
+            os.makedirs(os.path.join(inside, "sub"))
+            run.remove_work(inside, root)
+            self.assertFalse(os.path.exists(inside))
+
+    def test_work_directory_names_a_pass_of_repeat(self):
+        args = types.SimpleNamespace(work_root="/w")
+        self.assertEqual(run.work_dir(args, "glm-5.2", "slice", 64, 2048), "/w/glm-5.2_slice_64_2048")
+        self.assertEqual(run.work_dir(args, "glm-5.2", "slice", 64, 2048, 0), "/w/glm-5.2_slice_64_2048_pass1")
+        self.assertEqual(run.work_dir(args, "glm-5.2", "slice", 64, 2048, 1), "/w/glm-5.2_slice_64_2048_pass2")
 
 
 class SampledGpus(unittest.TestCase):
@@ -403,6 +454,104 @@ class EndToEnd(unittest.TestCase):
     def test_no_clocks(self):
         with tempfile.TemporaryDirectory() as d:
             self.assertIsNone(self.run_with_fake_smi(d, ["--no-clocks"])["clocks"])
+
+    def test_repeat_with_keep_work_keeps_every_pass(self):
+        with tempfile.TemporaryDirectory() as d:
+            results, work = os.path.join(d, "results"), os.path.join(d, "work")
+            args = ["--shapes", "glm-5.2,mixtral-8x7b", "--tokens", "64", "--no-peer", "--repeat", "2",
+                    "--keep-work", "--no-clocks", "--mok-bin", FAKE_MOK_CMD, "--work-root", work,
+                    "--results-dir", results]
+            r = run_with_fake_torch("cuda", args)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertEqual(sorted(os.listdir(work)), ["glm-5.2_slice_64_64_pass1", "glm-5.2_slice_64_64_pass2",
+                                                        "mixtral-8x7b_all_1_64_pass1", "mixtral-8x7b_all_1_64_pass2"])
+            for name in os.listdir(work):
+                self.assertTrue(os.path.exists(os.path.join(work, name, "mok.json")), name)
+            self.assertEqual(len(glob.glob(os.path.join(results, "*.json"))), 4)
+            self.assertIn("glm-5.2 slice EP=64 T=64 pass 2", r.stdout)
+
+    def test_an_unwritable_results_dir_is_refused_before_anything_runs(self):
+        with tempfile.TemporaryDirectory() as d:
+            blocker = os.path.join(d, "file")
+            with open(blocker, "w") as f:
+                f.write("not a folder")
+            work = os.path.join(d, "work")
+            for results in (blocker, os.path.join(blocker, "results")):
+                r = run_with_fake_torch("cuda", ["--shapes", "glm-5.2", "--tokens", "64", "--no-peer", "--mok-bin",
+                                                 FAKE_MOK_CMD, "--work-root", work, "--results-dir", results])
+                self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+                self.assertIn(f"run.py: --results-dir {results}: records cannot be written there", r.stderr)
+                self.assertNotIn("Traceback", r.stderr)
+                self.assertFalse(os.path.exists(work))  # mok bench never ran
+            self.assertEqual(sorted(os.listdir(d)), ["file"])
+
+    def _main_quietly(self, argv):
+        """run.main in this process (a CUDA GPU assumed), the fake mok's output discarded."""
+        def call(cmd):
+            return subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+
+        out, err = io.StringIO(), io.StringIO()
+        with mock.patch.object(run, "cuda_status", return_value=(True, "FAKE-GPU (test)")), \
+                mock.patch.object(run.subprocess, "call", side_effect=call), \
+                contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = run.main(argv)
+        return rc, out.getvalue(), err.getvalue()
+
+    def test_a_fixture_record_never_lands_in_the_repositorys_results(self):
+        # The fake mok's record, with no --results-dir: the default (the repository's results,
+        # here a temporary stand-in) refuses it; the run fails, and the record is kept in the
+        # work directory, named.
+        with tempfile.TemporaryDirectory() as d:
+            results, work = os.path.join(d, "results"), os.path.join(d, "work")
+            with mock.patch.object(records, "RESULTS_DIR", results):
+                rc, out, err = self._main_quietly(["--shapes", "glm-5.2", "--tokens", "64", "--no-peer", "--no-clocks",
+                                                   "--mok-bin", FAKE_MOK_CMD, "--work-root", work])
+            self.assertEqual(rc, 1, out + err)
+            self.assertEqual(os.listdir(results), [])
+            saved = os.path.join(work, "glm-5.2_slice_64_64", "record.json")
+            self.assertIn("SYNTHETIC-GPU (test fixture)", err)
+            self.assertIn(f"the record is saved as {saved}", err)
+            self.assertEqual(helpers.read_json(saved)["gpu"]["name"], "SYNTHETIC-GPU (test fixture)")
+            self.assertIn("ERROR: record not written", out)
+
+    def test_a_record_that_cannot_be_written_is_kept_in_the_work_directory(self):
+        def peer(work):
+            with open(os.path.join(work, "peer.json"), "w") as f:
+                json.dump(helpers.fixture("fixture_peer_qwen35_slice.json"), f)
+            return 0
+
+        with tempfile.TemporaryDirectory() as d:
+            with mock.patch.object(run.records, "write_record", side_effect=OSError(28, "No space left on device")), \
+                    contextlib.redirect_stderr(io.StringIO()) as err:
+                row = self._run_with_peer(d, peer)
+            work = os.path.join(d, "work", "glm-5.2_slice_2_16")
+            self.assertFalse(row["ok"])
+            self.assertIn("record not written ([Errno 28] No space left on device)", row["error"])
+            self.assertIn(os.path.join(work, "record.json"), row["error"])
+            self.assertIn(os.path.join(work, "record.json"), err.getvalue())
+            saved = helpers.read_json(os.path.join(work, "record.json"))
+            self.assertEqual(saved, json.loads(json.dumps(row["record"])))
+            self.assertTrue(saved["check"]["passes"])  # (a good run: its work directory is kept all the same)
+            self.assertTrue(os.path.exists(os.path.join(work, "mok.json")))
+
+    def test_an_unreadable_peer_json_is_a_failed_peer_named(self):
+        for content, why in (("{\"check\": {\"passes\": tru", "not valid JSON"),
+                             (json.dumps({"check": {"passes": "false"}}), "key 'check.passes' must be true or false")):
+            def peer(work, content=content):
+                with open(os.path.join(work, "peer.json"), "w") as f:
+                    f.write(content)
+                return 0
+
+            with tempfile.TemporaryDirectory() as d:
+                row = self._run_with_peer(d, peer)
+                rec = row["record"]
+                self.assertEqual(rec["check"], {"mok": True, "pytorch": False, "peer_ran": True, "passes": False})
+                peer_json = os.path.join(d, "work", "glm-5.2_slice_2_16", "peer.json")
+                self.assertEqual(len(rec["errors"]), 1, rec["errors"])
+                self.assertIn(f"peer.json could not be read: {peer_json}: {why}", rec["errors"][0])
+                self.assertIn(why, rec["peers"]["pytorch_pipeline"]["errors"]["peer"])
+                self.assertEqual(row["error"], rec["errors"][0])
+                self.assertEqual(helpers.read_json(row["path"])["errors"], rec["errors"])
 
     def test_missing_binary(self):
         with tempfile.TemporaryDirectory() as d:
