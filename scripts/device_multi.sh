@@ -34,6 +34,11 @@ done
 [ -x "$BIN/mok" ] || { echo "device_multi: $BIN/mok is missing (build first, or --bin DIR)" >&2; exit 1; }
 source "$(dirname "$0")/group_env.sh"  # multicast off, NCCL's search path, group_gpus
 gpus=$group_gpus
+if [ "$gpus" -lt 1 ]; then
+  echo "device_multi: no GPU visible here (nvidia-smi -L, CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset})" >&2
+  exit 1
+fi
+echo "device_multi: $gpus GPU(s) visible"
 if [ -z "$SIZES" ]; then
   SIZES=""
   for n in 2 4 8; do [ "$n" -le "$gpus" ] && SIZES="$SIZES${SIZES:+,}$n"; done
@@ -101,7 +106,7 @@ for n in ${SIZES//,/ }; do
        --backend cuda --ep-mode distributed --shape medium --ep $n --iters 2 --warmup 0" > "$log" 2>&1
     rc=$?
     took=$(( $(date +%s) - start ))
-    met=$(grep -c "meeting to destroy the layer" "$log")
+    met=$(grep -c "meeting to destroy the layer" "$log")  # (EpGroup::meet names it however it ends)
     ok=1
     [ $rc = 0 ] && [ "$met" -ge $(( n - 1 )) ] && [ $took -le 120 ] || { ok=0; FAILED=1; }
     row "EP=$n rank 1 abandons at its destroy: launcher rc=$rc, $met of $(( n - 1 )) peers gave up on it, ${took} s: $([ $ok = 1 ] && echo ok || echo FAILED)"

@@ -260,7 +260,16 @@ EpGroup::EpGroup(const GroupEnvironment& env, Limits limits) : impl_(std::make_u
   ncclDevCommRequirements_t reqs;
   std::memset(&reqs, 0, sizeof(reqs));  // no multimem, no barriers, no GIN
   ncclDevComm_t dev;
-  check_nccl(nccl.DevCommCreate(impl_->comm, &reqs, &dev), "ncclDevCommCreate");
+  // (NCCL answers a group it cannot give symmetric memory, one whose GPUs are not all
+  // directly peer-to-peer connected say, with a bare "invalid usage"; its reason goes to
+  // NCCL_DEBUG's log only.)
+  const ncclResult_t created = nccl.DevCommCreate(impl_->comm, &reqs, &dev);
+  if (created != ncclSuccess && created != ncclInProgress)
+    throw Error(std::string("NCCL ncclDevCommCreate failed on rank ") + std::to_string(env.rank) + ": " +
+                nccl.GetErrorString(created) +
+                " (mok's NCCL provider needs symmetric memory: every GPU of the group on one host, directly "
+                "peer-to-peer connected (NVLink), with CUDA's cuMem allocations; run with NCCL_DEBUG=WARN for "
+                "NCCL's reason)");
   const int lsa_size = dev.lsaSize;
   nccl.DevCommDestroy(impl_->comm, &dev);
   if (lsa_size != env.world_size)
@@ -361,8 +370,18 @@ void EpGroup::all_gather(const void* send, void* recv, std::size_t bytes_per_ran
 }
 
 void EpGroup::meet(void* stream, void* scratch, const std::string& what, std::uint64_t deadline_ms) {
-  // (In place: this rank's byte is already at scratch + rank, where NCCL wants it.)
-  all_gather(static_cast<char*>(scratch) + rank(), scratch, 1, stream);
+  // (In place: this rank's byte is already at scratch + rank, where NCCL wants it.) A call
+  // NCCL refuses at once (a peer's abort it has already seen, say) names the meeting too,
+  // and aborts, as a wait that gives up does.
+  try {
+    all_gather(static_cast<char*>(scratch) + rank(), scratch, 1, stream);
+  } catch (const Error& e) {
+    const std::string message = "EP group: rank " + std::to_string(rank()) + " stopped while " + what + ": " + e.what();
+    std::fprintf(stderr, "mok: rank %d: %s; aborting its NCCL communicator\n", rank(), message.c_str());
+    std::fflush(stderr);
+    abort_communicator();
+    throw PeerWaitError(message);
+  }
   wait(stream, what, deadline_ms > 0 ? deadline_ms : impl_->limits.start_ms);
 }
 
