@@ -521,19 +521,14 @@ def read_json_named(path):
 
 def write_json_atomic(path, value):
     """Writes `value` as JSON to `path` through a temporary file in the same folder (flushed,
-    fsynced) and os.replace: a reader sees the old file or the whole new one, never half of it;
-    the temporary file is removed on any failure."""
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
-                       f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    fsynced: _synced_tmp) and os.replace: a reader sees the old file or the whole new one, never
+    half of it; the temporary file is removed on any failure."""
+    text = json.dumps(value, indent=1)  # (a value JSON cannot hold fails here, before any file)
+    tmp = _synced_tmp(os.path.dirname(os.path.abspath(path)), os.path.basename(path), text)
     try:
-        with open(tmp, "x", encoding="utf-8") as f:
-            json.dump(value, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        _remove_if_there(tmp)
     return path
 
 
@@ -544,13 +539,8 @@ def load_peer_json(work_dir):
     doc = read_json_named(path)
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: must be a JSON object")
-    check = doc.get("check")
-    if check is not None:
-        if not isinstance(check, dict):
-            raise ValueError(f"{path}: key 'check' must be an object")
-        if "passes" in check and not isinstance(check["passes"], bool):
-            raise ValueError(f"{path}: key 'check.passes' must be true or false "
-                             f"(got {json.dumps(check['passes'])[:40]})")
+    if doc.get("check") is not None:
+        check_passes(doc["check"], path, "check")  # (raises naming the file and the key)
     return doc
 
 
@@ -568,13 +558,13 @@ def load_mok_json(work_dir):
             raise workdir.ContractError(f"{path}: must be a JSON object")
     doc = workdir.load_mok_json(work_dir)
     check = doc.get("check")
-    if check is not None:
-        forward = check.get("forward") if isinstance(check, dict) else None
-        if not isinstance(check, dict) or (forward is not None and not isinstance(forward, dict)):
-            raise workdir.ContractError(f"{path}: key 'check.forward' must be an object")
-        if forward is not None and "passes" in forward and not isinstance(forward["passes"], bool):
-            raise workdir.ContractError(f"{path}: key 'check.forward.passes' must be true or false "
-                                        f"(got {json.dumps(forward['passes'])[:40]})")
+    # (A check that is not an object is named as its forward verdict's place: check.forward.)
+    forward = check.get("forward") if isinstance(check, dict) else check
+    if forward is not None:
+        try:
+            check_passes(forward, path, "check.forward")
+        except ValueError as exc:
+            raise workdir.ContractError(str(exc)) from None
     return doc
 
 
@@ -604,26 +594,42 @@ SYNTHETIC_GPU = re.compile(r"synthetic|fixture", re.IGNORECASE)
 
 
 def synthetic_gpu_error(record):
-    """Why `record` may not stand in the repository's results folder (its gpu.name is missing,
-    not a string, or names a test fixture), or None."""
-    name = (record.get("gpu") or {}).get("name") if isinstance(record.get("gpu"), dict) else None
-    if not isinstance(name, str) or not name.strip():
-        return f"'gpu.name' must be a non-empty string (got {json.dumps(name)[:40]})"
+    """Why `record`, a valid one (record_errors: its gpu.name is a non-empty string), may not
+    stand in the repository's results folder (its GPU is a test fixture's), or None."""
+    name = record["gpu"]["name"]
     if SYNTHETIC_GPU.search(name):
         return (f"'gpu.name' {name!r} is a test fixture's GPU: a synthetic record never goes into "
                 f"{RESULTS_DIR} (give the tests' runs a --results-dir of their own)")
     return None
 
 
-def _unique_tmp(folder, base):
-    """A new, empty, exclusively created temporary file in `folder` (not *.json, so report.py's
-    glob never reads it): (fd, path)."""
+def _synced_tmp(folder, base, text):
+    """`text` in a new, exclusively created temporary file in `folder` (not *.json, so
+    report.py's glob never reads it), flushed and fsynced; its path. Removed again if writing
+    fails."""
     while True:
         path = os.path.join(folder, f".{base}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
         try:
-            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), path
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
         except FileExistsError:
             continue
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        _remove_if_there(path)
+        raise
+    return path
+
+
+def _remove_if_there(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _fsync_dir(folder):
@@ -657,12 +663,8 @@ def write_record(record, results_dir=None):
     os.makedirs(results_dir, exist_ok=True)
     text = json.dumps(record, indent=1, sort_keys=False, allow_nan=False) + "\n"
     base = record_basename(record)
-    fd, tmp = _unique_tmp(results_dir, base)
+    tmp = _synced_tmp(results_dir, base, text)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
         n = 1
         while True:
             path = os.path.join(results_dir, f"{base}.json" if n == 1 else f"{base}_{n}.json")
@@ -674,10 +676,7 @@ def write_record(record, results_dir=None):
         _fsync_dir(results_dir)
         return path
     finally:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        _remove_if_there(tmp)
 
 
 # What the report reads without asking: a file lacking one is not a record (peer.json has the
@@ -777,11 +776,7 @@ def load_record(path):
     """A record file's content; ValueError naming the file and what is missing or wrong when it
     is not a mok benchmark record of this schema (record_errors), is not valid JSON, or is a
     test fixture's record in the repository's results folder (synthetic_gpu_error)."""
-    with open(path, encoding="utf-8") as f:
-        try:
-            rec = json.load(f)
-        except ValueError as exc:  # (JSONDecodeError, and text that is not UTF-8)
-            raise ValueError(f"{path}: not valid JSON: {exc}") from None
+    rec = read_json_named(path)
     validate_record(rec, path)
     if in_results_dir(os.path.dirname(os.path.abspath(path))):
         why = synthetic_gpu_error(rec)

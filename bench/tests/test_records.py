@@ -752,8 +752,8 @@ class JsonFiles(unittest.TestCase):
             with self.assertRaises(ValueError) as cm:
                 records.load_peer_json(d)
             self.assertTrue(str(cm.exception).startswith(os.path.join(d, "peer.json") + ": not valid JSON: "))
-            for doc, why in (([1], "must be a JSON object"), ({"check": "ok"}, "key 'check' must be an object"),
-                             ({"check": {"passes": "false"}}, "key 'check.passes' must be true or false")):
+            for doc, why in (([1], "must be a JSON object"), ({"check": "ok"}, "'check' must be an object"),
+                             ({"check": {"passes": "false"}}, "'check.passes' must be true or false")):
                 records.write_json_atomic(os.path.join(d, "peer.json"), doc)
                 with self.assertRaises(ValueError) as cm:
                     records.load_peer_json(d)
@@ -775,10 +775,10 @@ class JsonFiles(unittest.TestCase):
                     json.dump(bad, f)
                 with self.assertRaises(workdir.ContractError) as cm:
                     records.load_mok_json(d)
-                self.assertIn(f"{path}: key 'check.forward.passes' must be true or false", str(cm.exception))
+                self.assertIn(f"{path}: 'check.forward.passes' must be true or false", str(cm.exception))
             with open(path, "w") as f:
                 json.dump(dict(doc, check={"forward": "yes"}), f)
-            with self.assertRaisesRegex(workdir.ContractError, "key 'check.forward' must be an object"):
+            with self.assertRaisesRegex(workdir.ContractError, "'check.forward' must be an object"):
                 records.load_mok_json(d)
             # No check at all is allowed (the record says FAIL), and a real bool is read as it is.
             without = dict(doc)

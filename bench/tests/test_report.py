@@ -600,16 +600,23 @@ class Report(unittest.TestCase):
         return subprocess.run([sys.executable, os.path.join(helpers.BENCH_DIR, "report.py")] + args,
                               capture_output=True, text=True)
 
+    def assert_refused_touching_nothing(self, d, before, args, *messages):
+        """report.py `args` exits 1 saying each of `messages`, with no traceback, and every file
+        under d is as in `before` (snapshot)."""
+        r = self.run_report(args)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        for message in messages:
+            self.assertIn(message, r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        self.assertEqual(self.snapshot(d), before)
+
     def test_a_results_dir_that_does_not_exist_touches_nothing(self):
         with tempfile.TemporaryDirectory() as d:
             _, out, plots = self.made_report(d)
             before = self.snapshot(d)
             typo = os.path.join(d, "resluts")
-            r = self.run_report(["--results-dir", typo, "--out", out, "--plots-dir", plots])
-            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
-            self.assertIn(f"report.py: --results-dir {typo}: no such folder. Nothing was written.", r.stderr)
-            self.assertNotIn("Traceback", r.stderr)
-            self.assertEqual(self.snapshot(d), before)
+            self.assert_refused_touching_nothing(d, before, ["--results-dir", typo, "--out", out, "--plots-dir", plots],
+                                                 f"report.py: --results-dir {typo}: no such folder. Nothing was written.")
 
     def test_files_of_which_none_loads_touch_nothing(self):
         with tempfile.TemporaryDirectory() as d:
@@ -622,12 +629,9 @@ class Report(unittest.TestCase):
                 json.dump(fixture("fixture_peer_qwen35_slice.json"), f)
             before = self.snapshot(d)
             for args in (["--results-dir", junk], [os.path.join(d, "missing.json"), os.path.join(junk, "a.json")]):
-                r = self.run_report(args + ["--out", out, "--plots-dir", plots])
-                self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
-                self.assertIn("none of the 2 file(s) given is a readable record", r.stderr)
-                self.assertIn("Nothing was written.", r.stderr)
-                self.assertNotIn("Traceback", r.stderr)
-                self.assertEqual(self.snapshot(d), before)
+                self.assert_refused_touching_nothing(d, before, args + ["--out", out, "--plots-dir", plots],
+                                                     "none of the 2 file(s) given is a readable record",
+                                                     "Nothing was written.")
             # An empty results folder is a suite with no records yet (not a typo).
             empty = os.path.join(d, "empty")
             os.makedirs(empty)
@@ -652,11 +656,9 @@ class Report(unittest.TestCase):
             paths, out, plots = self.made_report(d)
             before = self.snapshot(d)
             elsewhere = os.path.join(d, "no", "such", "folder", "R.md")
-            r = self.run_report(["--results-dir", os.path.join(d, "results"), "--out", elsewhere, "--plots-dir", plots])
-            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
-            self.assertIn(f"report.py: --out {elsewhere}: cannot be written", r.stderr)
-            self.assertNotIn("Traceback", r.stderr)
-            self.assertEqual(self.snapshot(d), before)
+            self.assert_refused_touching_nothing(
+                d, before, ["--results-dir", os.path.join(d, "results"), "--out", elsewhere, "--plots-dir", plots],
+                f"report.py: --out {elsewhere}: cannot be written")
 
     def test_skipped_files_are_listed_in_the_report(self):
         with tempfile.TemporaryDirectory() as d:

@@ -45,6 +45,16 @@ def run_with_fake_torch(kind, args, extra_env=None, script=RUN_PY):
         return subprocess.run([sys.executable, script] + args, capture_output=True, text=True, env=e, timeout=600)
 
 
+def peer_writing_fixture(exit_code):
+    """A stand-in for the peer's process (run_one's subprocess.call of it): writes the fixture's
+    passing peer.json into the work directory, then exits with `exit_code`."""
+    def peer(work):
+        with open(os.path.join(work, "peer.json"), "w") as f:
+            json.dump(helpers.fixture("fixture_peer_qwen35_slice.json"), f)
+        return exit_code
+    return peer
+
+
 class NoGpu(unittest.TestCase):
     def test_flag(self):
         r = subprocess.run([sys.executable, RUN_PY, "--assume-no-gpu"], capture_output=True, text=True)
@@ -363,11 +373,7 @@ class EndToEnd(unittest.TestCase):
 
     def test_peer_exiting_non_zero_after_its_json_fails_the_record(self):
         # The peer wrote a passing peer.json, then exited 1: the record keeps the exit and fails.
-        def peer(work):
-            with open(os.path.join(work, "peer.json"), "w") as f:
-                json.dump(helpers.fixture("fixture_peer_qwen35_slice.json"), f)
-            return 1
-
+        peer = peer_writing_fixture(exit_code=1)
         with tempfile.TemporaryDirectory() as d:
             row = self._run_with_peer(d, peer)
             rec = row["record"]
@@ -515,11 +521,7 @@ class EndToEnd(unittest.TestCase):
             self.assertIn("ERROR: record not written", out)
 
     def test_a_record_that_cannot_be_written_is_kept_in_the_work_directory(self):
-        def peer(work):
-            with open(os.path.join(work, "peer.json"), "w") as f:
-                json.dump(helpers.fixture("fixture_peer_qwen35_slice.json"), f)
-            return 0
-
+        peer = peer_writing_fixture(exit_code=0)
         with tempfile.TemporaryDirectory() as d:
             with mock.patch.object(run.records, "write_record", side_effect=OSError(28, "No space left on device")), \
                     contextlib.redirect_stderr(io.StringIO()) as err:
@@ -536,7 +538,7 @@ class EndToEnd(unittest.TestCase):
 
     def test_an_unreadable_peer_json_is_a_failed_peer_named(self):
         for content, why in (("{\"check\": {\"passes\": tru", "not valid JSON"),
-                             (json.dumps({"check": {"passes": "false"}}), "key 'check.passes' must be true or false")):
+                             (json.dumps({"check": {"passes": "false"}}), "'check.passes' must be true or false")):
             def peer(work, content=content):
                 with open(os.path.join(work, "peer.json"), "w") as f:
                     f.write(content)
