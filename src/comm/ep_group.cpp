@@ -369,20 +369,25 @@ void EpGroup::all_gather(const void* send, void* recv, std::size_t bytes_per_ran
              "ncclAllGather");
 }
 
-void EpGroup::meet(void* stream, void* scratch, const std::string& what, std::uint64_t deadline_ms) {
+void EpGroup::meet(void* stream, void* scratch, const std::string& what) {
   // (In place: this rank's byte is already at scratch + rank, where NCCL wants it.) A call
   // NCCL refuses at once (a peer's abort it has already seen, say) names the meeting too,
   // and aborts, as a wait that gives up does.
   try {
     all_gather(static_cast<char*>(scratch) + rank(), scratch, 1, stream);
   } catch (const Error& e) {
-    const std::string message = "EP group: rank " + std::to_string(rank()) + " stopped while " + what + ": " + e.what();
-    std::fprintf(stderr, "mok: rank %d: %s; aborting its NCCL communicator\n", rank(), message.c_str());
-    std::fflush(stderr);
-    abort_communicator();
-    throw PeerWaitError(message);
+    give_up("EP group: rank " + std::to_string(rank()) + " stopped while " + what + ": " + e.what());
   }
-  wait(stream, what, deadline_ms > 0 ? deadline_ms : impl_->limits.start_ms);
+  wait(stream, what, impl_->limits.start_ms);
+}
+
+void EpGroup::give_up(const std::string& message) {
+  // Said before the abort: tearing down a communicator whose peers are gone can itself
+  // block, and the launcher's log must hold this rank's reason either way.
+  std::fprintf(stderr, "mok: rank %d: %s; aborting its NCCL communicator\n", rank(), message.c_str());
+  std::fflush(stderr);
+  abort_communicator();
+  throw PeerWaitError(message);
 }
 
 void EpGroup::wait(void* stream, const std::string& what, std::uint64_t deadline_ms,
@@ -418,12 +423,7 @@ void EpGroup::wait_until_done(const std::function<int()>& query, const std::stri
                       " (a peer rank died or hangs, and `mok launch` names it; or this stream held more work than "
                       "that)"
                 : std::string("NCCL error ") + nccl.GetErrorString(async));
-      // Said before the abort: tearing down a communicator whose peers are gone can itself
-      // block, and the launcher's log must hold this rank's reason either way.
-      std::fprintf(stderr, "mok: rank %d: %s; aborting its NCCL communicator\n", rank(), message.c_str());
-      std::fflush(stderr);
-      abort_communicator();
-      throw PeerWaitError(message);
+      give_up(message);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

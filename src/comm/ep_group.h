@@ -83,12 +83,12 @@ class EpGroup {
 
   // A bounded meeting of every rank on `stream` (drained by the caller): an in-place
   // all-gather of one byte per rank over `scratch` (size() bytes of device memory, allocated
-  // beforehand, so that a meeting at teardown needs no allocation), then wait() for it with
-  // `deadline_ms` (0: the start-up limit). It copies nothing to or from the host and uses no
-  // other stream, so nothing else on the device can hold it past its limit. Throws as wait()
-  // does (the communicator aborted) when a rank does not come; once it returns, every rank
-  // has reached it.
-  void meet(void* stream, void* scratch, const std::string& what, std::uint64_t deadline_ms = 0);
+  // beforehand, so that a meeting at teardown needs no allocation), then wait() for it within
+  // the start-up limit. It copies nothing to or from the host and uses no other stream, so
+  // nothing else on the device can hold it past its limit. Throws as wait() does (the
+  // communicator aborted) when a rank does not come; once it returns, every rank has reached
+  // it.
+  void meet(void* stream, void* scratch, const std::string& what);
 
   // Waits for `stream` with a deadline (the group's timeout, or `deadline_ms` when > 0),
   // watching NCCL's asynchronous errors; on a timeout or error aborts the communicator and
@@ -115,6 +115,9 @@ class EpGroup {
   // as an int: no CUDA types in this header).
   void wait_until_done(const std::function<int()>& query, const std::string& what, std::uint64_t deadline_ms,
                        const std::function<void()>& check);
+  // Gives up on the peers: says `message` on stderr, aborts the communicator, throws
+  // mok::PeerWaitError(message).
+  [[noreturn]] void give_up(const std::string& message);
 
   struct Impl;
   std::unique_ptr<Impl> impl_;

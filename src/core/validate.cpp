@@ -168,7 +168,9 @@ void check_forward_args(const Problem& p, const LayerOptions& o, std::span<const
     if (placement) {
       check_placement(ranks[i].inputs.x, rank_name("x", r), *placement);
       // The routing is read an element at a time (the schedule kernels, the ids' all-gather):
-      // the same device, and aligned to its 4-byte elements.
+      // the same device, and aligned to its 4-byte elements (which check_tensor, in
+      // check_inputs above, already requires on every device; stated here with the device's
+      // rule, which names the device).
       const Placement element_aligned{placement->device_index, 4};
       check_placement(ranks[i].inputs.top_experts, rank_name("top_experts", r), element_aligned);
       check_placement(ranks[i].inputs.router_weights, rank_name("router_weights", r), element_aligned);

@@ -245,8 +245,7 @@ HostTensor load(const std::string& path, DType dtype, const std::vector<std::int
       fail(path, "shape " + shape_string(h.shape) + " is not a countable array");
   }
   if (empty) n = 0;
-  std::size_t need = 0;
-  if (__builtin_mul_overflow(n, elem, &need)) fail(path, "shape " + shape_string(h.shape) + " is too large");
+  const std::size_t need = n * elem;  // (n <= INT64_MAX / elem: no wrap)
   std::ifstream in = open_for_reading(path);  // (again: read_header's stream is closed)
   in.seekg(0, std::ios::end);
   const std::size_t file_size = static_cast<std::size_t>(in.tellg());
