@@ -286,12 +286,16 @@ def remove_work(work, work_root):
     shutil.rmtree(work, ignore_errors=True)
 
 
+def run_label(shape, ep_mode, ep, tokens, pass_index=None):
+    """How the summary names a run: "shape mode EP=.. T=..", and "pass P" (from 1) with --repeat."""
+    label = f"{shape} {ep_mode or '-'} EP={ep or '-'} T={tokens or '-'}"
+    return label if pass_index is None else label + f" pass {pass_index + 1}"
+
+
 def run_one(args, shape, ep_mode, ep, tokens, pass_index=None):
     """Runs mok and the peer for one configuration; returns a summary row (dict). pass_index:
     which pass of --repeat (from 0), None without --repeat."""
-    label = f"{shape} {ep_mode or '-'} EP={ep or '-'} T={tokens or '-'}"
-    if pass_index is not None:
-        label += f" pass {pass_index + 1}"
+    label = run_label(shape, ep_mode, ep, tokens, pass_index)
     row = {"label": label, "shape": shape, "ok": False, "error": None, "record": None}
     work = work_dir(args, shape, ep_mode, ep, tokens, pass_index)
     remove_work(work, args.work_root)
@@ -477,8 +481,9 @@ def main(argv=None):
     errors = option_errors(args)
     if errors:
         ap.error("; ".join(errors))
-    once = _plan_once(args)  # refuses options that do not apply, before anything runs
+    runs = plan_runs(args)  # refuses options that do not apply, before anything runs
     passes = repeats(args)
+    per_pass = len(runs) // passes
 
     ok, what = cuda_status(args.assume_no_gpu)
     if not ok:
@@ -498,13 +503,13 @@ def main(argv=None):
         return 1
     print(f"run.py: GPU {what}")
     rows = []
-    for p in range(passes):
-        for shape, mode, ep, tokens in once:
-            try:
-                rows.append(run_one(args, shape, mode, ep, tokens, p if passes > 1 else None))
-            except Exception as exc:  # keep going with the next run
-                rows.append({"label": f"{shape} {mode} EP={ep} T={tokens}" + (f" pass {p + 1}" if passes > 1 else ""),
-                             "shape": shape, "ok": False, "error": f"{type(exc).__name__}: {exc}", "record": None})
+    for i, (shape, mode, ep, tokens) in enumerate(runs):
+        pass_index = i // per_pass if passes > 1 else None  # (plan_runs: the list once per pass)
+        try:
+            rows.append(run_one(args, shape, mode, ep, tokens, pass_index))
+        except Exception as exc:  # keep going with the next run
+            rows.append({"label": run_label(shape, mode, ep, tokens, pass_index), "shape": shape, "ok": False,
+                         "error": f"{type(exc).__name__}: {exc}", "record": None})
     failed = [r for r in rows if not r["ok"]]
     print("\n" + passed_line(rows))
     print(summary_table(rows))
