@@ -5,12 +5,16 @@
 #                     bitwise (y always, dx and d_w_gate when the backward ran); --load with
 #                     --routing or --seed is refused.
 # MODE unknown_shape: `mok run --shape nope` must exit with a non-zero status (not a crash)
-#                     and say 'unknown name' on stderr; anything else fails.
+#                     and say 'unknown name' on stderr, naming --shape; anything else fails.
 # MODE bad_numbers:   out-of-range, partial or non-finite numbers on the command line fail,
-#                     naming the option (they were truncated or partly read; --iters and
-#                     --warmup near INT_MAX overflowed their sum and timed nothing).
+#                     naming the option, the value and the range it must be in (they were
+#                     truncated or partly read; --iters and --warmup near INT_MAX overflowed
+#                     their sum and timed nothing; 1e-310 was "out of range" of no range said);
+#                     the cpu backend's repetitions have a bound of their own.
 # MODE bad_input:     malformed options, fields, directories and sizes are refused up front,
-#                     naming what is wrong (each was accepted, silently changed, or crashed).
+#                     naming what is wrong (each was accepted, silently changed, or crashed);
+#                     a value the library's parser refuses (--routing, --dtype, --shape,
+#                     --backend) is named with its option, and only such a value.
 # MODE bad_active_rank: `mok run --shape tiny --ep-mode slice --active-rank X` for X out of
 #                     [0, 2) or not a number must exit non-zero naming the option and its rule;
 #                     --active-rank without a slice is refused.
@@ -97,7 +101,7 @@ if(MODE STREQUAL "save_load")
   file(REMOVE_RECURSE "${WORK}")
   message(STATUS "save/load: ${compared} output files identical")
 elseif(MODE STREQUAL "unknown_shape")
-  expect_refused("unknown name" run --shape nope)
+  expect_refused("option --shape 'nope': shape: unknown name 'nope'" run --shape nope)
 elseif(MODE STREQUAL "bad_numbers")
   # Numbers are taken whole and in range, never truncated or partly read.
   set(cases
@@ -111,8 +115,12 @@ elseif(MODE STREQUAL "bad_numbers")
       "--seed|18446744073709551615|option --seed: 18446744073709551615 is out of range"
       "--tokens|99999999999999999999|option --tokens: 99999999999999999999 is out of range"
       "--tokens|99999999999999999999x|option --tokens: '99999999999999999999x' is not an integer"
-      "--iters|2147483647|option --iters: must be in [1, 1000000]"
-      "--warmup|2000000|option --warmup: must be in [0, 1000000]")
+      # A number double cannot hold says so and what the option takes (1e-310 underflowed to
+      # "'1e-310' is out of range", of no range said; a denormal would keep fewer digits).
+      "--capacity|4.9406564584124654e-324|option --capacity: '4.9406564584124654e-324' is too small to read"
+      "--capacity|-1e-400|option --capacity: '-1e-400' is too small to read"
+      "--swiglu-limit|1e-40|option --swiglu-limit: 1e-40 is out of range [1.1754943508222875e-38, 3.4028234663852886e+38] (a positive normal float"
+      "--swiglu-limit|1e-310|option --swiglu-limit: '1e-310' is too small to read")
   foreach(c IN LISTS cases)
     string(REPLACE "|" ";" parts "${c}")
     list(GET parts 0 opt)
@@ -120,11 +128,34 @@ elseif(MODE STREQUAL "bad_numbers")
     list(GET parts 2 want)
     expect_refused("${want}" run --shape tiny ${opt} ${val})
   endforeach()
-  expect_refused("option --grace: must be a finite number" launch -n 2 --grace nan -- true)
+  # (Messages with a ';' or a half-open range's lone ']', at which a CMake list would split or not.)
+  expect_refused("option --routing 'hot:1e-310': routing: hot fraction '1e-310' is too small to read (a nonzero magnitude below double's smallest normal, 2.2250738585072014e-308); must be in [0, 1]"
+                 run --shape tiny --routing hot:1e-310)
+  expect_refused("option --capacity: '1e-310' is too small to read (a nonzero magnitude below double's smallest normal, 2.2250738585072014e-308); must be in (0, 1]"
+                 run --shape tiny --capacity 1e-310)
+  expect_refused("option --capacity: '1e400' is out of range (beyond double's largest magnitude, 1.7976931348623157e+308); must be in (0, 1]"
+                 run --shape tiny --capacity 1e400)
+  expect_refused("option --capacity: 2 is out of range (0, 1]" run --shape tiny --capacity 2)
+  expect_refused("option --capacity: must be a finite number in (0, 1], got '-inf'" run --shape tiny --capacity -inf)
+  expect_refused("option --grace: must be a finite number in [0, 1e+07] seconds" launch -n 2 --grace nan -- true)
+  expect_refused("option --timeout: '1e-310' is too small to read" launch -n 2 --timeout 1e-310 -- true)
+  # The repetitions: a million on the cuda backend; on the cpu backend, whose passes take up to
+  # seconds, ten thousand (a million was taken there, days of running).
+  expect_refused("option --iters: must be in [1, 1000000] on the cuda backend, got 2147483647"
+                 run --shape tiny --backend cuda --iters 2147483647)
+  expect_refused("option --warmup: must be in [0, 1000000] on the cuda backend, got 2000000"
+                 run --shape tiny --backend cuda --warmup 2000000)
+  expect_refused("option --iters: must be in [1, 10000] on the cpu backend, got 10001 (a pass of the CPU reference takes up to seconds"
+                 run --shape tiny --backend cpu --iters 10001)
+  expect_refused("option --warmup: must be in [0, 10000] on the cpu backend, got 10001"
+                 run --shape tiny --backend cpu --warmup 10001)
+  expect_refused("option --iters: must be in [1, 10000] on the cpu backend, got 1000000"
+                 run --shape tiny --backend cpu --iters 1000000)
   # Decimal only (stod also reads hex), and a value past double's range is said to be.
   expect_refused("option --capacity: '0x1p-1' is not a number" run --shape tiny --capacity 0x1p-1)
   expect_refused("routing: hot expert: '0x3' is not an integer" run --shape tiny --routing hot:0.5:0x3)
-  expect_refused("routing: zipf exponent '1e400' is out of range" run --shape tiny --routing zipf:1e400)
+  expect_refused("option --routing 'zipf:1e400': routing: zipf exponent '1e400' is out of range (beyond double's largest magnitude, 1.7976931348623157e+308); must be finite and >= 0"
+                 run --shape tiny --routing zipf:1e400)
   expect_refused("option -n: 'abc' is not an integer" launch -n abc -- true)
   # A blank on either side is not part of a number (stoll and stod skipped leading ones only).
   expect_refused("option --tokens: ' 64' is not an integer" run --shape tiny --tokens " 64")
@@ -145,8 +176,25 @@ elseif(MODE STREQUAL "bad_input")
   expect_refused("unknown or unused option(s): --chek" run ${small} --chek)
   expect_refused("unknown or unused option(s): --chek" run --chek ${small})
   expect_refused("unknown or unused option(s): --grce" launch -n 2 --grce -- true)
-  # The library's errors about the backend and EP mode name the options that set them.
-  expect_refused("backend: must be cpu or cuda, got 'tpu' [options: --backend]" run ${small} --backend tpu)
+  # A value the library's parser refuses is named with the option it was given to (the
+  # messages named the field alone: "routing: ...", "dtype: ...").
+  expect_refused("option --backend 'tpu': backend: must be cpu or cuda, got 'tpu'" run ${small} --backend tpu)
+  expect_refused("option --routing 'hot:x:0': routing: hot fraction 'x' is not a number"
+                 run --shape tiny --routing hot:x:0)
+  expect_refused("option --routing 'nope': routing: unknown kind 'nope'" run --shape tiny --routing nope)
+  expect_refused("option --dtype 'fp4': dtype: must be bf16 or mxfp8, got 'fp4'" run --shape tiny --dtype fp4)
+  # ... also where the spec is judged with the problem (the routing is drawn after the parse).
+  expect_refused("option --routing 'hot:0.5:99': routing: hot expert 99 must be in [0, 8)"
+                 run --shape tiny --routing hot:0.5:99)
+  expect_refused("option --routing 'file:${WORK}': routing file:${WORK}: no top_experts.npy"
+                 run --shape tiny --routing "file:${WORK}")
+  # ... and only such a value: an error the routing leads to later (the schedule's capacity)
+  # is not --routing's.
+  run_mok(rc so se run --shape small --backend cpu --routing worst:0 --capacity 0.01)
+  if(NOT se MATCHES "raise schedule_capacity_factor" OR se MATCHES "option --routing")
+    message(FATAL_ERROR "an error after the routing's parse was labelled as --routing's value:\n${se}")
+  endif()
+  # The library's errors about the EP mode name the options that set them.
   expect_refused("[options: --ep-mode, --backend]" run ${small} --backend cpu --ep-mode slice)
   # Refused before any work or file: a slice's save could never be loaded, the cuda backend
   # has no backward, and a count of communication SMs beyond any GPU's is refused as such.
@@ -194,6 +242,12 @@ elseif(MODE STREQUAL "bad_input")
                    bench --shape tiny --exchange-timeout 5 --work-dir "${WORK}/bench_bad")
     expect_refused("option --dtype mxfp8: mok bench times the cuda backend, which runs bf16 only so far"
                    bench --shape tiny --dtype mxfp8 --work-dir "${WORK}/bench_bad")
+    expect_refused("option --routing 'zipf:x': routing: zipf exponent 'x' is not a number"
+                   bench --shape tiny --routing zipf:x --work-dir "${WORK}/bench_bad")
+    expect_refused("option --exchange-timeout: 0 is out of range (0, 1e+07] seconds"
+                   bench --shape tiny --exchange-timeout 0 --work-dir "${WORK}/bench_bad")
+    expect_refused("option --iters: must be in [1, 1000000] on the cuda backend, got 2000000"
+                   bench --shape tiny --iters 2000000 --work-dir "${WORK}/bench_bad")
   endif()
   # y is not computed without the forward: nothing to compare, nothing saved.
   expect_refused("option --expect: compares y, which --pass backward does not compute"
@@ -242,7 +296,10 @@ elseif(MODE STREQUAL "bad_input")
   endif()
   expect_refused("-n N (the number of ranks) is required" launch -- true)
   # A clamp the layer's float cannot hold is refused as written.
-  expect_refused("option --swiglu-limit: 1e-50 is outside float's range" run --shape tiny --swiglu-limit 1e-50)
+  expect_refused("option --swiglu-limit: 1e-50 is out of range [1.1754943508222875e-38, 3.4028234663852886e+38]"
+                 run --shape tiny --swiglu-limit 1e-50)
+  expect_refused("option --swiglu-limit: 1e39 is out of range [1.1754943508222875e-38, 3.4028234663852886e+38]"
+                 run --shape tiny --swiglu-limit 1e39)
   # The library's rules name their fields; the tool adds the options that set them.
   expect_refused("must be divisible by ep_size (3) [options: --experts or --shape, --ep]"
                  run --experts 8 --hidden 256 --intermediate 256 --topk 2 --ep 3 --tokens 64 --shared none)
@@ -470,8 +527,10 @@ elseif(MODE STREQUAL "launch_witness")
   # (3) Every rank gave up on its peers: the first witness is named, with status 4.
   expect_launch(4 "failed: rank [012] gave up waiting for its peers, and no rank failed" "with only witnesses"
                 -n 3 --peer-grace 20 -- sh "${WORK}/all_witnesses.sh")
-  expect_refused("--peer-grace must be in [0, 1e7] seconds" launch -n 1 --peer-grace -1 -- true)
-  expect_refused("--grace must be in [0, 1e7] seconds" launch -n 1 --grace 1e300 -- true)
+  expect_refused("option --peer-grace: -1 is out of range [0, 1e+07] seconds (to wait for the culprit"
+                 launch -n 1 --peer-grace -1 -- true)
+  expect_refused("option --grace: 1e300 is out of range [0, 1e+07] seconds (between SIGTERM and SIGKILL"
+                 launch -n 1 --grace 1e300 -- true)
 elseif(MODE STREQUAL "launch_signals")
   # Signals to the launcher (tests/launch_signals.sh says which): SIGCHLD ignored by its
   # parent, SIGHUP ignored from the start, a second signal while stopping, a signal while

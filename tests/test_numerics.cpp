@@ -395,4 +395,33 @@ TEST(Numbers, ToFloatInRangeRefusesOnlyWhatCannotBeAFloat) {
     }
 }
 
+// A decimal number double cannot hold is told apart: too large, or a nonzero magnitude below
+// the smallest normal (a denormal, or one that would read as 0), and parse_finite's message
+// says which, with the bound (stod's out_of_range said "out of range" for both).
+TEST(Numbers, ReadDecimalTellsTooLargeFromTooSmall) {
+  double v = 0;
+  EXPECT_EQ(mok::read_decimal("1e308", v), mok::DecimalRead::ok);
+  EXPECT_EQ(mok::read_decimal("2.2250738585072014e-308", v), mok::DecimalRead::ok);  // (the smallest normal)
+  EXPECT_EQ(mok::read_decimal("0e-400", v), mok::DecimalRead::ok);
+  EXPECT_EQ(v, 0.0);
+  for (const char* large : {"1e400", "-1e309"}) EXPECT_EQ(mok::read_decimal(large, v), mok::DecimalRead::too_large) << large;
+  for (const char* small : {"1e-310", "-4.9406564584124654e-324", "1e-400", "2.2250738585072e-308"})
+    EXPECT_EQ(mok::read_decimal(small, v), mok::DecimalRead::too_small) << small;
+  for (const char* junk : {"", " 1", "1 ", "0x10", "1e400x", "1e"})
+    EXPECT_EQ(mok::read_decimal(junk, v), mok::DecimalRead::not_a_number) << "'" << junk << "'";
+  auto message = [](const std::string& text) {
+    try {
+      mok::parse_finite(text, "x");
+    } catch (const mok::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("taken");
+  };
+  EXPECT_EQ(message("1e400"), "x: '1e400' is out of range (beyond double's largest magnitude, 1.7976931348623157e+308)");
+  EXPECT_EQ(message("1e-310"),
+            "x: '1e-310' is too small to read (a nonzero magnitude below double's smallest normal, "
+            "2.2250738585072014e-308)");
+  EXPECT_EQ(message("inf"), "x: must be a finite number, got 'inf'");
+}
+
 }  // namespace

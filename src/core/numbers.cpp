@@ -1,8 +1,10 @@
 #include "core/numbers.h"
 
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <stdexcept>
 
@@ -40,26 +42,34 @@ long long parse_integer(const std::string& text, long long lo, long long hi, con
 }
 
 DecimalRead read_decimal(const std::string& text, double& value) {
-  if (starts_with_blank(text)) return DecimalRead::not_a_number;
-  try {
-    std::size_t used = 0;
-    value = std::stod(text, &used);
-    return used == text.size() && text.find_first_of("xX") == std::string::npos ? DecimalRead::ok
-                                                                                 : DecimalRead::not_a_number;
-  } catch (const std::out_of_range&) {
-    return DecimalRead::out_of_range;
-  } catch (const std::exception&) {
+  // (strtod, not stod: stod's out_of_range does not say whether the number was too large or
+  // too small, and the two are refused with different rules.)
+  if (text.empty() || starts_with_blank(text) || text.find_first_of("xX") != std::string::npos)
     return DecimalRead::not_a_number;
-  }
+  char* end = nullptr;
+  errno = 0;
+  const double read = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size()) return DecimalRead::not_a_number;  // (a NUL inside stops it too)
+  if (errno == ERANGE) return std::isinf(read) ? DecimalRead::too_large : DecimalRead::too_small;
+  // (Whether strtod reports an exact denormal as ERANGE is the C library's choice: judged here.)
+  if (read != 0 && std::fabs(read) < std::numeric_limits<double>::min()) return DecimalRead::too_small;
+  value = read;
+  return DecimalRead::ok;
+}
+
+std::string out_of_double_range(const std::string& text, DecimalRead read) {
+  if (read == DecimalRead::too_large)
+    return "'" + text + "' is out of range (beyond double's largest magnitude, " +
+           exact_number(std::numeric_limits<double>::max()) + ")";
+  return "'" + text + "' is too small to read (a nonzero magnitude below double's smallest normal, " +
+         exact_number(std::numeric_limits<double>::min()) + ")";
 }
 
 double parse_finite(const std::string& text, const std::string& what) {
   double d = 0;
-  switch (read_decimal(text, d)) {
-    case DecimalRead::ok: break;
-    case DecimalRead::out_of_range: throw Error(what + ": '" + text + "' is out of range");
-    case DecimalRead::not_a_number: throw Error(what + ": '" + text + "' is not a number");
-  }
+  const DecimalRead read = read_decimal(text, d);
+  if (read == DecimalRead::not_a_number) throw Error(what + ": '" + text + "' is not a number");
+  if (read != DecimalRead::ok) throw Error(what + ": " + out_of_double_range(text, read));
   if (!std::isfinite(d)) throw Error(what + ": must be a finite number, got '" + text + "'");
   return d;
 }

@@ -12,14 +12,24 @@ namespace mok {
 long long parse_integer(const std::string& text, long long lo, long long hi, const std::string& what);
 
 // A finite number, written in decimal. Errors: "<what>: '<text>' is not a number",
-// "<what>: must be a finite number, got '<text>'", "<what>: '<text>' is out of range".
+// "<what>: must be a finite number, got '<text>'", and for a number double cannot hold,
+// "<what>: " followed by out_of_double_range's words.
 double parse_finite(const std::string& text, const std::string& what);
 
 // `text` read whole as a decimal number (no blanks on either side; stod's hex forms such as
-// "0x10" are not decimal), the one rule parse_finite and the routing spec's fields share;
-// nan and inf are read (parse_finite refuses them, the routing's own checks judge them).
-enum class DecimalRead { ok, not_a_number, out_of_range };
+// "0x10" are not decimal), the one rule parse_finite, the command line's options and the
+// routing spec's fields share; nan and inf are read (parse_finite refuses them, the callers'
+// own checks judge them). A number beyond double's largest magnitude is too_large; a nonzero
+// one below its smallest normal magnitude is too_small, refused rather than kept as a
+// denormal (fewer digits than were written) or as 0.
+enum class DecimalRead { ok, not_a_number, too_large, too_small };
 DecimalRead read_decimal(const std::string& text, double& value);
+
+// Why `text`, read as too_large or too_small, is refused, with the rule it broke:
+// "'1e400' is out of range (beyond double's largest magnitude, 1.7976931348623157e+308)" or
+// "'1e-310' is too small to read (a nonzero magnitude below double's smallest normal,
+// 2.2250738585072014e-308)". Callers add the range their value must be in.
+std::string out_of_double_range(const std::string& text, DecimalRead read);
 
 // `value` (finite) as a float. One beyond float's range, which the conversion would make inf
 // or 0 (or, past FLT_MAX, leave undefined), is an error "<what>: <value> is outside float's

@@ -17,13 +17,16 @@
 namespace mok {
 namespace {
 
-double parse_number(const std::string& text, const std::string& what) {
+// The rules of the spec's numbers (check_spec_numbers), said too when one cannot be read.
+constexpr const char* kZipfExponentRule = "must be finite and >= 0";
+constexpr const char* kHotFractionRule = "must be in [0, 1]";
+
+// A number field; `rule` (one of the above) is said when the number cannot be read.
+double parse_number(const std::string& text, const std::string& what, const std::string& rule) {
   double v = 0;
-  switch (read_decimal(text, v)) {
-    case DecimalRead::ok: break;
-    case DecimalRead::out_of_range: throw Error("routing: " + what + " '" + text + "' is out of range");
-    case DecimalRead::not_a_number: throw Error("routing: " + what + " '" + text + "' is not a number");
-  }
+  const DecimalRead read = read_decimal(text, v);
+  if (read == DecimalRead::not_a_number) throw Error("routing: " + what + " '" + text + "' is not a number");
+  if (read != DecimalRead::ok) throw Error("routing: " + what + " " + out_of_double_range(text, read) + "; " + rule);
   return v;
 }
 
@@ -89,10 +92,10 @@ Routing routing_from_files(const Problem& p, const RoutingSpec& spec) {
 void check_spec_numbers(const RoutingSpec& s) {
   if (s.kind == RoutingKind::zipf)
     require(std::isfinite(s.zipf_exponent) && s.zipf_exponent >= 0,
-            "routing: zipf exponent must be finite and >= 0, got " + exact_number(s.zipf_exponent));
+            "routing: zipf exponent " + std::string(kZipfExponentRule) + ", got " + exact_number(s.zipf_exponent));
   if (s.kind == RoutingKind::hot)
     require(s.hot_fraction >= 0 && s.hot_fraction <= 1,
-            "routing: hot fraction must be in [0, 1], got " + exact_number(s.hot_fraction));
+            "routing: hot fraction " + std::string(kHotFractionRule) + ", got " + exact_number(s.hot_fraction));
 }
 
 }  // namespace
@@ -110,11 +113,11 @@ RoutingSpec RoutingSpec::parse(const std::string& text) {
   } else if (kind == "zipf") {
     s.kind = RoutingKind::zipf;
     want_at_most(2);
-    if (parts.size() > 1) s.zipf_exponent = parse_number(parts[1], "zipf exponent");
+    if (parts.size() > 1) s.zipf_exponent = parse_number(parts[1], "zipf exponent", kZipfExponentRule);
   } else if (kind == "hot") {
     s.kind = RoutingKind::hot;
     want_at_most(3);
-    if (parts.size() > 1) s.hot_fraction = parse_number(parts[1], "hot fraction");
+    if (parts.size() > 1) s.hot_fraction = parse_number(parts[1], "hot fraction", kHotFractionRule);
     if (parts.size() > 2) s.hot_expert = parse_int(parts[2], "hot expert");
   } else if (kind == "worst") {
     s.kind = RoutingKind::worst;

@@ -198,23 +198,23 @@ int bench_command(const std::vector<std::string>& argv) {
   Args args(argv, {"pairs"});
   const std::string work_dir = args.take_or("work-dir", "");
   if (work_dir.empty()) throw Error("option --work-dir: needed (where mok.json and the peer inputs go)");
-  const auto [warmup, iters] = take_repetitions(args, 500, 100);
+  const auto [warmup, iters] = take_repetitions(args, Backend::cuda, 500, 100);
   const std::uint64_t seed = args.take_seed("seed").value_or(1);
-  const RoutingSpec routing_spec = RoutingSpec::parse(args.take_or("routing", "gaussian"));
+  const std::string routing_given = args.take_or("routing", "gaussian");
+  const RoutingSpec routing_spec =
+      naming_option("routing", routing_given, [&] { return RoutingSpec::parse(routing_given); });
   const std::string ep_mode = args.take_or("ep-mode", "auto");
   if (ep_mode != "all" && ep_mode != "slice" && ep_mode != "distributed" && ep_mode != "auto")
     throw Error("option --ep-mode: must be all, slice or distributed, got '" + ep_mode + "'");
   const auto active_text = args.take("active-rank");
-  const auto exchange_timeout = args.take_double("exchange-timeout");
+  const auto exchange_timeout = args.take_double("exchange-timeout", {0, 1e7, true, false, "seconds"});
   const bool exchange_timeout_given = exchange_timeout.has_value();
   const double exchange_timeout_s = exchange_timeout.value_or(900);
-  if (exchange_timeout_s <= 0 || exchange_timeout_s > 1e7)
-    throw Error("option --exchange-timeout: must be in (0, 1e7] seconds");
   Config config;
   if (auto v = args.take_int("comm-sms")) config.forward_comm_sms = static_cast<int>(*v);
   if (auto v = args.take_int("band")) config.task_band_tiles = static_cast<int>(*v);
   if (args.take_flag("pairs")) config.task_pairs = true;
-  if (auto v = args.take_double("capacity")) config.schedule_capacity_factor = *v;
+  if (auto v = args.take_double("capacity", kCapacityRange)) config.schedule_capacity_factor = *v;
   if (auto v = args.take_int("minibatch")) config.minibatch_rows = static_cast<int>(*v);
   if (auto v = args.take_int("macrobatch")) config.macrobatch_rows = static_cast<int>(*v);
   ProblemArgs pa = parse_problem(args, "qwen3.5-397b-a17b", true);
@@ -239,7 +239,8 @@ int bench_command(const std::vector<std::string>& argv) {
   const int R = p.ep_size, T = p.tokens_per_rank, H = p.hidden, k = p.top_k;
   // (The routing is a pure function of the problem and seed, so it is made here to pick the
   // slice's rank, and every rank of a group makes the same one below.)
-  const Routing routing = generate_routing(p, routing_spec, seed);
+  const Routing routing =
+      naming_option("routing", routing_given, [&] { return generate_routing(p, routing_spec, seed); });
   int me = resolve_active_rank(active_text, slice, p, routing), device = 0, world = 1;
   if (distributed) {
     const auto env = comm::GroupEnvironment::from_environment();

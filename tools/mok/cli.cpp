@@ -80,10 +80,26 @@ std::optional<std::uint64_t> Args::take_seed(const std::string& name) {
   return static_cast<std::uint64_t>(parse_integer(*v, 0, std::numeric_limits<long long>::max(), "option --" + name));
 }
 
-std::optional<double> Args::take_double(const std::string& name) {
+std::string NumberRange::describe() const {
+  return std::string(lo_open ? "(" : "[") + exact_number(lo) + ", " + exact_number(hi) + (hi_open ? ")" : "]") +
+         (*unit ? " " : "") + unit;
+}
+
+std::optional<double> Args::take_double(const std::string& name, const NumberRange& accepted) {
   auto v = take(name);
   if (!v) return std::nullopt;
-  return parse_finite(*v, "option --" + name);
+  const std::string what = "option --" + name;
+  double value = 0;
+  const DecimalRead read = read_decimal(*v, value);
+  if (read == DecimalRead::not_a_number) throw Error(what + ": '" + *v + "' is not a number");
+  // (A number double cannot hold says why, and what the option takes: 1e-310 lies inside
+  // (0, 1], so "out of range" alone would not tell what to write instead.)
+  if (read != DecimalRead::ok)
+    throw Error(what + ": " + out_of_double_range(*v, read) + "; must be in " + accepted.describe());
+  if (!std::isfinite(value))
+    throw Error(what + ": must be a finite number in " + accepted.describe() + ", got '" + *v + "'");
+  if (!accepted.contains(value)) throw Error(what + ": " + *v + " is out of range " + accepted.describe());
+  return value;
 }
 
 bool Args::take_flag(const std::string& name) {
@@ -101,12 +117,22 @@ void Args::finish() const {
   if (!unknown.empty()) throw Error("unknown or unused option(s):" + unknown + " (see --help)");
 }
 
-Repetitions take_repetitions(Args& args, int default_warmup, int default_iters) {
-  constexpr int kMax = 1000000;
-  const int warmup = args.take_int("warmup").value_or(default_warmup);
-  const int iters = args.take_int("iters").value_or(default_iters);
-  if (warmup < 0 || warmup > kMax) throw Error("option --warmup: must be in [0, " + std::to_string(kMax) + "]");
-  if (iters < 1 || iters > kMax) throw Error("option --iters: must be in [1, " + std::to_string(kMax) + "]");
+Repetitions take_repetitions(Args& args, Backend backend, int default_warmup, int default_iters) {
+  const bool on_cpu = backend == Backend::cpu;
+  const int max = on_cpu ? kMaxCpuRepetitions : kMaxRepetitions;
+  auto take = [&](const char* name, int lo, int fallback) {
+    const int n = args.take_int(name).value_or(fallback);
+    if (n >= lo && n <= max) return n;
+    std::string message = std::string("option --") + name + ": must be in [" + std::to_string(lo) + ", " +
+                          std::to_string(max) + "] on the " + to_string(backend) + " backend, got " +
+                          std::to_string(n);
+    if (on_cpu)
+      message += " (a pass of the CPU reference takes up to seconds, so " + std::to_string(max) +
+                 " already run for hours; the cuda backend takes up to " + std::to_string(kMaxRepetitions) + ")";
+    throw Error(message);
+  };
+  const int warmup = take("warmup", 0, default_warmup);
+  const int iters = take("iters", 1, default_iters);
   return {warmup, iters};
 }
 
@@ -187,7 +213,8 @@ ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool /*g
     p.tokens_per_rank = static_cast<int>(args.take_int("tokens").value_or(256));
   } else {
     out.shape_name = shape ? *shape : default_shape;
-    const NamedShape& s = find_shape(out.shape_name);
+    const NamedShape& s = naming_option("shape", out.shape_name,
+                                        [&]() -> const NamedShape& { return find_shape(out.shape_name); });
     p = problem_from_shape(s, static_cast<int>(args.take_int("ep").value_or(s.default_ep_size)),
                            static_cast<int>(args.take_int("tokens").value_or(s.default_tokens)));
   }
@@ -201,10 +228,14 @@ ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool /*g
             parse_integer(item, 0, std::numeric_limits<int>::max(), "option --shared (a comma list or 'none')")));
     }
   }
-  p.precision = precision_from_string(args.take_or("dtype", "bf16"));
-  if (auto limit = args.take_double("swiglu-limit")) {
-    p.swiglu_limit = to_float_in_range(*limit, "option --swiglu-limit");  // (the layer keeps a float)
-  }
+  const std::string dtype = args.take_or("dtype", "bf16");
+  p.precision = naming_option("dtype", dtype, [&] { return precision_from_string(dtype); });
+  // The layer keeps a float: a limit below float's smallest normal would keep fewer digits
+  // than were written (or none).
+  static constexpr NumberRange kSwigluLimitRange{std::numeric_limits<float>::min(), std::numeric_limits<float>::max(),
+                                                 false, false, "(a positive normal float: the layer keeps a float)"};
+  if (auto limit = args.take_double("swiglu-limit", kSwigluLimitRange))
+    p.swiglu_limit = to_float_in_range(*limit, "option --swiglu-limit");
   naming_options([&] { p.validate(); });
   return out;
 }

@@ -12,6 +12,16 @@
 
 namespace mok::cli {
 
+// The numbers a real-valued option accepts, [lo, hi] or with either end open, and the unit or
+// reason that follows the interval in its messages: "[0, 1e+07] seconds".
+struct NumberRange {
+  double lo, hi;
+  bool lo_open = false, hi_open = false;
+  const char* unit = "";
+  bool contains(double v) const { return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi); }
+  std::string describe() const;
+};
+
 // --name value and --flag arguments. Every argument must be consumed by the subcommand;
 // finish() rejects what is left, naming it.
 class Args {
@@ -21,7 +31,10 @@ class Args {
   std::string take_or(const std::string& name, const std::string& fallback);
   std::optional<int> take_int(const std::string& name);        // a whole integer that fits an int
   std::optional<std::uint64_t> take_seed(const std::string& name);  // a whole integer >= 0
-  std::optional<double> take_double(const std::string& name);  // a whole, finite number
+  // A number, read whole, in `accepted`; one outside it, not finite, or past what a double
+  // holds (1e400; 1e-310, below its smallest normal) is refused naming the option, the value
+  // and `accepted`.
+  std::optional<double> take_double(const std::string& name, const NumberRange& accepted);
   bool take_flag(const std::string& name);
   bool has(const std::string& name) const {
     return values_.count(name) || flags_set_.count(name) || missing_.count(name);
@@ -36,13 +49,21 @@ class Args {
   std::map<std::string, std::string> missing_;
 };
 
-// --warmup and --iters, the timed repetitions: warmup in [0, 1000000], iters in [1, 1000000]
-// (bounded so that their sum fits an int and a typo cannot run for days; near INT_MAX the
-// sum overflowed and nothing was timed). Throws naming the option.
+// --warmup and --iters, the timed repetitions: warmup in [0, max], iters in [1, max], bounded
+// so that their sum fits an int (near INT_MAX it overflowed and nothing was timed) and a typo
+// cannot run for days. On the cuda backend max is kMaxRepetitions; the cpu backend's passes
+// take up to seconds (the default shape's forward and backward about 0.7 s on two cores, the
+// medium shape's forward 3 s), so its max is kMaxCpuRepetitions, hours already. Throws naming
+// the option, the backend and the bound.
+inline constexpr int kMaxRepetitions = 1000000;
+inline constexpr int kMaxCpuRepetitions = 10000;
 struct Repetitions {
   int warmup, iters;
 };
-Repetitions take_repetitions(Args& args, int default_warmup, int default_iters);
+Repetitions take_repetitions(Args& args, Backend backend, int default_warmup, int default_iters);
+
+// Config::validate's rule for --capacity (schedule_capacity_factor), said with the option.
+inline constexpr NumberRange kCapacityRange{0, 1, true, false, ""};
 
 // `message` (a mok::Error's, naming a Problem, Config or LayerOptions field) with the
 // command-line options that set the fields it names appended, e.g. "Problem.num_experts = 8:
@@ -65,8 +86,25 @@ auto naming_options(Fn&& fn, std::span<const std::string_view> options_not_taken
   }
 }
 
+// Runs `parse`, the library's reading of the value `text` given to the option --`name`
+// (RoutingSpec::parse, find_shape, precision_from_string: their messages name the field,
+// "routing: ...", not the option), and returns what it returns; a mok::Error from it comes back
+// naming the option and the value as typed: "option --routing 'hot:x:0': routing: hot
+// fraction 'x' is not a number". (Named where the value is read, not by matching words as
+// with_option_names does: "routing" and "dtype" occur in messages about other things.)
+template <typename Parse>
+auto naming_option(const std::string& name, const std::string& text, Parse&& parse) -> decltype(parse()) {
+  try {
+    return parse();
+  } catch (const PeerWaitError&) {
+    throw;
+  } catch (const Error& e) {
+    throw Error("option --" + name + " '" + text + "': " + e.what());
+  }
+}
+
 // The problem described by --shape/--experts/... (see `mok run --help`). Its validation
-// errors name the options (with_option_names).
+// errors name the options (with_option_names); --shape's and --dtype's, the option (naming_option).
 struct ProblemArgs {
   Problem problem;
   std::string shape_name;  // "" for explicit sizes

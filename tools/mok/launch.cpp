@@ -449,9 +449,15 @@ int launch_command(const std::vector<std::string>& argv) {
   try {
     Args args(opts, {});
     given_n = args.take_int("n");
-    timeout_s = args.take_double("timeout").value_or(0);
-    grace_s = args.take_double("grace").value_or(10);
-    peer_grace_s = args.take_double("peer-grace").value_or(10);
+    // (At most 1e7 s, about 116 days: a deadline that far fits the clock.)
+    const NumberRange timeout_range{0, 1e7, false, false, "seconds (0 = none)"};
+    const NumberRange grace_range{0, 1e7, false, false,
+                                  "seconds (between SIGTERM and SIGKILL, and that a rank may stay stopped)"};
+    const NumberRange peer_grace_range{0, 1e7, false, false,
+                                       "seconds (to wait for the culprit after a rank gave up on its peers)"};
+    timeout_s = args.take_double("timeout", timeout_range).value_or(0);
+    grace_s = args.take_double("grace", grace_range).value_or(10);
+    peer_grace_s = args.take_double("peer-grace", peer_grace_range).value_or(10);
     args.finish();
   } catch (const Error& e) {
     throw spelled(e);
@@ -460,13 +466,6 @@ int launch_command(const std::vector<std::string>& argv) {
   const long long n = *given_n;
   require(n >= 1 && n <= kMaxEpSize,
           "mok launch: -n must be in [1, " + std::to_string(kMaxEpSize) + "], got " + std::to_string(n));
-  // (At most 1e7 s, about 116 days: a deadline that far fits the clock.)
-  require(timeout_s >= 0 && timeout_s <= 1e7, "mok launch: --timeout must be in [0, 1e7] seconds (0 = none)");
-  require(grace_s >= 0 && grace_s <= 1e7, "mok launch: --grace must be in [0, 1e7] seconds (between SIGTERM and "
-                                          "SIGKILL, and that a rank may stay stopped)");
-  require(peer_grace_s >= 0 && peer_grace_s <= 1e7,
-          "mok launch: --peer-grace must be in [0, 1e7] seconds (to wait for the culprit after a rank gave up on its "
-          "peers)");
 
   char dir_template[] = "/tmp/mok-launch-XXXXXX";
   require(mkdtemp(dir_template) != nullptr, "mok launch: cannot create a rendezvous directory in /tmp");
