@@ -16,6 +16,7 @@ import functools
 import glob
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -293,13 +294,62 @@ def group_lines(recs):
     return lines + [""]
 
 
+# What makes two record files one run, for the repeat table: the same date (to the second),
+# the same commit (sha and dirty) and the same measured figures, every timed entry's median,
+# min and max and the ceilings. A record copied or imported under a second name (content
+# equal, or written out again with other formatting) is one run, not two: counted twice it
+# would show a spread of 0% that no second measurement made. Two real runs never share all of
+# these (a run takes more than a second, and its timings are not reproduced to the last digit).
+RUN_TIMINGS = (("mok", "forward"), ("mok", "backward"), ("peers", "pytorch_pipeline", "forward"),
+               ("peers", "pytorch_pipeline", "backward"), ("peers", "pytorch_grouped_gemms", "forward"))
+
+
+def run_identity(rec):
+    """The run a record holds (RUN_TIMINGS' comment): equal for copies of one record."""
+    commit = rec.get("commit") or {}
+    timed = tuple(tuple(_get(rec, *path, k) for k in ("median_ms", "min_ms", "max_ms")) for path in RUN_TIMINGS)
+    ceilings = tuple(sorted((k, v) for k, v in (rec.get("ceilings") or {}).items() if k != "detail"))
+    return (rec.get("date"), commit.get("sha"), commit.get("dirty"), record_key(rec), timed,
+            json.dumps(ceilings, sort_keys=True))
+
+
+def duplicate_runs(loaded):
+    """[(path, path of the first file holding the same run)] for each (path, record) whose run
+    (run_identity) an earlier one of `loaded` holds already."""
+    first, out = {}, []
+    for path, rec in loaded:
+        ident = run_identity(rec)
+        if ident in first:
+            out.append((path, first[ident]))
+        else:
+            first[ident] = path
+    return out
+
+
+def clean_build(rec):
+    """Whether the record timed a known commit's own code: a known sha and a tree recorded as
+    clean. A modified tree's build ("+dirty") is not the commit, and two of them need not be the
+    same code (another edit, another binary); nor need builds whose state nobody recorded
+    ("+dirty?") or of no known commit ("unknown"). They are no measure of one binary's
+    run-to-run agreement, so the repeat table leaves them out (the other tables do not)."""
+    commit = rec.get("commit") or {}
+    return commit.get("dirty") is False and commit.get("sha") not in (None, "", "unknown")
+
+
 def repeat_groups(loaded):
     """{key + (commit,): records} where one commit was measured more than once on one key: the
-    runs whose agreement says how far a single figure can be trusted (passing runs only)."""
-    groups = {}
+    runs whose agreement says how far a single figure can be trusted (passing runs of clean
+    builds only, clean_build; each run once, however many files hold it: duplicate_runs)."""
+    groups, seen = {}, set()
     for _, rec in loaded:
         if not records.record_passes(rec):  # (a failed run's figures are no measure of agreement)
             continue
+        if not clean_build(rec):
+            continue
+        ident = run_identity(rec)
+        if ident in seen:  # (another file holding a run already counted)
+            continue
+        seen.add(ident)
         config = json.dumps(rec.get("config"), sort_keys=True)  # a different --mok-arg is not a repeat
         groups.setdefault(record_key(rec) + (_commit_of(rec), config, mok_args_of(rec), str(peer_code_of(rec))),
                           []).append(rec)
@@ -316,9 +366,14 @@ def repeat_lines(loaded):
     groups = repeat_groups(loaded)
     lines = ["## Repeat runs", ""]
     if not groups:
-        return lines + ["No shape has been measured twice at one commit yet.", ""]
+        return lines + ["No shape has been measured twice at one commit yet (builds of a clean tree only: "
+                        "`+dirty` and `+dirty?` builds are left out of this table).", ""]
     lines += ["Medians of every passing run of one commit on one shape; spread = (max - min) / min "
-              "(the suite's bar for agreement is 10%).", "",
+              "(the suite's bar for agreement is 10%). Builds of a clean tree only: a build of a modified tree "
+              "(`+dirty`), one whose tree's state was not recorded (`+dirty?`) or of an unknown commit is not "
+              "the commit's code, and two of them need not be the same code, so they are left out here (not from "
+              "the other tables). Files holding one run (the same date, commit and timings: a record "
+              "copied under a second name) count once.", "",
               "| shape | EP mode | tokens | commit | runs | mok ms | mok spread | PyTorch ms | PyTorch spread "
               "| dense bf16 TFLOP/s | ceiling spread |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -857,6 +912,63 @@ def install_plots(planned, stage, plots_dir):
         os.replace(os.path.join(stage, os.path.basename(path)), path)
 
 
+# The folder each report renders its plots into, inside --plots-dir: ".report-<pid>-" and
+# tempfile.mkdtemp's 8 characters (report.py before the pid: ".report-" and the 8 alone). The
+# markdown's temporary file beside --out: "<out name>.tmp<pid>" (_write_tmp).
+STAGE_PREFIX = ".report-"
+STAGE_NAME = re.compile(r"\.report-(?:(\d+)-)?[a-z0-9_]{8}")
+TMP_REPORT_SUFFIX = re.compile(r"\.tmp(\d+)")
+
+
+def _process_alive(pid):
+    """Whether process `pid` runs on this machine (another report.py still at work); this
+    process itself counts as not alive: no report of its own is under way when it starts one,
+    and a killed report.py's pid may come back (a container numbers its processes alike)."""
+    if pid == os.getpid():
+        return False
+    if os.name != "posix":
+        return True  # (no way to tell here: kept)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (PermissionError: another user's process, alive)
+        return True
+    return True
+
+
+def remove_stale_staging(plots_dir, out_path, keep=None):
+    """Removes what a report.py killed mid-way (no `finally` ran) left: its staging folders in
+    `plots_dir` (STAGE_NAME, folders only, not links) and its markdown's temporary file beside
+    `out_path` ("<out name>.tmp<pid>"), except those of a report.py still running here (the pid
+    in the name is a live process's) and `keep` (this report's own temporary file). Only those
+    names, only in those two folders; each removal is said on stderr."""
+    stale = []
+    if os.path.isdir(plots_dir):
+        for name in sorted(os.listdir(plots_dir)):
+            m = STAGE_NAME.fullmatch(name)
+            path = os.path.join(plots_dir, name)
+            if m and os.path.isdir(path) and not os.path.islink(path) and not (
+                    m.group(1) and _process_alive(int(m.group(1)))):
+                stale.append(path)
+                shutil.rmtree(path, ignore_errors=True)
+    out_dir, base = os.path.split(os.path.abspath(out_path))
+    if os.path.isdir(out_dir):
+        for name in sorted(os.listdir(out_dir)):
+            m = TMP_REPORT_SUFFIX.fullmatch(name[len(base):]) if name.startswith(base) else None
+            path = os.path.join(out_dir, name)
+            if (m and os.path.isfile(path) and not os.path.islink(path) and not _process_alive(int(m.group(1)))
+                    and (keep is None or os.path.abspath(path) != os.path.abspath(keep))):
+                stale.append(path)
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass
+    for path in stale:
+        print(f"report.py: removed {path}, left by a report.py that was stopped mid-way (stale)", file=sys.stderr)
+    return stale
+
+
 def generate(paths, out_path=DEFAULT_OUT, plots_dir=DEFAULT_PLOTS):
     """Reads the records at `paths`, writes the markdown and the plots; returns the records shown
     in the main table (contract records only: split_contract).
@@ -865,7 +977,10 @@ def generate(paths, out_path=DEFAULT_OUT, plots_dir=DEFAULT_PLOTS):
     and written to a temporary file beside --out (so --out's folder is known to be writable),
     then every plot is rendered into a temporary folder inside plots_dir; only then are the
     plots moved in (the earlier report's others removed) and the markdown renamed over --out.
-    A failure before that leaves the old REPORT.md and plots as they were. Raises
+    A failure before that leaves the old REPORT.md and plots as they were. The temporary file
+    and folder are removed on any exit that runs Python's `finally` (an exception, Ctrl-C);
+    those of a report.py killed outright are removed by the next one, before it stages its own
+    (remove_stale_staging). Raises
     NothingToReport when files were given and none of them loads (the files skipped are listed
     in REPORT.md otherwise), MissingMatplotlib without matplotlib, ReportError when --out's
     folder is not writable."""
@@ -876,6 +991,9 @@ def generate(paths, out_path=DEFAULT_OUT, plots_dir=DEFAULT_PLOTS):
         raise NothingToReport(f"report.py: none of the {len(paths)} file(s) given is a readable record "
                               "(see the messages above). Nothing was written.")
     loaded, off = split_contract(everything)
+    for copy_path, first_path in duplicate_runs(loaded):
+        print(f"report.py: {copy_path} holds the same run as {first_path} (the same date, commit and timings: "
+              "a copy): counted once in the repeat table", file=sys.stderr)
     recs = newest_per_key(loaded)
     planned = plan_plots(recs, plots_dir, loaded)
     out_dir = os.path.dirname(os.path.abspath(out_path))
@@ -891,7 +1009,8 @@ def generate(paths, out_path=DEFAULT_OUT, plots_dir=DEFAULT_PLOTS):
     try:
         try:
             os.makedirs(plots_dir, exist_ok=True)
-            stage = tempfile.mkdtemp(prefix=".report-", dir=plots_dir)
+            remove_stale_staging(plots_dir, out_path, tmp_report)
+            stage = tempfile.mkdtemp(prefix=f"{STAGE_PREFIX}{os.getpid()}-", dir=plots_dir)
         except OSError as exc:
             raise ReportError(f"report.py: --plots-dir {plots_dir}: cannot be written ({type(exc).__name__}: "
                               f"{exc}). Nothing was written.") from None

@@ -173,6 +173,46 @@ def option_errors(args):
     if args.profile_peer and args.no_peer:
         errors.append("--profile-peer profiles the peer, which --no-peer leaves out")
     errors += shape_errors(args.shapes)
+    errors += mok_arg_errors(getattr(args, "mok_arg", None))
+    return errors
+
+
+# The options of `mok bench` that run.py sets itself (mok_command), each with the run.py option
+# that chooses it. A --mok-arg may not give one of them: the record states run.py's settings
+# (its timing contract's iterations, the shape, tokens, EP, routing, precision, where the work
+# goes), and a second value passed behind run.py's back would make it claim settings it was
+# not measured with (or, for those run.py leaves out when not asked, e.g. --tokens for a shape
+# it has no default for, choose them unseen).
+MOK_OPTIONS_RUN_PY_SETS = {
+    "--shape": "run.py's --shapes",
+    "--ep-mode": "run.py's --ep-mode, or --launch for a real group",
+    "--ep": "run.py's --ep, or --launch for a real group",
+    "--tokens": "run.py's --tokens, or --sweep-tokens with --sweep",
+    "--dtype": "run.py's --dtype",
+    "--routing": "run.py's --routing",
+    "--warmup": "run.py's --warmup",
+    "--iters": "run.py's --iters",
+    "--work-dir": "run.py's --work-root",
+}
+
+
+def mok_arg_errors(mok_args):
+    """Messages for the --mok-arg values that give an option run.py sets itself
+    (MOK_OPTIONS_RUN_PY_SETS), as `--opt value` or `--opt=value` (mok's own parser reads both),
+    each naming the value, the option and the run.py option to use instead; and for a value
+    that cannot be split like a shell would."""
+    errors = []
+    for extra in mok_args or []:
+        try:
+            words = shlex.split(extra)
+        except ValueError as exc:
+            errors.append(f"--mok-arg {extra!r}: cannot be split like a shell would ({exc})")
+            continue
+        for word in words:
+            name = word.split("=", 1)[0]
+            if name in MOK_OPTIONS_RUN_PY_SETS:
+                errors.append(f"--mok-arg {extra!r}: {name} is set by run.py itself "
+                              f"(use {MOK_OPTIONS_RUN_PY_SETS[name]})")
     return errors
 
 
@@ -461,7 +501,9 @@ def main(argv=None):
     checks.add_timing_options(ap)
     ap.add_argument("--mok-bin", default=shlex.quote(os.path.join(REPO_ROOT, "build", "bin", "mok")),
                     help="the mok binary (a command line: split like a shell would, so quote a path with blanks)")
-    ap.add_argument("--mok-arg", action="append", default=[], help="extra argument(s) for mok bench; repeatable")
+    ap.add_argument("--mok-arg", action="append", default=[],
+                    help="extra argument(s) for mok bench; repeatable; not one of the options run.py sets itself "
+                         "(MOK_OPTIONS_RUN_PY_SETS: --shape, --tokens, --warmup, ...)")
     ap.add_argument("--work-root", default=os.path.join(BENCH_DIR, "work"))
     ap.add_argument("--results-dir", default=records.RESULTS_DIR)
     ap.add_argument("--keep-work", action="store_true", help="keep each work directory (large .npy files)")

@@ -2,6 +2,8 @@ import copy
 import glob
 import json
 import os
+import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -244,6 +246,57 @@ class Report(unittest.TestCase):
             failed["check"]["mok"] = False
             failed["check"]["passes"] = False
             self.assertEqual([len(v) for v in report.repeat_groups(loaded + [("f", failed)]).values()], [2])
+
+    def test_copies_of_one_record_count_once_in_the_repeat_table(self):
+        with tempfile.TemporaryDirectory() as d:
+            results = os.path.join(d, "results")
+            paths = fixture_records(results)
+            # The second qwen 2048 record copied under two other names (a `cp`, an import from
+            # another folder), one of them written out again with other formatting.
+            shutil.copy(paths[1], os.path.join(results, "copied.json"))
+            with open(os.path.join(results, "rewritten.json"), "w") as f:
+                json.dump(helpers.read_json(paths[1]), f, indent=4, sort_keys=True)
+            loaded = report.load_records(sorted(glob.glob(os.path.join(results, "*.json"))))
+            (key, recs), = report.repeat_groups(loaded).items()
+            self.assertEqual([r["mok"]["forward"]["median_ms"] for r in recs], [10.0, 1.0])
+            self.assertEqual(len(report.duplicate_runs(loaded)), 2)
+            # Another run of the same second (other timings) is another run, not a copy.
+            other = copy.deepcopy(recs[1])
+            set_median(other["mok"]["forward"], 1.5)
+            self.assertEqual([len(v) for v in report.repeat_groups(loaded + [("o", other)]).values()], [3])
+            out = os.path.join(d, "R.md")
+            r = self.run_report(["--results-dir", results, "--out", out, "--plots-dir", os.path.join(d, "plots")])
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("holds the same run as", r.stderr)
+            row, = [line for line in helpers.read_text(out).split("## Repeat runs")[1].split("\n## ")[0].splitlines()
+                    if line.startswith("| qwen3.5")]
+            self.assertEqual([c.strip() for c in row.strip("|").split("|")][4:6], ["2", "10.000 / 1.000"])
+
+    def test_builds_of_a_modified_tree_are_no_repeats(self):
+        with tempfile.TemporaryDirectory() as d:
+            loaded = report.load_records(fixture_records(d))
+            ((_, clean),) = report.repeat_groups(loaded).items()
+            self.assertEqual(len(clean), 2)
+            base = clean[1]
+            def build(dirty, ms, sha=None):
+                rec = copy.deepcopy(base)
+                rec["commit"]["dirty"] = dirty
+                if sha:
+                    rec["commit"].update(sha=sha, short=sha[:7])
+                set_median(rec["mok"]["forward"], ms)
+                return ("x", rec)
+            # Two dirty builds of the commit (two different edits, perhaps) are not a repeat of
+            # each other, nor of the clean ones; nor are builds whose state is unknown, or
+            # binaries of no known commit.
+            extra = [build(True, 2.0), build(True, 3.0), build(None, 4.0), build(None, 5.0),
+                     build(False, 6.0, "unknown"), build(False, 7.0, "unknown")]
+            groups = report.repeat_groups(loaded + extra)
+            self.assertEqual([[r["mok"]["forward"]["median_ms"] for r in v] for v in groups.values()], [[10.0, 1.0]])
+            self.assertEqual(report.repeat_groups(extra), {})
+            text = "\n".join(report.repeat_lines(loaded + extra))
+            self.assertIn("+dirty", text)  # (the rule is said, in words)
+            self.assertNotIn("| 2.000", text)
+            self.assertIn("clean", "\n".join(report.repeat_lines(extra)))
 
     def test_a_verdict_its_parts_contradict_is_not_a_pass(self):
         with tempfile.TemporaryDirectory() as d:
@@ -681,6 +734,62 @@ class Report(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:  # none skipped: no section
             _, out, _ = self.made_report(d)
             self.assertNotIn("## Skipped files", helpers.read_text(out))
+
+    def staging_left(self, folder):
+        return sorted(n for n in os.listdir(folder) if n.startswith(".report-") or ".tmp" in n)
+
+    def test_a_report_killed_mid_way_leaves_nothing_for_the_next_one(self):
+        with tempfile.TemporaryDirectory() as d:
+            paths, out, plots = self.made_report(d)
+            # A report.py killed while it draws (SIGKILL: no finally runs) leaves its staging
+            # folder in plots/ and its markdown's temporary file beside R.md.
+            code = ("import os, signal, sys; sys.path.insert(0, sys.argv[1]); import report; "
+                    "report._sweep_plot = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL); "
+                    "report.main(sys.argv[2:])")
+            r = subprocess.run([sys.executable, "-c", code, helpers.BENCH_DIR, "--results-dir",
+                                os.path.join(d, "results"), "--out", out, "--plots-dir", plots],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, -signal.SIGKILL, r.stderr)
+            self.assertEqual(len(self.staging_left(plots)), 1, os.listdir(plots))
+            self.assertEqual(len(self.staging_left(d)), 1, os.listdir(d))
+            # Things that only look alike stay: a file of the name, folders of other names, the
+            # pattern outside plots/, and the staging folder of a report still running (its pid
+            # is a live process's).
+            keep = [os.path.join(plots, n) for n in (".report-keep-me", ".reports", ".report-abc")]
+            keep += [os.path.join(d, ".report-abcdefgh"), os.path.join(plots, f".report-{os.getppid()}-abcdefgh")]
+            for k in keep:
+                os.makedirs(k)
+            with open(os.path.join(plots, ".report-12345678"), "w") as f:
+                f.write("a file, not a staging folder")
+            old_style = os.path.join(plots, ".report-k7_x2abc")  # (the name report.py gave them before)
+            os.makedirs(os.path.join(old_style, "sub"))
+            r = self.run_report(["--results-dir", os.path.join(d, "results"), "--out", out, "--plots-dir", plots])
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("stale", r.stderr)
+            self.assertEqual(self.staging_left(plots), sorted([".report-12345678", ".report-abc", ".report-keep-me",
+                                                                f".report-{os.getppid()}-abcdefgh"]))
+            self.assertEqual(self.staging_left(d), [".report-abcdefgh"])
+            self.assertTrue(all(os.path.isdir(k) for k in keep))
+
+    def test_a_report_removes_its_own_staging_on_success_and_on_failure(self):
+        with tempfile.TemporaryDirectory() as d:
+            paths, out, plots = self.made_report(d)
+            self.assertEqual(self.staging_left(plots), [])
+            seen = []
+            def crash(path, *a, **k):
+                seen.append(os.path.dirname(path))
+                raise exc
+            for exc in (RuntimeError("simulated crash"), KeyboardInterrupt()):
+                with mock.patch.object(report, "_sweep_plot", side_effect=crash):
+                    with self.assertRaises(type(exc)):
+                        report.generate(paths, out, plots)
+                self.assertTrue(os.path.basename(seen[-1]).startswith(f".report-{os.getpid()}-"), seen)
+                self.assertFalse(os.path.exists(seen[-1]))
+                self.assertEqual(self.staging_left(plots), [])
+                self.assertEqual(self.staging_left(d), [])
+            report.generate(paths, out, plots)
+            self.assertEqual(self.staging_left(plots), [])
+            self.assertEqual(self.staging_left(d), [])
 
     def test_bad_file_is_skipped(self):
         with tempfile.TemporaryDirectory() as d:

@@ -203,6 +203,32 @@ class Options(unittest.TestCase):
         self.assertEqual(run.plan_runs(ns(shapes=" glm-5.2 , mixtral-8x7b ")),
                          [("glm-5.2", "slice", 64, 2048), ("mixtral-8x7b", "all", 1, 4096)])
 
+    def test_a_mok_arg_may_not_set_what_run_py_sets(self):
+        # What run.py passes to mok bench, with every optional part present: exactly these
+        # options are refused in --mok-arg (else a record would claim settings it was not
+        # measured with: --mok-arg "--iters 5" beside a record's 100).
+        args = types.SimpleNamespace(mok_bin="mok", dtype="bf16", routing="gaussian", warmup=500, iters=100, mok_arg=[])
+        cmd = run.mok_command(args, "glm-5.2", "slice", 64, 2048, "/w")
+        own = {a for a in cmd[cmd.index("bench") + 1:] if a.startswith("--")}
+        self.assertEqual(own, set(run.MOK_OPTIONS_RUN_PY_SETS))
+        for opt, instead in run.MOK_OPTIONS_RUN_PY_SETS.items():
+            for given in (f"{opt} 5", f"{opt}=5", f"--comm-sms 32 {opt} 5"):
+                errors = run.mok_arg_errors([given])
+                self.assertEqual(len(errors), 1, (given, errors))
+                self.assertIn(f"{opt} is set by run.py itself", errors[0])
+                self.assertIn(instead, errors[0])
+                self.assertIn(repr(given), errors[0])
+        self.assertIn("run.py's --work-root", run.mok_arg_errors(["--work-dir=/elsewhere"])[0])
+        self.assertIn("--launch", run.mok_arg_errors(["--ep-mode distributed"])[0])
+        # The options run.py does not set pass; so does a value that merely contains a name.
+        self.assertEqual(run.mok_arg_errors(["--comm-sms 32", "--active-rank=3", "--seed 7 --pairs",
+                                             "--capacity 0.5", "--routing-notes x"]), [])
+        self.assertIn("cannot be split like a shell would", " ".join(run.mok_arg_errors(['--comm-sms "32'])))
+        # From the command line: refused before anything runs, naming the option and what to use.
+        self.refused(["--mok-arg", "--iters 5"], "--iters is set by run.py itself (use run.py's --iters)")
+        self.refused(["--mok-arg=--warmup=0"], "--warmup is set by run.py itself (use run.py's --warmup)")
+        self.refused(["--mok-arg", "--tokens 64", "--mok-arg", "--work-dir /tmp/w"], "use run.py's --work-root")
+
     def test_plan_keeps_a_given_value(self):
         # `args.tokens or default` read 0 as "not given"; main refuses 0 before planning.
         self.assertEqual(run.plan_runs(ns(shapes="glm-5.2", tokens=0, ep=0)), [("glm-5.2", "slice", 0, 0)])
