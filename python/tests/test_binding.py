@@ -6,11 +6,17 @@ argument.
 
     MOK_LIBRARY=build/lib/libmok.so python3 -m unittest discover -s python/tests
 
+Every run draws fresh random inputs from one seed, printed when the module loads and added to
+every failing test's error: MOK_TEST_SEED=<that number> reruns those inputs (as for the C++
+tests, tests/gpu/gpu_util.h's test_seed()).
+
 With MOK_TEST_INSTALLED=1 the `mok` under test is the one installed in this Python (pip
 install ., tests/install_python.sh) and its own libmok.so, not this checkout's python/.
 """
+import functools
 import os
 import re
+import secrets
 import sys
 import unittest
 
@@ -32,6 +38,62 @@ if TEST_INSTALLED:  # (else a checkout's module or library could pass for the in
         raise RuntimeError(f"MOK_TEST_INSTALLED=1 but mok is {mok.__file__} with {mok.library_path()}: not an "
                            "installed package with its own libmok.so")
 
+
+def _base_seed():
+    """MOK_TEST_SEED when set (to rerun a failure's inputs), else a fresh seed, handed down
+    through the environment to the processes these tests start (test_binding_torch's fresh
+    interpreters), so that they draw the same inputs."""
+    given = os.environ.get("MOK_TEST_SEED", "")
+    if given:
+        if not re.fullmatch(r"[0-9]+", given) or int(given) >= 2**64:
+            raise ValueError(f"MOK_TEST_SEED={given!r}: must be a decimal number in [0, 2^64) "
+                             "(or unset, for a fresh seed)")
+        return int(given)
+    seed = secrets.randbits(64)
+    os.environ["MOK_TEST_SEED"] = str(seed)
+    return seed
+
+
+BASE_SEED = _base_seed()
+print(f"[seed] python/tests: random inputs from MOK_TEST_SEED={BASE_SEED} (set it to rerun these inputs)",
+      file=sys.stderr, flush=True)
+
+
+def case_rng(case):
+    """The random numbers of test case `case` (a small int naming it): this run's BASE_SEED and
+    the case, so each case has its own inputs, fresh every run and the same for the same seed.
+    (No test here needs one fixed input: a test that takes a case twice, as
+    test_what_the_binding_refuses does, relies only on getting the same inputs again.)"""
+    return np.random.default_rng([BASE_SEED, case])
+
+
+def _noting_the_seed(test):
+    @functools.wraps(test)
+    def run(self, *args, **kwargs):
+        try:
+            return test(self, *args, **kwargs)
+        except unittest.SkipTest:
+            raise
+        except Exception as e:
+            note = f"[seed] {self.id()} failed on the inputs of MOK_TEST_SEED={BASE_SEED}"
+            if hasattr(e, "add_note"):  # (Python 3.11: printed with the error, by unittest and pytest)
+                e.add_note(note)
+            else:
+                print(note, file=sys.stderr, flush=True)
+            raise
+    return run
+
+
+class SeededTest(unittest.TestCase):
+    """A TestCase whose failing tests say the seed of their inputs."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name, f in list(vars(cls).items()):
+            if name.startswith("test") and callable(f):
+                setattr(cls, name, _noting_the_seed(f))
+
+
 TOL, COS = checks.tolerance("bf16"), 0.9999
 to_bf16 = workdir.f32_to_bf16_bits  # float -> bf16 bit patterns (uint16), round to nearest even
 from_bf16 = workdir.bf16_bits_to_f32
@@ -46,9 +108,10 @@ def silu(g):
     return g / (1.0 + np.exp(-g))
 
 
-def make_inputs(p, seed):
-    """Every rank's inputs, weights and outputs for `p`, as the layer takes them."""
-    rng = np.random.default_rng(seed)
+def make_inputs(p, case):
+    """Every rank's inputs, weights and outputs for `p`, as the layer takes them: random, from
+    case_rng(case) (the same for the same case within a run)."""
+    rng = case_rng(case)
     R, T, H, I, k, E = p.ep_size, p.tokens_per_rank, p.hidden, p.intermediate, p.top_k, p.num_experts
     El = E // R
     shared = [(to_bf16(rng.normal(0, 1 / np.sqrt(H), (w, H))), to_bf16(rng.normal(0, 1 / np.sqrt(H), (w, H))),
@@ -119,12 +182,12 @@ SMALL = mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=2, shared_
                     tokens_per_rank=16)
 
 
-class Forward(unittest.TestCase):
+class Forward(SeededTest):
     def test_matches_the_definition_and_repeats_bit_for_bit(self):
-        for problem, seed in ((SMALL, 1),
+        for problem, case in ((SMALL, 1),
                               (mok.Problem(num_experts=4, hidden=64, intermediate=128, top_k=4, ep_size=1,
                                            tokens_per_rank=8), 2)):
-            ranks = make_inputs(problem, seed)
+            ranks = make_inputs(problem, case)
             with mok.Layer(problem, cpu_threads=2) as layer:
                 layer.forward(ranks)
                 layer.synchronize()
@@ -189,7 +252,7 @@ class Forward(unittest.TestCase):
         self.assertFalse(close(nan, ref[0])[0])
 
 
-class Backward(unittest.TestCase):
+class Backward(SeededTest):
     def assertGradient(self, got, want, what):
         """Direction (cosine >= 0.9999, MoK's bf16 bar) and scale (norms within 1%)."""
         self.assertGreaterEqual(cosine(got, want), COS, what)
@@ -199,7 +262,7 @@ class Backward(unittest.TestCase):
         p = mok.Problem(num_experts=4, hidden=64, intermediate=96, top_k=2, shared_intermediate=[32], ep_size=2,
                         tokens_per_rank=8)
         ranks = make_inputs(p, 4)
-        rng = np.random.default_rng(5)
+        rng = case_rng(5)
         El, T, H, I, k = p.num_experts // p.ep_size, p.tokens_per_rank, p.hidden, p.intermediate, p.top_k
         args = []
         for rank in ranks:
@@ -253,7 +316,7 @@ class Backward(unittest.TestCase):
             self.assertLess(cosine(b["d_w_gate"], d_w[r][1]), COS, "the check tells gate from up")
 
 
-class Errors(unittest.TestCase):
+class Errors(SeededTest):
     def test_a_bad_argument_is_named(self):
         ranks = make_inputs(SMALL, 6)
         ranks[1]["x"] = ranks[1]["x"][:, :64].copy()

@@ -18,7 +18,9 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mok  # noqa: E402
-from test_binding import close, from_bf16, make_inputs, reference_forward  # noqa: E402
+# (make_inputs: fresh random inputs every run, from test_binding's MOK_TEST_SEED; SeededTest
+# adds that seed to a failing test's error.)
+from test_binding import SeededTest, close, from_bf16, make_inputs, reference_forward  # noqa: E402
 
 try:
     import torch
@@ -73,7 +75,7 @@ def group_of_one_env():
                 os.environ[k] = v
 
 
-class TorchCpu(unittest.TestCase):
+class TorchCpu(SeededTest):
     """What the binding refuses in torch tensors, on the cpu backend (no GPU needed)."""
 
     @classmethod
@@ -271,7 +273,7 @@ class TorchCpu(unittest.TestCase):
         """)
 
 
-class TorchCuda(unittest.TestCase):
+class TorchCuda(SeededTest):
     @classmethod
     def setUpClass(cls):
         if torch is None:

@@ -66,11 +66,17 @@ std::uint64_t test_seed() {
   return seed;
 }
 
-GpuRun run_gpu_all_ranks(const LayerData& host, const Config& config, int repeats) {
-  GpuRun out{host, {}, {}};
+LayerOptions cuda_layer_options(EpMode mode, int active_rank) {
   LayerOptions o;
   o.backend = Backend::cuda;
-  Layer layer(host.problem, config, o);
+  o.ep_mode = mode;
+  o.active_rank = active_rank;
+  return o;
+}
+
+GpuRun run_gpu_all_ranks(const LayerData& host, const Config& config, int repeats) {
+  GpuRun out{host, {}, {}};
+  Layer layer(host.problem, config, cuda_layer_options());
   DeviceMirror mirror(host, 0);
   const auto args = mirror.forward_args();
   // All calls but the last back to back; then y is poisoned again, so that the y returned is

@@ -24,6 +24,11 @@ namespace mok::test {
 // inputs each time. Printed when the tests start and after every failed test.
 std::uint64_t test_seed();
 
+// The tests' LayerOptions for the cuda backend: EP mode `mode` (rank_slice: with `active_rank`
+// the rank that does its work), GPU 0, its legacy default stream. A test that needs more (its
+// own stream, another GPU) sets those fields on the result.
+LayerOptions cuda_layer_options(EpMode mode = EpMode::all_ranks, int active_rank = 0);
+
 struct GpuRun {
   LayerData data;                                // y filled from the GPU
   std::vector<std::vector<ScheduleRow>> schedules;

@@ -326,10 +326,7 @@ TEST_P(GpuRankSlice, RowsAndOutputMatchReference) {
               c.routing.c_str(), active, static_cast<long long>(balance.rows_per_rank[active]),
               static_cast<double>(balance.rows_per_rank[active]) * R / static_cast<double>(balance.total_rows));
   const LayerData host = make_layer_data(p, routing, test_seed(), false, active);
-  LayerOptions o;
-  o.backend = Backend::cuda;
-  o.ep_mode = EpMode::rank_slice;
-  o.active_rank = active;
+  LayerOptions o = cuda_layer_options(EpMode::rank_slice, active);
   Layer layer(p, Config{}, o);
   DeviceMirror mirror(host, 0);
 
@@ -450,8 +447,7 @@ TEST(GpuDeterminism, RunToRunAndRepeatedCallsAreBitwiseIdentical) {
   // the third call's y is the first's bit for bit, so nothing a forward leaves behind (ring
   // rows, staged activations, counters) stands in for what the next one must compute.
   const LayerData other = make_data(p, "gaussian", test_seed() + 1);
-  LayerOptions o;
-  o.backend = Backend::cuda;
+  LayerOptions o = cuda_layer_options();
   Layer layer(p, Config{}, o);
   DeviceMirror first(host, 0), second(other, 0);
   layer.forward(first.forward_args());
@@ -542,8 +538,7 @@ TEST(GpuTaskBands, WrappingRingWithBandsStaysCorrect) {
   c.minibatch_rows = 128;
   c.macrobatch_rows = 8192;
   c.task_band_tiles = 8;
-  LayerOptions o;
-  o.backend = Backend::cuda;
+  LayerOptions o = cuda_layer_options();
   EXPECT_GT(Layer(p, c, o).config().task_band_tiles, 1) << "the test should run real bands";
   expect_close(run_gpu_all_ranks(host, c).data, run_reference(host, c), Precision::bf16, "ring_wraps_bands");
   // A 4-tile ring cannot hold 8-tile bands: the band shrinks to 1 (row-tile order).
@@ -600,10 +595,7 @@ TEST(GpuTaskPairs, RankSliceIsBitwiseEqualToUnpaired) {
   const Problem p = make_problem(64, 1024, 512, 6, {512}, 16, 256);
   const LayerData host = make_data(p, "gaussian");
   auto run_slice = [&](const Config& c) {
-    LayerOptions o;
-    o.backend = Backend::cuda;
-    o.ep_mode = EpMode::rank_slice;
-    o.active_rank = 5;
+    LayerOptions o = cuda_layer_options(EpMode::rank_slice, 5);
     Layer layer(p, c, o);
     DeviceMirror mirror(host, 0);
     const std::size_t slot_bytes = static_cast<std::size_t>(p.tokens_per_rank) * p.top_k * p.hidden * 2;
@@ -971,8 +963,7 @@ TEST(GpuPhases, SplitNamesEveryPhaseOfTheAskedForwardsAndChangesNoBits) {
   const Problem p = make_problem(64, 1024, 512, 6, {512}, 4, 2048);  // ~50k rows: the megakernel dominates
   const LayerData host = make_data(p, "gaussian");
   const auto untimed = global_y(run_gpu_all_ranks(host).data);
-  LayerOptions o;
-  o.backend = Backend::cuda;
+  LayerOptions o = cuda_layer_options();
   Layer layer(p, Config{}, o);
   DeviceMirror mirror(host, 0);
   BackendImpl& backend = LayerInternals::backend(layer);
@@ -1165,8 +1156,7 @@ struct TensorSets {
   std::unique_ptr<Layer> layer;  // (declared after the stream: destroyed before it)
   std::vector<std::unique_ptr<DeviceMirror>> sets;
   TensorSets(const Problem& p, int count) : host(make_data(p, "gaussian")) {
-    LayerOptions o;
-    o.backend = Backend::cuda;
+    LayerOptions o = cuda_layer_options();
     o.cuda_stream = stream;
     layer = std::make_unique<Layer>(p, Config{}, o);
     for (int i = 0; i < count; ++i) {
@@ -1194,8 +1184,7 @@ struct CapturedSetup {
   cudaGraph_t graph = nullptr;
   explicit CapturedSetup(const Problem& p) : host(make_data(p, "gaussian")) {
     eager = global_y(run_gpu_all_ranks(host).data);
-    LayerOptions o;
-    o.backend = Backend::cuda;
+    LayerOptions o = cuda_layer_options();
     o.cuda_stream = stream;
     layer = std::make_unique<Layer>(p, Config{}, o);
     mirror = std::make_unique<DeviceMirror>(host, 0);
@@ -1476,8 +1465,7 @@ TEST(GpuDevices, ALayerOnAnotherGpuRunsThereAndLeavesTheCallersDevice) {
       ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
     }
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-    LayerOptions o;
-    o.backend = Backend::cuda;
+    LayerOptions o = cuda_layer_options();
     o.cuda_device = 1;
     o.cuda_stream = stream;
     auto layer = std::make_unique<Layer>(p, Config{}, o);
@@ -1507,8 +1495,7 @@ TEST(GpuDevices, AStreamOfAnotherGpuIsRefusedNamingIt) {
   }
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   const OwnedStream stream_of_0;
-  LayerOptions o;
-  o.backend = Backend::cuda;
+  LayerOptions o = cuda_layer_options();
   o.cuda_device = 1;
   o.cuda_stream = stream_of_0.stream;
   const Problem p = make_problem(16, 256, 128, 4, {128}, 2, 64);
@@ -1524,8 +1511,7 @@ TEST(GpuDevices, AStreamOfAnotherGpuIsRefusedNamingIt) {
 // need one stream's order, so it is refused when the layer is made, naming the option.
 TEST(GpuErrors, APerThreadDefaultStreamIsRefusedNamingIt) {
   MOK_REQUIRE_GPU();
-  LayerOptions o;
-  o.backend = Backend::cuda;
+  LayerOptions o = cuda_layer_options();
   o.cuda_stream = cudaStreamPerThread;
   const Problem p = make_problem(16, 256, 128, 4, {128}, 2, 64);
   EXPECT_THAT([&] { Layer layer(p, Config{}, o); },
@@ -1543,8 +1529,7 @@ TEST(GpuPhases, ACapturedForwardIsNotTimed) {
   const LayerData host = make_data(p, "gaussian");
   const auto untimed = global_y(run_gpu_all_ranks(host).data);
   const OwnedStream stream;
-  LayerOptions o;
-  o.backend = Backend::cuda;
+  LayerOptions o = cuda_layer_options();
   o.cuda_stream = stream.stream;
   Layer layer(p, Config{}, o);
   DeviceMirror mirror(host, 0);
@@ -1578,8 +1563,7 @@ TEST(GpuErrors, ExpertIdOutOfRangeIsReportedAndPoisonsOutput) {
   const Problem p = make_problem(16, 256, 128, 4, {}, 2, 128);
   LayerData host = make_data(p, "gaussian");
   host.ranks[1].top_experts.data<std::int32_t>()[5 * 4 + 2] = 16;
-  LayerOptions o;
-  o.backend = Backend::cuda;
+  LayerOptions o = cuda_layer_options();
   Layer layer(p, Config{}, o);
   expect_refused_and_y_poisoned(layer, host, {"top_experts[rank 1][token 5, slot 2] = 16"},
                                 "after an expert id out of range");
@@ -1612,12 +1596,7 @@ struct GroupOfOneEnv {
   ScopedEnv rank{"MOK_RANK", "0"}, world{"MOK_WORLD_SIZE", "1"}, local{"MOK_LOCAL_RANK", "0"};
 };
 
-LayerOptions group_of_one() {
-  LayerOptions o;
-  o.backend = Backend::cuda;
-  o.ep_mode = EpMode::distributed;
-  return o;
-}
+LayerOptions group_of_one() { return cuda_layer_options(EpMode::distributed); }
 
 // After its group was aborted, `layer`'s forward and synchronize throw saying so, with
 // `reason` in the message, and destroying it waits for no peer (a smoke check: in a group of
@@ -1673,8 +1652,7 @@ TEST(GpuGroup, AnAbandonedGroupIsAbortedAndLaterCallsSayWhy) {
   DeviceMirror mirror(host, 0);
   const auto args = mirror.forward_args();
   {
-    LayerOptions o;
-    o.backend = Backend::cuda;
+    LayerOptions o = cuda_layer_options();
     Layer single(p, Config{}, o);
     single.abandon_group("no group to abandon");
     EXPECT_FALSE(single.group_aborted());
@@ -1726,8 +1704,7 @@ TEST(GpuGroup, ADeviceErrorLeavesTheGroupInStepAndUsable) {
 // `mirror`'s forward on a new single-GPU Layer (outputs poisoned first), into `host`: a device
 // that an abort left usable runs it.
 void forward_on_a_new_layer(const Problem& p, DeviceMirror& mirror, LayerData& host) {
-  LayerOptions o;
-  o.backend = Backend::cuda;
+  LayerOptions o = cuda_layer_options();
   Layer fresh(p, Config{}, o);
   mirror.poison_outputs();
   fresh.forward(mirror.forward_args());
@@ -1869,8 +1846,7 @@ TEST(GpuErrors, MisalignedXOrYIsAClearError) {
   // said before any launch.
   const Problem p = make_problem(16, 256, 128, 4, {}, 1, 64);
   const LayerData host = make_data(p, "gaussian");
-  LayerOptions o;
-  o.backend = Backend::cuda;
+  LayerOptions o = cuda_layer_options();
   Layer layer(p, Config{}, o);
   DeviceMirror mirror(host, 0);
   auto args = mirror.forward_args();
@@ -1901,10 +1877,7 @@ TEST(GpuErrors, ACombineSlotsViewIsNoArgument) {
   MOK_REQUIRE_GPU();
   const Problem p = make_problem(16, 256, 128, 4, {}, 2, 64);  // slots [T*k = 256, H]
   const LayerData host = make_data(p, "gaussian");
-  LayerOptions o;
-  o.backend = Backend::cuda;
-  o.ep_mode = EpMode::rank_slice;
-  o.active_rank = 0;
+  LayerOptions o = cuda_layer_options(EpMode::rank_slice, 0);
   Layer layer(p, Config{}, o);
   DeviceMirror mirror(host, 0);
   const auto args = mirror.forward_args();
@@ -1929,8 +1902,7 @@ TEST(GpuErrors, ACombineSlotsViewIsNoArgument) {
 TEST(GpuErrors, MalformedEnvironmentKnobIsAClearError) {
   MOK_REQUIRE_GPU();
   const Problem p = make_problem(16, 256, 128, 4, {}, 1, 64);
-  LayerOptions o;
-  o.backend = Backend::cuda;
+  LayerOptions o = cuda_layer_options();
   for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
            {"MOK_COOPERATIVE", "maybe"}, {"MOK_STORE_WARP", "yes"}, {"MOK_HALF_TILES", "2"}, {"MOK_COMM_JOIN", "2"}, {"MOK_HEAD_PULLS", "2"}, {"MOK_PULL_AHEAD", "-1"},
            {"MOK_PULL_AHEAD", "4x"}, {"MOK_PULL_GROUPS", "4"}, {"MOK_TASK_LAG", "65"}, {"MOK_HEAD_PULL_TILES", "-3"}, {"MOK_WAIT_TIMEOUT_MS", "0"}, {"MOK_WAIT_TIMEOUT_MS", "nan"}, {"MOK_WAIT_TIMEOUT_MS", "0.5"}}) {
@@ -1974,8 +1946,7 @@ TEST_P(GpuRoutingErrors, NameRankTokenAndSlot) {
     host.ranks[c.rank].router_weights.data<float>()[at] = std::numeric_limits<float>::infinity();
   else
     ids[at] = ids[static_cast<std::size_t>(c.token) * p.top_k];
-  LayerOptions o;
-  o.backend = Backend::cuda;
+  LayerOptions o = cuda_layer_options();
   Layer layer(p, Config{}, o);
   expect_refused_and_y_poisoned(layer, host, {c.where, c.what}, c.where);
 }
@@ -2022,8 +1993,7 @@ TEST(GpuRoutingErrorsRandom, EveryBadEntryIsNamedWhereverItSits) {
   for (int k : {1, 2, 5, 7, 10, 15, 16, 17}) {
     const Problem p = routing_errors_problem(k);
     const LayerData clean = make_data(p, "gaussian");
-    LayerOptions o;
-    o.backend = Backend::cuda;
+    LayerOptions o = cuda_layer_options();
     Layer layer(p, Config{}, o);
     for (int trial = 0; trial < 6; ++trial) {
       LayerData host = clean;
@@ -2101,8 +2071,7 @@ TEST(GpuRoutingErrorsRandom, OfSeveralBadEntriesTheFirstIsNamedEveryTime) {
   for (int k : {1, 2, 7, 10, 17}) {
     const Problem p = routing_errors_problem(k);
     const LayerData clean = make_data(p, "gaussian");
-    LayerOptions o;
-    o.backend = Backend::cuda;
+    LayerOptions o = cuda_layer_options();
     Layer layer(p, Config{}, o);
     for (int trial = 0; trial < 4; ++trial) {
       LayerData host = clean;
@@ -2167,8 +2136,7 @@ TEST(GpuErrorsDeathTest, LostArrivalInsideACtaTimesOutAndNamesTheWait) {
         unsetenv("MOK_STORE_WARP");
         const Problem p = make_problem(16, 256, 128, 4, {}, 2, 256);
         const LayerData host = make_data(p, "gaussian");
-        LayerOptions o;
-        o.backend = Backend::cuda;
+        LayerOptions o = cuda_layer_options();
         int code = 0;
         try {
           Layer layer(p, Config{}, o);
@@ -2197,10 +2165,7 @@ TEST(GpuErrors, AnAbandonedGroupsForwardTouchesNoOtherRanksMemory) {
   const int active = 1;
   const Problem p = make_problem(16, 256, 128, 4, {}, 4, 256);
   const LayerData host = make_data(p, "gaussian", test_seed(), active);
-  LayerOptions o;
-  o.backend = Backend::cuda;
-  o.ep_mode = EpMode::rank_slice;
-  o.active_rank = active;
+  LayerOptions o = cuda_layer_options(EpMode::rank_slice, active);
   Layer layer(p, Config{}, o);
   DeviceMirror mirror(host, 0);
   const std::size_t slot_bytes = static_cast<std::size_t>(p.tokens_per_rank) * p.top_k * p.hidden * 2;
@@ -2232,8 +2197,7 @@ TEST(GpuErrors, CapacityTooSmallIsAnErrorNotADrop) {
   LayerData host = make_data(p, "worst:0");
   Config c;
   c.schedule_capacity_factor = 0.1;
-  LayerOptions o;
-  o.backend = Backend::cuda;
+  LayerOptions o = cuda_layer_options();
   Layer layer(p, c, o);
   expect_refused_and_y_poisoned(layer, host, {"capacity"}, "after a capacity overflow");
 }
@@ -2255,8 +2219,7 @@ TEST(GpuErrors, OfSeveralRanksOverCapacityTheLowestIsNamed) {
   for (const auto& ids : routing.top_experts) tops.push_back(ids.data());
   EXPECT_THAT([&] { build_schedules(p, c, tops); },
               ::testing::ThrowsMessage<Error>(::testing::HasSubstr("schedule: rank 1 receives")));
-  LayerOptions o;
-  o.backend = Backend::cuda;
+  LayerOptions o = cuda_layer_options();
   Layer layer(p, c, o);
   for (int call = 0; call < 3; ++call)
     expect_refused_and_y_poisoned(layer, host, {"schedule: rank 1 receives"}, "call " + std::to_string(call));
@@ -2281,8 +2244,7 @@ TEST(GpuErrors, CapacityBoundaryIsExact) {
 
   rows[1] += 1;  // a tile more of padding
   LayerData over = make_layer_data(p, routing_with_rank0_rows(p, rows), test_seed(), false);
-  LayerOptions o;
-  o.backend = Backend::cuda;
+  LayerOptions o = cuda_layer_options();
   Layer layer(p, c, o);
   expect_refused_and_y_poisoned(layer, over,
                                 {"rank 0 receives " + std::to_string(capacity + c.tile_rows) +
@@ -2292,8 +2254,7 @@ TEST(GpuErrors, CapacityBoundaryIsExact) {
 
 TEST(GpuErrors, AlignmentRuleIsNamed) {
   MOK_REQUIRE_GPU();
-  LayerOptions o;
-  o.backend = Backend::cuda;
+  LayerOptions o = cuda_layer_options();
   EXPECT_THAT([&] { Layer layer(make_problem(8, 96, 128, 2, {}, 1, 64), Config{}, o); },
               ::testing::ThrowsMessage<Error>(::testing::AllOf(::testing::HasSubstr("Problem.hidden = 96"),
                                                                ::testing::HasSubstr("multiple of 64"))));
@@ -2305,8 +2266,7 @@ TEST(GpuErrors, AlignmentRuleIsNamed) {
 // negative TMA coordinate (an expert's rows read as zeros).
 TEST(GpuErrors, ShapesBeyondTheKernels32BitFieldsAreNamed) {
   MOK_REQUIRE_GPU();
-  LayerOptions o;
-  o.backend = Backend::cuda;
+  LayerOptions o = cuda_layer_options();
   struct Case {
     Problem problem;
     std::string says;
