@@ -65,12 +65,16 @@ std::string out_of_double_range(const std::string& text, DecimalRead read) {
          exact_number(std::numeric_limits<double>::min()) + ")";
 }
 
-double parse_finite(const std::string& text, const std::string& what) {
+double parse_finite(const std::string& text, const std::string& what, const std::string& range) {
   double d = 0;
   const DecimalRead read = read_decimal(text, d);
   if (read == DecimalRead::not_a_number) throw Error(what + ": '" + text + "' is not a number");
-  if (read != DecimalRead::ok) throw Error(what + ": " + out_of_double_range(text, read));
-  if (!std::isfinite(d)) throw Error(what + ": must be a finite number, got '" + text + "'");
+  // (A number double cannot hold says why, and the range when there is one: 1e-310 lies inside
+  // (0, 1], so "out of range" alone would not tell what to write instead.)
+  if (read != DecimalRead::ok)
+    throw Error(what + ": " + out_of_double_range(text, read) + (range.empty() ? "" : "; must be in " + range));
+  if (!std::isfinite(d))
+    throw Error(what + ": must be a finite number" + (range.empty() ? "" : " in " + range) + ", got '" + text + "'");
   return d;
 }
 

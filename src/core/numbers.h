@@ -13,8 +13,10 @@ long long parse_integer(const std::string& text, long long lo, long long hi, con
 
 // A finite number, written in decimal. Errors: "<what>: '<text>' is not a number",
 // "<what>: must be a finite number, got '<text>'", and for a number double cannot hold,
-// "<what>: " followed by out_of_double_range's words.
-double parse_finite(const std::string& text, const std::string& what);
+// "<what>: " followed by out_of_double_range's words. A caller that checks a range of its own
+// afterwards gives its text (`range`, e.g. "(0, 1]"), which these errors then state: "...; must
+// be in (0, 1]", "must be a finite number in (0, 1], got '-inf'".
+double parse_finite(const std::string& text, const std::string& what, const std::string& range = "");
 
 // `text` read whole as a decimal number (no blanks on either side; stod's hex forms such as
 // "0x10" are not decimal), the one rule parse_finite, the command line's options and the

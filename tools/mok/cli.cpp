@@ -89,15 +89,7 @@ std::optional<double> Args::take_double(const std::string& name, const NumberRan
   auto v = take(name);
   if (!v) return std::nullopt;
   const std::string what = "option --" + name;
-  double value = 0;
-  const DecimalRead read = read_decimal(*v, value);
-  if (read == DecimalRead::not_a_number) throw Error(what + ": '" + *v + "' is not a number");
-  // (A number double cannot hold says why, and what the option takes: 1e-310 lies inside
-  // (0, 1], so "out of range" alone would not tell what to write instead.)
-  if (read != DecimalRead::ok)
-    throw Error(what + ": " + out_of_double_range(*v, read) + "; must be in " + accepted.describe());
-  if (!std::isfinite(value))
-    throw Error(what + ": must be a finite number in " + accepted.describe() + ", got '" + *v + "'");
+  const double value = parse_finite(*v, what, accepted.describe());
   if (!accepted.contains(value)) throw Error(what + ": " + *v + " is out of range " + accepted.describe());
   return value;
 }
