@@ -314,13 +314,14 @@ def run_identity(rec):
 
 
 def duplicate_runs(loaded):
-    """[(path, path of the first file holding the same run)] for each (path, record) whose run
-    (run_identity) an earlier one of `loaded` holds already."""
+    """[(i, path, path of the first file holding the same run)] for each entry i = (path, record)
+    of `loaded` whose run (run_identity) an earlier entry holds already (by place, so that one
+    file given twice is one run too)."""
     first, out = {}, []
-    for path, rec in loaded:
+    for i, (path, rec) in enumerate(loaded):
         ident = run_identity(rec)
         if ident in first:
-            out.append((path, first[ident]))
+            out.append((i, path, first[ident]))
         else:
             first[ident] = path
     return out
@@ -340,16 +341,13 @@ def repeat_groups(loaded):
     """{key + (commit,): records} where one commit was measured more than once on one key: the
     runs whose agreement says how far a single figure can be trusted (passing runs of clean
     builds only, clean_build; each run once, however many files hold it: duplicate_runs)."""
-    groups, seen = {}, set()
-    for _, rec in loaded:
+    groups = {}
+    copies = {i for i, _, _ in duplicate_runs(loaded)}  # (entries holding a run an earlier one holds)
+    for i, (_, rec) in enumerate(loaded):
         if not records.record_passes(rec):  # (a failed run's figures are no measure of agreement)
             continue
-        if not clean_build(rec):
+        if not clean_build(rec) or i in copies:
             continue
-        ident = run_identity(rec)
-        if ident in seen:  # (another file holding a run already counted)
-            continue
-        seen.add(ident)
         config = json.dumps(rec.get("config"), sort_keys=True)  # a different --mok-arg is not a repeat
         groups.setdefault(record_key(rec) + (_commit_of(rec), config, mok_args_of(rec), str(peer_code_of(rec))),
                           []).append(rec)
@@ -991,7 +989,7 @@ def generate(paths, out_path=DEFAULT_OUT, plots_dir=DEFAULT_PLOTS):
         raise NothingToReport(f"report.py: none of the {len(paths)} file(s) given is a readable record "
                               "(see the messages above). Nothing was written.")
     loaded, off = split_contract(everything)
-    for copy_path, first_path in duplicate_runs(loaded):
+    for _, copy_path, first_path in duplicate_runs(loaded):
         print(f"report.py: {copy_path} holds the same run as {first_path} (the same date, commit and timings: "
               "a copy): counted once in the repeat table", file=sys.stderr)
     recs = newest_per_key(loaded)

@@ -52,6 +52,21 @@ def fixture_records(d):
     return paths
 
 
+def results_with_strays(d, name, edit):
+    """A results folder in d holding the fixture records and two files that are no records: a
+    peer's peer.json and `name`, the second fixture record as `edit` (a function) leaves it.
+    Returns the folder."""
+    results = os.path.join(d, "results")
+    paths = fixture_records(results)
+    with open(os.path.join(results, "peer.json"), "w") as f:
+        json.dump(fixture("fixture_peer_qwen35_slice.json"), f)
+    stray = helpers.read_json(paths[1])
+    edit(stray)
+    with open(os.path.join(results, name), "w") as f:
+        json.dump(stray, f)
+    return results
+
+
 class Report(unittest.TestCase):
     def test_generate(self):
         with tempfile.TemporaryDirectory() as d:
@@ -260,6 +275,8 @@ class Report(unittest.TestCase):
             (key, recs), = report.repeat_groups(loaded).items()
             self.assertEqual([r["mok"]["forward"]["median_ms"] for r in recs], [10.0, 1.0])
             self.assertEqual(len(report.duplicate_runs(loaded)), 2)
+            # One file given twice is one run too (report.py FILE FILE).
+            self.assertEqual(report.repeat_groups(loaded + loaded), report.repeat_groups(loaded))
             # Another run of the same second (other timings) is another run, not a copy.
             other = copy.deepcopy(recs[1])
             set_median(other["mok"]["forward"], 1.5)
@@ -580,14 +597,7 @@ class Report(unittest.TestCase):
 
     def test_peer_json_and_incomplete_records_are_skipped(self):
         with tempfile.TemporaryDirectory() as d:
-            results = os.path.join(d, "results")
-            paths = fixture_records(results)
-            with open(os.path.join(results, "peer.json"), "w") as f:
-                json.dump(fixture("fixture_peer_qwen35_slice.json"), f)
-            broken = helpers.read_json(paths[1])
-            del broken["precision"]
-            with open(os.path.join(results, "broken.json"), "w") as f:
-                json.dump(broken, f)
+            results = results_with_strays(d, "broken.json", lambda rec: rec.pop("precision"))
             r = subprocess.run([sys.executable, os.path.join(helpers.BENCH_DIR, "report.py"), "--results-dir", results,
                                 "--out", os.path.join(d, "R.md"), "--plots-dir", os.path.join(d, "plots")],
                                capture_output=True, text=True)
@@ -715,14 +725,7 @@ class Report(unittest.TestCase):
 
     def test_skipped_files_are_listed_in_the_report(self):
         with tempfile.TemporaryDirectory() as d:
-            results = os.path.join(d, "results")
-            paths = fixture_records(results)
-            with open(os.path.join(results, "peer.json"), "w") as f:
-                json.dump(fixture("fixture_peer_qwen35_slice.json"), f)
-            edited = helpers.read_json(paths[1])
-            edited["check"]["passes"] = "false"
-            with open(os.path.join(results, "edited.json"), "w") as f:
-                json.dump(edited, f)
+            results = results_with_strays(d, "edited.json", lambda rec: rec["check"].update(passes="false"))
             out = os.path.join(d, "R.md")
             self.assertEqual(report.main(["--results-dir", results, "--out", out, "--plots-dir",
                                           os.path.join(d, "plots")]), 0)
