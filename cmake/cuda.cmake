@@ -27,7 +27,7 @@ endif()
 
 # MOK_MEASURE_LEAVE_OUT=staging|stores|mma: a measurement build whose megakernel leaves one part
 # of every compute tile out (the staging math, the store warp's row stores, or the wgmmas), to
-# time what that part costs (DESIGN.md, "What each part of a compute tile costs"). Its outputs
+# time what that part costs (docs/PERFORMANCE.md, "What each part of a compute tile costs"). Its outputs
 # are wrong: every layer says so on stderr and `mok bench` refuses to write records with it.
 set(MOK_MEASURE_LEAVE_OUT "" CACHE STRING
     "measurement build: staging, stores or mma left out of the megakernel (wrong outputs)")

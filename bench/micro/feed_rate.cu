@@ -1,7 +1,7 @@
 // mok_feed_rate: the compute CTAs' mainloop alone (src/cuda/megakernel.cuh), as a grouped
 // GEMM with nothing else on the GPU: no pulls, no epilogue, no schedule.
 //
-// DESIGN.md's leave-one-out table says the megakernel with no tensor work still needs
+// docs/PERFORMANCE.md's leave-one-out table says the megakernel with no tensor work still needs
 // 90-94% of its cycles, and that sharing B between two SMs (task pairs, TMA multicast) is the
 // only lever left, yet pairs only broke even. This benchmark asks the two questions that
 // decide whether that lever can ever pay:

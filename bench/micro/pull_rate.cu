@@ -1,8 +1,8 @@
 // mok_pull_rate: how fast one SM moves token rows from scattered source rows into a
 // contiguous buffer, the dispatch mover's job (src/cuda/dispatch.cuh), in isolation.
 //
-// The communication CTAs move ~30 GB/s each during a forward (DESIGN.md, the megakernel's
-// timeline), and deeper pipelines did not raise it. This benchmark asks what bounds that:
+// The communication CTAs move ~30 GB/s each during a forward (docs/PERFORMANCE.md, the
+// megakernel's timeline), and deeper pipelines did not raise it. This benchmark asks what bounds that:
 // the same copy with nothing else on the GPU, by 1, 16 and every SM, in the ways a CTA can
 // move rows:
 //   bulk   : warps with one issuing lane, global -> shared (mbarrier) -> global bulk copies,

@@ -21,8 +21,8 @@ __device__ __forceinline__ ParamsPhaseLimit phase_limit(const ForwardParams& p) 
 // Rows move with bulk copies (global -> shared -> global, the TMA engine's work): one thread
 // per pull warp issues a whole row per instruction, not bound by the instruction rate.
 // (Plain 16-byte loads and stores were instruction-bound: ~22 GB/s per SM measured on the
-// H200. A CTA moves ~30 GB/s this way, and more bytes in flight did not raise it: DESIGN.md,
-// "not kept".)
+// H200. A CTA moves ~30 GB/s this way, and more bytes in flight did not raise it:
+// docs/PERFORMANCE.md, "Measured and not kept".)
 // Past the head, a communication CTA pulls up to kMaxPullGroups row tiles at once, one per
 // tile group of kPullWarps warps (ForwardParams::pull_groups): while one group starts a tile
 // (row addresses, the first loads) or drains it (the last stores, the release), the others
