@@ -17,7 +17,7 @@
 // "unspecified launch failure" on the H200, 2026-12-04; kept alive, every case runs.)
 // Each CTA copies `rows` rows; row r of CTA c comes from a pseudo-random source row, as
 // a dispatch's tokens do. Prints GB/s per CTA (bytes read, the median of `iters` launches,
-// CUDA events) and writes the table to --out as JSON when given.
+// CUDA events) and writes the table, the GPU and the commit to --out as JSON when given.
 //
 // usage: mok_pull_rate [--row-bytes N] [--rows N] [--iters N] [--case I] [--out FILE]
 // (--case I runs only the I-th row of the table, for a sanitizer or a profiler.)
@@ -32,6 +32,7 @@
 
 #include "cuda/sm90.cuh"
 #include "micro_tool.h"
+#include "mok_commit.h"  // MOK_GIT_COMMIT, MOK_GIT_DIRTY (generated at build time)
 
 namespace {
 
@@ -233,7 +234,8 @@ int main(int argc, char** argv) {
   kTool.check(cudaEventCreate(&e1), "cudaEventCreate");
   std::printf("%s, %d SMs; %d rows of %d bytes per CTA; median of %d launches\n", prop.name, sms, rows, row_bytes, iters);
   std::printf("%-6s %5s %5s %5s %5s %12s %12s\n", "mode", "ctas", "pipes", "slots", "ahead", "GB/s per CTA", "GB/s total");
-  std::string json = "{\"gpu\": \"" + std::string(prop.name) + "\", \"row_bytes\": " + std::to_string(row_bytes) +
+  std::string json = "{\"gpu\": \"" + std::string(prop.name) + "\", \"commit\": \"" + MOK_GIT_COMMIT +
+                     (MOK_GIT_DIRTY ? "-dirty" : "") + "\", \"row_bytes\": " + std::to_string(row_bytes) +
                      ", \"rows_per_cta\": " + std::to_string(rows) + ", \"cases\": [";
   bool first = true;
   for (std::size_t ci = 0; ci < cases.size(); ++ci) {
