@@ -39,7 +39,6 @@
 #include "cuda/sm90.cuh"
 #include "cuda/tensor_map.h"
 #include "micro_tool.h"
-#include "mok_commit.h"  // MOK_GIT_COMMIT, MOK_GIT_DIRTY (generated at build time)
 
 namespace {
 
@@ -325,8 +324,7 @@ int main(int argc, char** argv) {
               prop.name, prop.multiProcessorCount, experts, rows, kK, kN, args.tasks, repeat, grid, band, iters);
   std::printf("%-4s %6s %5s %7s %9s %9s %12s %12s %12s %9s %s\n", "mma", "stages", "pairs", "B box", "ms", "TFLOP/s",
               "B/clk/SM in", "from L2", "GB/s per SM", "SM MHz", "check");
-  std::string json = "{\"gpu\": \"" + std::string(prop.name) + "\", \"commit\": \"" + MOK_GIT_COMMIT +
-                     (MOK_GIT_DIRTY ? "-dirty" : "") + "\", \"experts\": " + std::to_string(experts) +
+  std::string json = "{" + mok::micro::json_run_fields(prop) + ", \"experts\": " + std::to_string(experts) +
                      ", \"rows\": " + std::to_string(rows) + ", \"k\": " + std::to_string(kK) +
                      ", \"n\": " + std::to_string(kN) + ", \"grid\": " + std::to_string(grid) +
                      ", \"band\": " + std::to_string(band) + ", \"repeat\": " + std::to_string(repeat) + ", \"cases\": [";

@@ -6,6 +6,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+
+#include "mok_commit.h"  // MOK_GIT_COMMIT, MOK_GIT_DIRTY (generated at build time: CMakeLists.txt gives the micro tools its folder)
 
 namespace mok::micro {
 
@@ -30,5 +33,12 @@ struct Tool {
     return static_cast<int>(v);
   }
 };
+
+// The JSON fields that say where a run was made: `"gpu": "<name>", "commit": "<sha>[-dirty]"`
+// (the build's commit, so a record names the code it timed).
+inline std::string json_run_fields(const cudaDeviceProp& prop) {
+  return "\"gpu\": \"" + std::string(prop.name) + "\", \"commit\": \"" + MOK_GIT_COMMIT + (MOK_GIT_DIRTY ? "-dirty" : "") +
+         "\"";
+}
 
 }  // namespace mok::micro

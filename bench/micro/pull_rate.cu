@@ -32,7 +32,6 @@
 
 #include "cuda/sm90.cuh"
 #include "micro_tool.h"
-#include "mok_commit.h"  // MOK_GIT_COMMIT, MOK_GIT_DIRTY (generated at build time)
 
 namespace {
 
@@ -234,8 +233,7 @@ int main(int argc, char** argv) {
   kTool.check(cudaEventCreate(&e1), "cudaEventCreate");
   std::printf("%s, %d SMs; %d rows of %d bytes per CTA; median of %d launches\n", prop.name, sms, rows, row_bytes, iters);
   std::printf("%-6s %5s %5s %5s %5s %12s %12s\n", "mode", "ctas", "pipes", "slots", "ahead", "GB/s per CTA", "GB/s total");
-  std::string json = "{\"gpu\": \"" + std::string(prop.name) + "\", \"commit\": \"" + MOK_GIT_COMMIT +
-                     (MOK_GIT_DIRTY ? "-dirty" : "") + "\", \"row_bytes\": " + std::to_string(row_bytes) +
+  std::string json = "{" + mok::micro::json_run_fields(prop) + ", \"row_bytes\": " + std::to_string(row_bytes) +
                      ", \"rows_per_cta\": " + std::to_string(rows) + ", \"cases\": [";
   bool first = true;
   for (std::size_t ci = 0; ci < cases.size(); ++ci) {
