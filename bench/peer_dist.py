@@ -116,6 +116,7 @@ class RankWork:
         import numpy as np
         import torch
         self.doc = workdir.load_mok_json(rank_dir)
+        workdir.require_peer_inputs(self.doc, rank_dir)
         p = self.doc["problem"]
         self.R, self.T, self.H, self.I, self.k, self.E_loc, widths = workdir.problem_dims(p)
         self.limit = None if p.get("swiglu_limit") is None else float(p["swiglu_limit"])

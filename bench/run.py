@@ -193,6 +193,7 @@ MOK_OPTIONS_RUN_PY_SETS = {
     "--warmup": "run.py's --warmup",
     "--iters": "run.py's --iters",
     "--work-dir": "run.py's --work-root",
+    "--no-peer-inputs": "run.py's --no-peer",
 }
 
 
@@ -252,6 +253,8 @@ def mok_command(args, shape, ep_mode, ep, tokens, work):
     if args.dtype:
         cmd += ["--dtype", args.dtype]
     cmd += ["--routing", args.routing, "--warmup", str(args.warmup), "--iters", str(args.iters), "--work-dir", work]
+    if args.no_peer:  # (no peer reads them: a wide shape's weights are GBs to write)
+        cmd.append("--no-peer-inputs")
     for extra in args.mok_arg:
         cmd += shlex.split(extra)
     return cmd
@@ -508,7 +511,8 @@ def main(argv=None):
     ap.add_argument("--results-dir", default=records.RESULTS_DIR)
     ap.add_argument("--keep-work", action="store_true", help="keep each work directory (large .npy files)")
     ap.add_argument("--no-backward", action="store_true", help="skip the peer's backward timing")
-    ap.add_argument("--no-peer", action="store_true", help="record mok alone (no PyTorch peer)")
+    ap.add_argument("--no-peer", action="store_true",
+                    help="record mok alone (no PyTorch peer; mok bench writes no peer inputs)")
     ap.add_argument("--profile-peer", type=int, default=0, metavar="N",
                     help="profile N forwards of the PyTorch peer after its timing (torch.profiler; in the "
                          "record's peers.pytorch_pipeline.profile; not with --launch)")

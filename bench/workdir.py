@@ -79,6 +79,15 @@ def load_mok_json(work_dir):
     return doc
 
 
+def require_peer_inputs(doc, work_dir):
+    """A ContractError when mok bench wrote this DIR with --no-peer-inputs (mok.json's
+    "peer_inputs": false): it holds no inputs for a peer to run on. Records written before the
+    key existed always had them."""
+    if doc.get("peer_inputs", True) is False:
+        raise ContractError(f"{os.path.join(work_dir, MOK_JSON)}: written by mok bench --no-peer-inputs, so "
+                            "the directory holds no peer inputs (run mok bench without that option)")
+
+
 def _load(work_dir, name, kind, shape):
     path = os.path.join(work_dir, name)
     if not os.path.exists(path):
@@ -115,6 +124,7 @@ def load_work(work_dir, need_backward=True):
     bf16 tensors stay as uint16 bit patterns.
     """
     doc = load_mok_json(work_dir)
+    require_peer_inputs(doc, work_dir)
     R, T, H, I, k, El, shared = problem_dims(doc["problem"])
     rs_path = os.path.join(work_dir, "row_source.npy")
     if not os.path.exists(rs_path):

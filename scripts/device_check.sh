@@ -131,8 +131,8 @@ fi
 
 # The NCCL provider (EpMode::distributed) on every GPU of this machine, one process each:
 # the group's y bitwise equal to virtual ranks' on the same batch, then mok bench twice into
-# one work directory (the second run must clear the first's files). NCCL's search path and
-# the GPU count: scripts/group_env.sh.
+# one work directory (the second run, with --no-peer-inputs, must clear the first's files
+# and write mok.json alone). NCCL's search path and the GPU count: scripts/group_env.sh.
 # What gtest prints when every test of `filter` (tests/gpu) ran and passed: the group section
 # (GpuGroup* : GpuGroup and GpuGroupDeathTest) and synccheck (GpuGroup.*: no death test, whose
 # child would run under the sanitizer too) require it. The count comes from the binary's own
@@ -160,10 +160,23 @@ if [ $RUN_TESTS = 1 ]; then
       timeout 180 "$BIN/mok" launch -n "$gpus" -- "$BIN/mok" bench --ep-mode distributed --shape medium --ep "$gpus" \
         --warmup 5 --iters 5 --work-dir "$group_dir/bench" &&
       timeout 180 "$BIN/mok" launch -n "$gpus" -- "$BIN/mok" bench --ep-mode distributed --shape medium --ep "$gpus" \
-        --warmup 5 --iters 5 --work-dir "$group_dir/bench"
+        --warmup 5 --iters 5 --no-peer-inputs --work-dir "$group_dir/bench"
   } > "$OUT/group.log" 2>&1 || grc=$?
   # Every rank of the second bench found the first one's files and removed them.
   [ $grc = 0 ] && [ "$(grep -c 'removed .* files an earlier run left in .*/rank[0-9]*$' "$OUT/group.log")" != "$gpus" ] && grc=8
+  # ... and, with --no-peer-inputs, wrote its mok.json (saying so) and no input for a peer
+  # (the reference-row exchange's files stay: the check needs them).
+  if [ $grc = 0 ]; then
+    peer_inputs='^(x_local|router_weights|y_ref|top_experts|slots_ref|w_(gate|up|down)|shared[0-9]+_w_(gate|up|down))\.npy$'
+    for r in $(seq 0 $((gpus - 1))); do
+      rank_dir="$group_dir/bench/rank$r"
+      echo "rank$r after --no-peer-inputs: $(ls "$rank_dir" | tr '\n' ' ')" >> "$OUT/group.log"
+      if ls "$rank_dir" | grep -qE "$peer_inputs" || ! grep -q '"peer_inputs": false' "$rank_dir/mok.json"; then
+        grc=11
+      fi
+    done
+    [ $grc = 0 ] && echo "check PASS: --no-peer-inputs wrote mok.json and no peer input on every rank" >> "$OUT/group.log"
+  fi
   # A rank whose peer never starts stops within its start-up limit: exit status 4, naming
   # the wait (rank 0 alone: rank 1's arrival; rank 1 alone: rank 0's id), and leaving no id
   # or mark behind.

@@ -240,6 +240,8 @@ elseif(MODE STREQUAL "bad_input")
                    bench --shape tiny --minibatch 7 --work-dir "${WORK}/bench_bad")
     expect_refused("option --exchange-timeout: applies only with --ep-mode distributed"
                    bench --shape tiny --exchange-timeout 5 --work-dir "${WORK}/bench_bad")
+    expect_refused("option --no-peer-inputs: is a flag and takes no value (got '--no-peer-inputs=yes')"
+                   bench --shape tiny --no-peer-inputs=yes --work-dir "${WORK}/bench_bad")
     expect_refused("option --dtype mxfp8: mok bench times the cuda backend, which runs bf16 only so far"
                    bench --shape tiny --dtype mxfp8 --work-dir "${WORK}/bench_bad")
     expect_refused("option --routing 'zipf:x': routing: zipf exponent 'x' is not a number"

@@ -4,7 +4,8 @@
 Accepts the command line run.py gives `mok bench` and writes a small synthetic work
 directory (synth_workdir.py) whatever the shape: the shape name is kept, the sizes are not.
     fake_mok.py bench --shape S --ep-mode M --ep R --tokens T --routing X
-                      --warmup W --iters N --work-dir DIR [other options ignored]
+                      --warmup W --iters N --work-dir DIR [--no-peer-inputs]
+                      [other options ignored]
     fake_mok.py launch -n N [--timeout S] -- CMD...   runs CMD once per rank, one after the
                       other, with MOK_RANK / MOK_WORLD_SIZE / MOK_LOCAL_RANK set (as mok launch)
 With --ep-mode distributed it writes WORK_DIR/rank<MOK_RANK>, with per-iteration times
@@ -57,6 +58,7 @@ def main(argv):
     ap.add_argument("--warmup", type=int, default=0)
     ap.add_argument("--iters", type=int, default=1)
     ap.add_argument("--work-dir", required=True)
+    ap.add_argument("--no-peer-inputs", action="store_true")
     args, _ = ap.parse_known_args(argv[1:])
     if os.environ.get("FAKE_MOK_FAIL_SHAPE") == args.shape:
         print(f"fake_mok: failing on purpose for shape {args.shape}", file=sys.stderr)
@@ -81,6 +83,11 @@ def main(argv):
     check_fails = os.environ.get("FAKE_MOK_CHECK_FAIL_SHAPE") == args.shape
     if check_fails:
         doc["check"]["forward"].update({"max_abs": 9.0, "rel": 0.5, "passes": False})
+    if args.no_peer_inputs:  # mok.json alone, as mok bench --no-peer-inputs writes
+        doc["peer_inputs"] = False
+        for name in os.listdir(work_dir):
+            if name.endswith(".npy"):
+                os.remove(os.path.join(work_dir, name))
     if os.environ.get("FAKE_MOK_BUILD_COMMIT"):
         doc["build"] = {"commit": os.environ["FAKE_MOK_BUILD_COMMIT"], "dirty": False}
     with open(path, "w") as f:

@@ -133,6 +133,7 @@ def make_workdir(work_dir, *, num_experts=8, hidden=256, intermediate=128, top_k
                     "precision": precision, "swiglu_limit": swiglu_limit},
         "ep_mode": ep_mode,
         "active_rank": a,
+        "peer_inputs": True,
         "routing": {"spec": routing, "max_over_mean_expert": float(loads.max() / loads.mean()),
                     "max_over_mean_rank": float(rank_loads.max() / rank_loads.mean())},
         "rows": {"real": int(len(row_source)), "remote": remote, "padded": padded},

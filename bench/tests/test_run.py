@@ -132,7 +132,7 @@ class Plan(unittest.TestCase):
 
     def test_mok_command(self):
         args = types.SimpleNamespace(mok_bin="build/bin/mok", dtype=None, routing="zipf:1.2", warmup=500, iters=100,
-                                     mok_arg=["--comm-sms 32"])
+                                     mok_arg=["--comm-sms 32"], no_peer=False)
         self.assertEqual(run.mok_command(args, "glm-5.2", "slice", 64, 2048, "/w"),
                          ["build/bin/mok", "bench", "--shape", "glm-5.2", "--ep-mode", "slice", "--ep", "64",
                           "--tokens", "2048", "--routing", "zipf:1.2", "--warmup", "500", "--iters", "100",
@@ -207,7 +207,8 @@ class Options(unittest.TestCase):
         # What run.py passes to mok bench, with every optional part present: exactly these
         # options are refused in --mok-arg (else a record would claim settings it was not
         # measured with: --mok-arg "--iters 5" beside a record's 100).
-        args = types.SimpleNamespace(mok_bin="mok", dtype="bf16", routing="gaussian", warmup=500, iters=100, mok_arg=[])
+        args = types.SimpleNamespace(mok_bin="mok", dtype="bf16", routing="gaussian", warmup=500, iters=100, mok_arg=[],
+                                     no_peer=True)
         cmd = run.mok_command(args, "glm-5.2", "slice", 64, 2048, "/w")
         own = {a for a in cmd[cmd.index("bench") + 1:] if a.startswith("--")}
         self.assertEqual(own, set(run.MOK_OPTIONS_RUN_PY_SETS))
@@ -228,6 +229,7 @@ class Options(unittest.TestCase):
         self.refused(["--mok-arg", "--iters 5"], "--iters is set by run.py itself (use run.py's --iters)")
         self.refused(["--mok-arg=--warmup=0"], "--warmup is set by run.py itself (use run.py's --warmup)")
         self.refused(["--mok-arg", "--tokens 64", "--mok-arg", "--work-dir /tmp/w"], "use run.py's --work-root")
+        self.refused(["--mok-arg=--no-peer-inputs"], "--no-peer-inputs is set by run.py itself (use run.py's --no-peer)")
 
     def test_plan_keeps_a_given_value(self):
         # `args.tokens or default` read 0 as "not given"; main refuses 0 before planning.
@@ -311,6 +313,9 @@ class EndToEnd(unittest.TestCase):
             self.assertIn("mok ms", tail[-4])
             self.assertIn("% GEMM ceil", tail[-4])
             self.assertIn("ERROR: mok bench exited 3", r.stdout.splitlines()[-2])
+            # --no-peer: mok bench writes no peer inputs (the record needs mok.json only).
+            self.assertIn("--work-dir " + os.path.join(d, "work", "glm-5.2_slice_64_64") + " --no-peer-inputs",
+                          r.stdout)
             # Successful work directories are removed; the failed one is kept.
             self.assertEqual(sorted(os.listdir(os.path.join(d, "work"))), ["qwen3-30b-a3b_all_1_64"])
 

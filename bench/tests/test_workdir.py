@@ -4,6 +4,7 @@ Also runs the peer's pipeline steps in numpy (argsort permute, bincount offsets,
 expert segment, SwiGLU, unpermute, weighted combine) to show that the steps peer_torch.py
 takes in torch reproduce rows_ref and y_ref from the contract's inputs.
 """
+import json
 import os
 import re
 import tempfile
@@ -181,6 +182,27 @@ class Contract(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             with self.assertRaisesRegex(workdir.ContractError, "mok.json: missing"):
                 workdir.load_work(d)
+
+    def test_a_record_without_peer_inputs_is_refused(self):
+        # mok bench --no-peer-inputs writes "peer_inputs": false; a peer must refuse the DIR
+        # by that (even were stale inputs there), while a record without the key (older ones)
+        # or with true loads as before.
+        for value, refused in ((False, True), (True, False), (None, False)):
+            with tempfile.TemporaryDirectory() as d:
+                make_workdir(d)
+                path = os.path.join(d, "mok.json")
+                doc = workdir.read_json(path)
+                if value is None:
+                    doc.pop("peer_inputs", None)
+                else:
+                    doc["peer_inputs"] = value
+                with open(path, "w") as f:
+                    json.dump(doc, f)
+                if refused:
+                    with self.assertRaisesRegex(workdir.ContractError, "written by mok bench --no-peer-inputs"):
+                        workdir.load_work(d)
+                else:
+                    workdir.load_work(d)
 
     def test_backward_input_optional(self):
         with tempfile.TemporaryDirectory() as d:

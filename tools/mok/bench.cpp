@@ -1,7 +1,8 @@
 // mok bench: times the CUDA forward the way MoK does (warm-up, then timed iterations each
 // between two device events; median, min and max), checks it against the CPU reference,
 // and writes the same work for the peers (bench/peer_torch.py) into a work directory:
-// mok.json plus the .npy files described in bench/README.md.
+// mok.json plus the .npy files described in bench/README.md (mok.json alone with
+// --no-peer-inputs).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -184,6 +185,8 @@ it, and writes mok.json plus the PyTorch peer's inputs into DIR (bench/run.py dr
   --active-rank R|busiest --routing SPEC --seed N --warmup N (500) --iters N (100)
   --capacity F --minibatch N --macrobatch N --comm-sms N --band N --pairs
   --exchange-timeout S (distributed: how long a rank waits for the others' files, 900)
+  --no-peer-inputs (write mok.json only: a check, or mok's timing alone; no peer can run on
+    DIR, and a distributed run skips writing each rank's expert weights, GBs on wide shapes)
 )";
 
 int bench_command(const std::vector<std::string>& argv) {
@@ -195,7 +198,7 @@ int bench_command(const std::vector<std::string>& argv) {
   throw Error(std::string("mok bench: this is a measurement build (MOK_MEASURE_LEAVE_OUT=") + MOK_MEASURE_LEAVE_OUT +
               ") whose forward computes wrong outputs; it writes no records (use mok run to time it)");
 #endif
-  Args args(argv, {"pairs"});
+  Args args(argv, {"pairs", "no-peer-inputs"});
   const std::string work_dir = args.take_or("work-dir", "");
   if (work_dir.empty()) throw Error("option --work-dir: needed (where mok.json and the peer inputs go)");
   const auto [warmup, iters] = take_repetitions(args, Backend::cuda, 500, 100);
@@ -214,6 +217,7 @@ int bench_command(const std::vector<std::string>& argv) {
   if (auto v = args.take_int("comm-sms")) config.forward_comm_sms = static_cast<int>(*v);
   if (auto v = args.take_int("band")) config.task_band_tiles = static_cast<int>(*v);
   if (args.take_flag("pairs")) config.task_pairs = true;
+  const bool peer_inputs = !args.take_flag("no-peer-inputs");
   if (auto v = args.take_double("capacity", kCapacityRange)) config.schedule_capacity_factor = *v;
   if (auto v = args.take_int("minibatch")) config.minibatch_rows = static_cast<int>(*v);
   if (auto v = args.take_int("macrobatch")) config.macrobatch_rows = static_cast<int>(*v);
@@ -512,8 +516,9 @@ int bench_command(const std::vector<std::string>& argv) {
   // Single GPU: the work of this rank for bench/peer_torch.py. Distributed: each rank's own
   // inputs and weights in WORK_DIR/rank<r> for bench/peer_dist.py (tokens travel there by
   // torch.distributed all-to-all, as users run it).
+  // --no-peer-inputs: none of them (mok.json says so, and the peers refuse such a DIR).
   const RankData& mine = host.ranks[me];
-  if (!distributed) {
+  if (peer_inputs && !distributed) {
     HostTensor x_all(DType::bf16, {std::int64_t(R) * T, H});
     for (int r = 0; r < R; ++r)
       std::memcpy(x_all.data<std::uint16_t>() + std::size_t(r) * T * H, host.ranks[r].x.data<void>(),
@@ -532,23 +537,25 @@ int bench_command(const std::vector<std::string>& argv) {
     for (std::int64_t i = 0; i < dy.numel(); ++i)
       dy.data<std::uint16_t>()[i] = num::bf16_from_float(rng::normal(seed, rng::kDy, std::uint64_t(me) * T * H + i));
     npy::save(path(bench_file_name(BenchFile::kDyLocal)), dy);
-  } else {
+  } else if (peer_inputs) {
     npy::save(path(bench_file_name(BenchFile::kTopExperts)), mine.top_experts);
     // (peer_dist checks its combine slots, every row of this rank's tokens, against these.)
     npy::save(path(bench_file_name(BenchFile::kSlotsRef)),
               tensor_from(DType::bf16, {std::int64_t(T) * k, H}, ref_slots.data()));
   }
-  npy::save(path(bench_file_name(BenchFile::kWGate)), mine.w_gate);
-  npy::save(path(bench_file_name(BenchFile::kWUp)), mine.w_up);
-  npy::save(path(bench_file_name(BenchFile::kWDown)), mine.w_down);
-  for (int s = 0; s < p.num_shared(); ++s) {
-    npy::save(path(shared_weight_file(s, BenchFile::kWGate)), mine.shared[s].w_gate);
-    npy::save(path(shared_weight_file(s, BenchFile::kWUp)), mine.shared[s].w_up);
-    npy::save(path(shared_weight_file(s, BenchFile::kWDown)), mine.shared[s].w_down);
+  if (peer_inputs) {
+    npy::save(path(bench_file_name(BenchFile::kWGate)), mine.w_gate);
+    npy::save(path(bench_file_name(BenchFile::kWUp)), mine.w_up);
+    npy::save(path(bench_file_name(BenchFile::kWDown)), mine.w_down);
+    for (int s = 0; s < p.num_shared(); ++s) {
+      npy::save(path(shared_weight_file(s, BenchFile::kWGate)), mine.shared[s].w_gate);
+      npy::save(path(shared_weight_file(s, BenchFile::kWUp)), mine.shared[s].w_up);
+      npy::save(path(shared_weight_file(s, BenchFile::kWDown)), mine.shared[s].w_down);
+    }
+    npy::save(path(bench_file_name(BenchFile::kXLocal)), mine.x);
+    npy::save(path(bench_file_name(BenchFile::kRouterWeights)), mine.router_weights);
+    npy::save(path(bench_file_name(BenchFile::kYRef)), y_ref);
   }
-  npy::save(path(bench_file_name(BenchFile::kXLocal)), mine.x);
-  npy::save(path(bench_file_name(BenchFile::kRouterWeights)), mine.router_weights);
-  npy::save(path(bench_file_name(BenchFile::kYRef)), y_ref);
 
   cudaDeviceProp prop;
   BENCH_CUDA(cudaGetDeviceProperties(&prop, device));
@@ -561,6 +568,7 @@ int bench_command(const std::vector<std::string>& argv) {
     js << "{\n  \"tool\": \"mok bench\",\n  \"shape\": \"" << (pa.shape_name.empty() ? "custom" : pa.shape_name)
        << "\",\n  \"problem\": " << io::problem_to_json(p) << "  ,\"ep_mode\": \""
        << (distributed ? "distributed" : slice ? "slice" : "all") << "\",\n  \"active_rank\": " << me
+       << ",\n  \"peer_inputs\": " << (peer_inputs ? "true" : "false")
        << ",\n  \"routing\": {\"spec\": \"" << json_text(routing_spec.describe())
        << "\", \"max_over_mean_expert\": " << balance.max_over_mean_expert
        << ", \"max_over_mean_rank\": " << balance.max_over_mean_rank << "},\n  \"rows\": {\"real\": " << N
