@@ -22,8 +22,12 @@
 #include <sstream>
 #include <string>
 #include <limits>
+#include <memory>
 #include <thread>
 #include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "core/compare.h"
 #include "test_util.h"
@@ -236,6 +240,51 @@ TEST(Layer, CallsFromSeveralThreadsRunOneAtATime) {
       }
     });
   for (auto& t : threads) t.join();
+}
+
+// A Layer used in a forked child (Python's multiprocessing forks by default on Linux): its
+// CPU threads stayed in the parent, so the child's calls used to wait for them for ever, and
+// so did its destructor. The child starts its own and gets the parent's bits; one that only
+// destroys the layer exits. Each child has an alarm, so a hang is a failure, not a stuck test.
+TEST(Layer, AForkedChildUsesItsOwnThreads) {
+  const Problem p = test::make_problem(8, 64, 32, 2, {32}, 2, 16);
+  LayerData want = test::make_data(p, 78, false);
+  auto layer = std::make_unique<Layer>(p, test::roomy_config(), test::cpu_options(3));
+  layer->forward(want.forward_args());  // (the pool has run a job before the fork)
+  for (const bool call : {true, false}) {
+    const pid_t child = fork();
+    ASSERT_NE(child, -1);
+    if (child == 0) {
+      alarm(60);
+      int code = 0;
+      try {
+        if (call) {
+          LayerData got = want;
+          for (int c = 0; c < 3 && code == 0; ++c) {
+            got.poison_outputs();
+            layer->forward(got.forward_args());
+            for (int r = 0; r < p.ep_size; ++r)
+              if (!got.ranks[r].y.bitwise_equal(want.ranks[r].y)) code = 3;
+          }
+        }
+        layer.reset();
+      } catch (...) {
+        code = 4;
+      }
+      _exit(code);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFEXITED(status)) << (call ? "calls" : "destroy only") << ": the child ended by signal "
+                                   << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << " (14: its alarm, a hang)";
+    if (WIFEXITED(status))
+      EXPECT_EQ(WEXITSTATUS(status), 0) << (call ? "calls" : "destroy only") << " (3: y differs, 4: threw)";
+  }
+  // The parent's pool is untouched by the children.
+  LayerData again = want;
+  again.poison_outputs();
+  layer->forward(again.forward_args());
+  for (int r = 0; r < p.ep_size; ++r) EXPECT_TRUE(again.ranks[r].y.bitwise_equal(want.ranks[r].y)) << "rank " << r;
 }
 
 }  // namespace mok

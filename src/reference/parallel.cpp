@@ -10,11 +10,14 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "mok/error.h"
 
 namespace mok::ref {
 
 struct ThreadPool::State {
+  const pid_t owner = getpid();  // the process whose threads the workers are
   std::vector<std::thread> workers;
   std::mutex mutex;
   std::condition_variable wake, done;
@@ -43,6 +46,11 @@ struct ThreadPool::State {
 
 ThreadPool::ThreadPool(int threads) : state_(std::make_unique<State>()) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads_ = threads;
+  start_workers(threads);
+}
+
+void ThreadPool::start_workers(int threads) {
   try {
     for (int i = 1; i < threads; ++i) start_worker();
   } catch (const std::system_error& e) {
@@ -83,13 +91,29 @@ void ThreadPool::shutdown() {
   state_->workers.clear();
 }
 
-ThreadPool::~ThreadPool() { shutdown(); }
+void ThreadPool::restart_if_forked() {
+  if (state_->owner == getpid()) return;
+  // Joining or destroying the parent's std::thread objects here would hang or terminate,
+  // and its mutex may be locked for good: leak the old state, start afresh.
+  static_cast<void>(state_.release());
+  state_ = std::make_unique<State>();
+  start_workers(threads_);
+}
+
+ThreadPool::~ThreadPool() {
+  if (state_->owner != getpid()) {  // a forked child that never used the pool: see above
+    static_cast<void>(state_.release());
+    return;
+  }
+  shutdown();
+}
 
 int ThreadPool::size() const { return static_cast<int>(state_->workers.size()) + 1; }
 
 void ThreadPool::parallel_for(std::int64_t n, std::int64_t grain,
                               const std::function<void(std::int64_t, std::int64_t)>& fn) {
   if (n <= 0) return;
+  restart_if_forked();
   State* st = state_.get();
   const std::int64_t threads = size();
   std::int64_t chunk = std::max<std::int64_t>(grain, (n + threads * 4 - 1) / (threads * 4));
