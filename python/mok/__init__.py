@@ -199,7 +199,10 @@ def _c_string(value, name):
     text = value
     if "\0" in text:
         raise MokError(f"{name} = {text!r}: holds a NUL character, where the C interface would cut it short")
-    return text.encode()
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:  # (a lone surrogate, say: no UTF-8 for it)
+        raise MokError(f"{name} = {text!r}: is not valid UTF-8 text ({exc.reason} at index {exc.start})") from None
 
 
 def _int32(value, name):
@@ -302,6 +305,12 @@ class Problem:
                                "holds it as a float32)")
             p.has_swiglu_limit, p.swiglu_limit = 1, limit
         return p
+
+
+def _is_bool(value):
+    """Whether `value` is a Python bool or numpy's bool scalar (np.True_), without importing numpy."""
+    np = sys.modules.get("numpy")
+    return isinstance(value, bool) or (np is not None and isinstance(value, np.bool_))
 
 
 def _numpy_array(a):
@@ -487,7 +496,8 @@ def _rank_dicts(ranks, keys):
             raise MokTypeError(f"ranks[{r}]: a dict of the rank's tensors, got a {type(rank).__name__}")
         unknown = set(rank) - keys
         if unknown:
-            raise MokError(f"ranks[{r}]: unknown key(s) {sorted(unknown)}; the keys are {sorted(keys)}")
+            # (key=repr: keys of mixed types, 0 beside "x", cannot be compared)
+            raise MokError(f"ranks[{r}]: unknown key(s) {sorted(unknown, key=repr)}; the keys are {sorted(keys)}")
     # (Shared experts as lists of tuples, kept with the rank: see _shared_list.)
     return [dict(rank, **{key: _shared_list(rank[key], f"ranks[{r}].{key}")
                           for key in ("shared", "d_shared") if rank.get(key) is not None})
@@ -727,8 +737,8 @@ class Layer:
             kind = dict(_Config._fields_).get(key)
             if kind is None:
                 raise MokError(f"config.{key}: not a mok::Config field ({[f for f, _ in _Config._fields_]})")
-            if key == "task_pairs" and isinstance(value, bool):
-                value = int(value)  # (a switch: True/False as well as 1/0)
+            if key == "task_pairs" and _is_bool(value):
+                value = int(value)  # (a switch: True/False as well as 1/0, numpy's np.True_ too)
             if kind is ctypes.c_int32:
                 value = _int32(value, f"config.{key}")
             else:
@@ -741,12 +751,13 @@ class Layer:
             setattr(c, key, value)
         options = _Options(_BACKENDS[backend], _EP_MODES[ep_mode], _int32(active_rank, "active_rank"),
                            _int32(cpu_threads, "cpu_threads"), _int32(cuda_device, "cuda_device"), cuda_stream)
+        problem_c = problem._c()  # (first: it names a bad field, which a copy of it would fail on unnamed)
         self._problem = copy.deepcopy(problem)  # (the caller's object may change; the layer's does not)
         self._cuda_stream = cuda_stream  # (None or 0: the legacy default stream)
         self._ep_mode, self._active_rank = ep_mode, active_rank
         _drain_parked()
         handle = ctypes.c_void_p()
-        _check(lib.mok_layer_create(ctypes.byref(problem._c()), ctypes.byref(c), ctypes.byref(options),
+        _check(lib.mok_layer_create(ctypes.byref(problem_c), ctypes.byref(c), ctypes.byref(options),
                                     ctypes.byref(handle)))
         self._native = _Native(handle, distributed=ep_mode == "distributed", cuda=backend == "cuda")
         self._op_id = next(_op_ids)  # (forward_op's handle on this layer)

@@ -341,6 +341,9 @@ class Errors(SeededTest):
             self.assertFalse(y.any(), "a refused call wrote the read-only y")
             with self.assertRaisesRegex(mok.MokError, r"ranks\[0\]: unknown key\(s\) \['why'\]"):
                 layer.forward([{"why": 1}])
+            # Keys of mixed types (which sorted() alone cannot order) are named too.
+            with self.assertRaisesRegex(mok.MokError, r"ranks\[1\]: unknown key\(s\) \['xx', 0\]"):
+                layer.forward([ranks[0], dict(ranks[1], **{"xx": 2}) | {0: 1}])
         with self.assertRaisesRegex(mok.MokError, "backend = 'tpu'"):
             mok.Layer(SMALL, backend="tpu")
         with self.assertRaisesRegex(mok.MokError, "top_k"):
@@ -399,6 +402,8 @@ class Errors(SeededTest):
         self.assertEqual(mok.Layer(mok.Problem(num_experts=np.int64(8), hidden=np.int32(128), intermediate=64,
                                                top_k=2, tokens_per_rank=16)).problem.hidden, 128)
         self.assertEqual(mok.Layer(SMALL, config={"task_pairs": True}).config["task_pairs"], 1)
+        self.assertEqual(mok.Layer(SMALL, config={"task_pairs": np.True_}).config["task_pairs"], 1)
+        self.assertEqual(mok.Layer(SMALL, config={"task_pairs": np.False_}).config["task_pairs"], 0)
         with self.assertRaisesRegex(mok.MokError, r"Problem.top_k = True: must be an int32"):
             mok.Layer(mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=True, tokens_per_rank=16))
         ranks = make_inputs(SMALL, 10)
@@ -435,6 +440,19 @@ class Errors(SeededTest):
             self.assertEqual(layer.problem.tokens_per_rank, SMALL.tokens_per_rank)
         with self.assertRaisesRegex(mok.MokError, r"name = 'qwen3-30b-a3b\\x00x': holds a NUL character"):
             mok.Problem.from_shape("qwen3-30b-a3b\0x")
+        # Text with no UTF-8 form (a lone surrogate) is named, not a bare UnicodeEncodeError.
+        with self.assertRaisesRegex(mok.MokError, r"name = 'tiny\\udc80': is not valid UTF-8 text"):
+            mok.Problem.from_shape("tiny\udc80")
+        with mok.Layer(SMALL) as layer:
+            with self.assertRaisesRegex(mok.MokError, r"why = 'x\\ud800': is not valid UTF-8 text"):
+                layer.abandon_group("x\ud800")
+        # A bad field is named before the layer copies the problem (a generator cannot be copied).
+        with self.assertRaisesRegex(mok.MokTypeError, r"Problem.shared_intermediate = <generator .*: a list"):
+            mok.Layer(mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=2, tokens_per_rank=16,
+                                  shared_intermediate=(w for w in [64])))
+        with self.assertRaisesRegex(mok.MokError, r"Problem.hidden = <generator .*: must be an int32"):
+            mok.Layer(mok.Problem(num_experts=8, hidden=(h for h in [128]), intermediate=64, top_k=2,
+                                  tokens_per_rank=16))
         with self.assertRaisesRegex(mok.MokError, r"Problem.swiglu_limit = 'x': must be a number or None"):
             mok.Layer(mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=2, tokens_per_rank=16,
                                   swiglu_limit="x"))
