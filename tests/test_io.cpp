@@ -343,6 +343,8 @@ TEST(ProblemJson, ParseErrorsNameTheSourceAndTheKey) {
       {replace("\"top_k\": 2", "\"top_k\": 9"), "top_k"},                 // breaks a rule: k > E
       {replace("\"ep_size\": 2", "\"ep_size\": 3"), "ep_size"},           // E % R != 0
       {replace("\"swiglu_limit\": null", "\"swiglu_limit\": -1"), "swiglu_limit"},
+      {replace("\"swiglu_limit\": null", "\"swiglu_limit\": 1e-40"), "a positive normal float"},
+      {replace("\"swiglu_limit\": null", "\"swiglu_limit\": 1e-45"), "a positive normal float"},
       {replace("\"ep_size\": 2", "\"ep_size\": 4294967298"), "ep_size"},  // would truncate to 2
       {replace("[32]", "[32abc]"), "shared_intermediate"},                 // a partial number
       {replace("\"swiglu_limit\": null", "\"swiglu_limit\": 1.5x"), "swiglu_limit"},

@@ -335,6 +335,9 @@ TEST(BadProblem, FieldRules) {
       {[](Problem& p) { p.swiglu_limit = -1.0f; }, "Problem.swiglu_limit"},
       {[](Problem& p) { p.swiglu_limit = std::numeric_limits<float>::quiet_NaN(); }, "Problem.swiglu_limit"},
       {[](Problem& p) { p.swiglu_limit = std::numeric_limits<float>::infinity(); }, "Problem.swiglu_limit"},
+      // (a subnormal limit keeps fewer digits than were written)
+      {[](Problem& p) { p.swiglu_limit = std::numeric_limits<float>::denorm_min(); }, "a positive normal float"},
+      {[](Problem& p) { p.swiglu_limit = std::numeric_limits<float>::min() / 2; }, "a positive normal float"},
       {[](Problem& p) { p.precision = Precision::mxfp8; p.hidden = 48; }, "Problem.hidden = 48"},
       {[](Problem& p) { p.precision = Precision::mxfp8; p.intermediate = 40; }, "Problem.intermediate = 40"},
       {[](Problem& p) { p.precision = Precision::mxfp8; p.shared_intermediate = {32, 48}; },

@@ -461,6 +461,11 @@ class Errors(SeededTest):
             with self.assertRaisesRegex(mok.MokError, rf"Problem.swiglu_limit = {re.escape(repr(limit))}: outside float32's range"):
                 mok.Layer(mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=2, tokens_per_rank=16,
                                       swiglu_limit=limit))
+        # A subnormal float32 limit would keep fewer digits than were given: the library's rule.
+        with self.assertRaisesRegex(mok.MokError, r"Problem.swiglu_limit = .*: must be finite and at least "
+                                                  r".* \(a positive normal float\)"):
+            mok.Layer(mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=2, tokens_per_rank=16,
+                                  swiglu_limit=1e-40))
         with self.assertRaisesRegex(mok.MokTypeError, r"Problem.shared_intermediate = 5: a list"):
             mok.Layer(mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=2, tokens_per_rank=16,
                                   shared_intermediate=5))

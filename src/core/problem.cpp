@@ -1,4 +1,5 @@
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "core/numbers.h"
@@ -60,8 +61,11 @@ void Problem::validate() const {
             double(num_experts / ep_size) * intermediate * hidden);
   for (int w : shared_intermediate) size_rule("a shared expert's weights (width * hidden)", double(w) * hidden);
   if (swiglu_limit) {
-    require(std::isfinite(*swiglu_limit) && *swiglu_limit > 0,
-            "Problem.swiglu_limit = " + exact_number(*swiglu_limit) + ": must be finite and > 0");
+    // A subnormal limit keeps fewer digits than were written (mok run refuses one on the
+    // command line; the same rule for problem.json, the C API and Python).
+    require(std::isfinite(*swiglu_limit) && *swiglu_limit >= std::numeric_limits<float>::min(),
+            "Problem.swiglu_limit = " + exact_number(*swiglu_limit) + ": must be finite and at least " +
+                exact_number(std::numeric_limits<float>::min()) + " (a positive normal float)");
   }
   require(precision == Precision::bf16 || precision == Precision::mxfp8,
           "Problem.precision = " + std::to_string(static_cast<int>(precision)) + ": must be bf16 or mxfp8");
