@@ -107,7 +107,7 @@ elseif(MODE STREQUAL "bad_numbers")
   set(cases
       "--ep|4294967298|option --ep: 4294967298 is out of range"
       "--tokens|4294967312|option --tokens: 4294967312 is out of range"
-      "--iters|4294967297|option --iters: 4294967297 is out of range"
+      "--iters|4294967297|option --iters: must be in [1, 10000] on the cpu backend, got 4294967297"
       "--shared|128abc|'128abc' is not an integer"
       "--swiglu-limit|nan|option --swiglu-limit: must be a finite number"
       "--capacity|inf|option --capacity: must be a finite number"
@@ -115,6 +115,11 @@ elseif(MODE STREQUAL "bad_numbers")
       "--seed|18446744073709551615|option --seed: 18446744073709551615 is out of range"
       "--tokens|99999999999999999999|option --tokens: 99999999999999999999 is out of range"
       "--tokens|99999999999999999999x|option --tokens: '99999999999999999999x' is not an integer"
+      # Beyond int's range: the option's own bound, not int's (which read as if negatives passed).
+      "--tokens|-99999999999|option --tokens: -99999999999 is out of range [1, 2147483647]"
+      "--threads|-99999999999|option --threads: -99999999999 is out of range [0, 2147483647]"
+      "--iters|99999999999|option --iters: must be in [1, 10000] on the cpu backend, got 99999999999"
+      "--shared|-128|option --shared (a comma list or 'none'): -128 is out of range [1, 2147483647]"
       # A number double cannot hold says so and what the option takes (1e-310 underflowed to
       # "'1e-310' is out of range", of no range said; a denormal would keep fewer digits).
       "--capacity|4.9406564584124654e-324|option --capacity: '4.9406564584124654e-324' is too small to read"
@@ -157,6 +162,7 @@ elseif(MODE STREQUAL "bad_numbers")
   expect_refused("option --routing 'zipf:1e400': routing: zipf exponent '1e400' is out of range (beyond double's largest magnitude, 1.7976931348623157e+308); must be finite and >= 0"
                  run --shape tiny --routing zipf:1e400)
   expect_refused("option -n: 'abc' is not an integer" launch -n abc -- true)
+  expect_refused("mok launch: -n must be in [1, 4096], got 99999999999" launch -n 99999999999 -- true)
   # A blank on either side is not part of a number (stoll and stod skipped leading ones only).
   expect_refused("option --tokens: ' 64' is not an integer" run --shape tiny --tokens " 64")
   expect_refused("option --tokens: '64 ' is not an integer" run --shape tiny --tokens "64 ")
@@ -259,7 +265,7 @@ elseif(MODE STREQUAL "bad_input")
     message(FATAL_ERROR "--pass backward --save: exit '${rc}', it must save dx and no y\n${se}")
   endif()
   # --expect's files are looked for before any work, and before --save claims its directory.
-  expect_refused("option --expect ${WORK}/none: no file ${WORK}/none/rank0/y.npy"
+  expect_refused("option --expect ${WORK}/none: no such directory"
                  run ${small} --backend cpu --expect "${WORK}/none" --save "${WORK}/unclaimed")
   if(EXISTS "${WORK}/unclaimed")
     message(FATAL_ERROR "--expect with a missing file: --save's directory was created before the refusal")
@@ -271,6 +277,23 @@ elseif(MODE STREQUAL "bad_input")
                  --tokens 1048576 --shared none --expect "${WORK}/none")
   # A save never mixes two runs' files.
   expect_refused("already holds files" run ${small} --save "${WORK}/bwd")
+  # ... nor writes into the save it loads from (a rank<r>/ there made it another problem's).
+  expect_refused("option --save ${WORK}/bwd/rank2: is inside --load's directory ${WORK}/bwd"
+                 run --backend cpu --load "${WORK}/bwd" --pass forward --save "${WORK}/bwd/rank2")
+  if(EXISTS "${WORK}/bwd/rank2")
+    message(FATAL_ERROR "--save inside --load: the directory was made before the refusal")
+  endif()
+  # A directory option given a file, or nothing, says which.
+  expect_refused("--load ${WORK}/bwd/problem.json: not a directory"
+                 run --backend cpu --load "${WORK}/bwd/problem.json")
+  expect_refused("--load ${WORK}/none: no such directory" run --backend cpu --load "${WORK}/none")
+  expect_refused("option --expect ${WORK}/bwd/problem.json: not a directory"
+                 run ${small} --backend cpu --expect "${WORK}/bwd/problem.json")
+  # A file --load reads that is cut short is named with the option, as its other errors are.
+  file(COPY "${WORK}/bwd/" DESTINATION "${WORK}/cut")
+  execute_process(COMMAND head -c 200 "${WORK}/bwd/rank0/w_up.npy" OUTPUT_FILE "${WORK}/cut/rank0/w_up.npy")
+  expect_refused("--load ${WORK}/cut: npy file '${WORK}/cut/rank0/w_up.npy': holds"
+                 run --backend cpu --load "${WORK}/cut" --pass forward)
   # A problem.json that does not describe its files is reported before allocating its sizes.
   file(READ "${WORK}/bwd/problem.json" pj)
   string(REGEX REPLACE "\"tokens_per_rank\": [0-9]+" "\"tokens_per_rank\": 20000000" pj "${pj}")
@@ -297,6 +320,14 @@ elseif(MODE STREQUAL "bad_input")
     message(FATAL_ERROR "mok --help must list the commands:\n${so}")
   endif()
   expect_refused("-n N (the number of ranks) is required" launch -- true)
+  expect_refused("mok help: takes no arguments, got 'extra'" help extra)
+  # The cpu backend's refusal of a group comes first, not the environment's "start it with
+  # mok launch" (after which the same run is refused for the backend).
+  expect_refused("LayerOptions.ep_mode = distributed: the cpu backend holds every rank"
+                 run ${small} --backend cpu --ep-mode distributed)
+  # --threads sizes the CPU reference, which the cuda backend runs only with --check.
+  expect_refused("option --threads: sizes the CPU reference's thread pool, which --backend cuda runs only with --check"
+                 run ${small} --backend cuda --threads 2)
   # A clamp the layer's float cannot hold is refused as written.
   expect_refused("option --swiglu-limit: 1e-50 is out of range [1.1754943508222875e-38, 3.4028234663852886e+38]"
                  run --shape tiny --swiglu-limit 1e-50)

@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <string_view>
 #include <vector>
 
 #include "core/numbers.h"
@@ -276,6 +277,15 @@ void save_layer_data(const std::string& dir, const LayerData& data) {
   }
 }
 
+void require_directory(const std::string& dir, const std::string& context) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  if (st.type() == fs::file_type::not_found) throw Error(context + ": no such directory");
+  if (ec) throw Error(context + ": cannot be read: " + ec.message());
+  if (st.type() != fs::file_type::directory)
+    throw Error(context + ": not a directory (a --save writes a directory: problem.json and rank<r>/)");
+}
+
 std::optional<Problem> read_problem_json(const std::string& dir, const std::string& context) {
   const fs::path pj = fs::path(dir) / "problem.json";
   if (!npy::regular_file_at(pj.string(), context)) return std::nullopt;
@@ -283,12 +293,19 @@ std::optional<Problem> read_problem_json(const std::string& dir, const std::stri
   if (!in) throw Error(context + ": " + pj.string() + " cannot be read (permissions?)");
   std::stringstream text;
   text << in.rdbuf();
-  return problem_from_json(text.str(), pj.string());
+  try {
+    return problem_from_json(text.str(), pj.string());
+  } catch (const Error& e) {
+    throw Error(context + ": " + e.what());
+  }
 }
 
-LayerData load_layer_data(const std::string& dir, const bool with_backward,
-                          const std::function<std::uint64_t(const Problem&)>& extra_host_bytes) {
-  const std::string context = "--load " + dir;
+namespace {
+
+LayerData load_layer_data_named_by_caller(const std::string& dir, const bool with_backward,
+                                          const std::function<std::uint64_t(const Problem&)>& extra_host_bytes,
+                                          const std::string& context) {
+  require_directory(dir, context);
   const std::optional<Problem> problem = read_problem_json(dir, context);
   if (!problem)
     throw Error(context + ": no problem.json in that directory (a --save writes it last: one cut short leaves none)");
@@ -395,6 +412,20 @@ LayerData load_layer_data(const std::string& dir, const bool with_backward,
   }
   data.poison_outputs();
   return data;
+}
+
+}  // namespace
+
+LayerData load_layer_data(const std::string& dir, const bool with_backward,
+                          const std::function<std::uint64_t(const Problem&)>& extra_host_bytes) {
+  const std::string context = "--load " + dir;
+  try {
+    return load_layer_data_named_by_caller(dir, with_backward, extra_host_bytes, context);
+  } catch (const Error& e) {
+    // Every error names the option: the npy reader's and the routing's name only the file.
+    if (std::string_view(e.what()).starts_with(context)) throw;
+    throw Error(context + ": " + e.what());
+  }
 }
 
 }  // namespace mok::io

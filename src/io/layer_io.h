@@ -19,6 +19,8 @@ namespace mok::io {
 std::string problem_to_json(const Problem& problem);
 // Throws mok::Error naming the file and the key when malformed.
 Problem problem_from_json(const std::string& text, const std::string& source);
+// A mok::Error starting with `context` unless `dir` is a directory (none there, or a file).
+void require_directory(const std::string& dir, const std::string& context);
 // DIR/problem.json's problem, or nothing when there is none; an unreadable or malformed one is
 // a mok::Error starting with `context`.
 std::optional<Problem> read_problem_json(const std::string& dir, const std::string& context);
@@ -32,7 +34,8 @@ void save_layer_data(const std::string& dir, const LayerData& data);
 // dy when present); outputs are allocated and poisoned. Each file's shape and dtype are
 // checked against the problem; routing is validated. Before any tensor is read, the host
 // memory the data takes plus `extra_host_bytes(problem)` (what the caller will hold beside it:
-// the CPU reference's slots and work, say) is checked against what the host has.
+// the CPU reference's slots and work, say) is checked against what the host has. Every
+// mok::Error it throws starts with "--load DIR".
 LayerData load_layer_data(const std::string& dir, bool with_backward,
                           const std::function<std::uint64_t(const Problem&)>& extra_host_bytes = {});
 

@@ -208,19 +208,19 @@ int bench_command(const std::vector<std::string>& argv) {
       naming_option("routing", routing_given, [&] { return RoutingSpec::parse(routing_given); });
   const std::string ep_mode = args.take_or("ep-mode", "auto");
   if (ep_mode != "all" && ep_mode != "slice" && ep_mode != "distributed" && ep_mode != "auto")
-    throw Error("option --ep-mode: must be all, slice or distributed, got '" + ep_mode + "'");
+    throw Error("option --ep-mode: must be auto, all, slice or distributed, got '" + ep_mode + "'");
   const auto active_text = args.take("active-rank");
   const auto exchange_timeout = args.take_double("exchange-timeout", {0, 1e7, true, false, "seconds"});
   const bool exchange_timeout_given = exchange_timeout.has_value();
   const double exchange_timeout_s = exchange_timeout.value_or(900);
   Config config;
-  if (auto v = args.take_int("comm-sms")) config.forward_comm_sms = static_cast<int>(*v);
-  if (auto v = args.take_int("band")) config.task_band_tiles = static_cast<int>(*v);
+  if (auto v = args.take_int("comm-sms", 0)) config.forward_comm_sms = static_cast<int>(*v);
+  if (auto v = args.take_int("band", 0)) config.task_band_tiles = static_cast<int>(*v);
   if (args.take_flag("pairs")) config.task_pairs = true;
   const bool peer_inputs = !args.take_flag("no-peer-inputs");
   if (auto v = args.take_double("capacity", kCapacityRange)) config.schedule_capacity_factor = *v;
-  if (auto v = args.take_int("minibatch")) config.minibatch_rows = static_cast<int>(*v);
-  if (auto v = args.take_int("macrobatch")) config.macrobatch_rows = static_cast<int>(*v);
+  if (auto v = args.take_int("minibatch", 1)) config.minibatch_rows = static_cast<int>(*v);
+  if (auto v = args.take_int("macrobatch", 1)) config.macrobatch_rows = static_cast<int>(*v);
   ProblemArgs pa = parse_problem(args, "qwen3.5-397b-a17b", true);
   args.finish();
   const Problem& p = pa.problem;

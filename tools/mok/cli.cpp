@@ -67,11 +67,23 @@ std::string Args::take_or(const std::string& name, const std::string& fallback) 
   return v ? *v : fallback;
 }
 
-std::optional<int> Args::take_int(const std::string& name) {
+std::optional<int> Args::take_int(const std::string& name, int lo) {
   auto v = take(name);
   if (!v) return std::nullopt;
-  return static_cast<int>(parse_integer(*v, std::numeric_limits<int>::min(), std::numeric_limits<int>::max(),
-                                        "option --" + name));
+  // A value an int holds is the caller's to judge (its rules name the option's field); one
+  // beyond is refused here with the option's own least value.
+  const long long n = parse_integer(*v, std::numeric_limits<long long>::min(), std::numeric_limits<long long>::max(),
+                                    "option --" + name);
+  if (n < std::numeric_limits<int>::min() || n > std::numeric_limits<int>::max())
+    return static_cast<int>(parse_integer(*v, lo, std::numeric_limits<int>::max(), "option --" + name));
+  return static_cast<int>(n);
+}
+
+std::optional<long long> Args::take_whole(const std::string& name) {
+  auto v = take(name);
+  if (!v) return std::nullopt;
+  return parse_integer(*v, std::numeric_limits<long long>::min(), std::numeric_limits<long long>::max(),
+                       "option --" + name);
 }
 
 std::optional<std::uint64_t> Args::take_seed(const std::string& name) {
@@ -113,8 +125,8 @@ Repetitions take_repetitions(Args& args, Backend backend, int default_warmup, in
   const bool on_cpu = backend == Backend::cpu;
   const int max = on_cpu ? kMaxCpuRepetitions : kMaxRepetitions;
   auto take = [&](const char* name, int lo, int fallback) {
-    const int n = args.take_int(name).value_or(fallback);
-    if (n >= lo && n <= max) return n;
+    const long long n = args.take_whole(name).value_or(fallback);
+    if (n >= lo && n <= max) return static_cast<int>(n);
     std::string message = std::string("option --") + name + ": must be in [" + std::to_string(lo) + ", " +
                           std::to_string(max) + "] on the " + to_string(backend) + " backend, got " +
                           std::to_string(n);
@@ -193,7 +205,7 @@ ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool /*g
   Problem& p = out.problem;
   if (explicit_sizes) {
     auto need = [&](const char* name) {
-      auto v = args.take_int(name);
+      auto v = args.take_int(name, 1);
       if (!v) throw Error(std::string("option --") + name + ": needed with explicit sizes");
       return static_cast<int>(*v);
     };
@@ -201,14 +213,14 @@ ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool /*g
     p.hidden = need("hidden");
     p.intermediate = need("intermediate");
     p.top_k = need("topk");
-    p.ep_size = static_cast<int>(args.take_int("ep").value_or(1));
-    p.tokens_per_rank = static_cast<int>(args.take_int("tokens").value_or(256));
+    p.ep_size = static_cast<int>(args.take_int("ep", 1).value_or(1));
+    p.tokens_per_rank = static_cast<int>(args.take_int("tokens", 1).value_or(256));
   } else {
     out.shape_name = shape ? *shape : default_shape;
     const NamedShape& s = naming_option("shape", out.shape_name,
                                         [&]() -> const NamedShape& { return find_shape(out.shape_name); });
-    p = problem_from_shape(s, static_cast<int>(args.take_int("ep").value_or(s.default_ep_size)),
-                           static_cast<int>(args.take_int("tokens").value_or(s.default_tokens)));
+    p = problem_from_shape(s, static_cast<int>(args.take_int("ep", 1).value_or(s.default_ep_size)),
+                           static_cast<int>(args.take_int("tokens", 1).value_or(s.default_tokens)));
   }
   if (auto shared = args.take("shared")) {
     p.shared_intermediate.clear();
@@ -217,7 +229,7 @@ ProblemArgs parse_problem(Args& args, const std::string& default_shape, bool /*g
       // never silently dropped.
       for (const std::string& item : split_fields(*shared, ','))
         p.shared_intermediate.push_back(static_cast<int>(
-            parse_integer(item, 0, std::numeric_limits<int>::max(), "option --shared (a comma list or 'none')")));
+            parse_integer(item, 1, std::numeric_limits<int>::max(), "option --shared (a comma list or 'none')")));
     }
   }
   const std::string dtype = args.take_or("dtype", "bf16");

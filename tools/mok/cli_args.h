@@ -1,6 +1,7 @@
 // mok CLI: argument parsing shared by the subcommands.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <span>
@@ -29,7 +30,11 @@ class Args {
   Args(const std::vector<std::string>& argv, const std::vector<std::string>& flags);
   std::optional<std::string> take(const std::string& name);
   std::string take_or(const std::string& name, const std::string& fallback);
-  std::optional<int> take_int(const std::string& name);        // a whole integer that fits an int
+  // A whole integer that fits an int; one beyond int's range is refused as outside
+  // [lo, INT_MAX] (lo: the option's least value, so the message states the option's bound).
+  std::optional<int> take_int(const std::string& name, int lo = std::numeric_limits<int>::min());
+  // Any whole integer of 64 bits, for a caller that states the option's range itself.
+  std::optional<long long> take_whole(const std::string& name);
   std::optional<std::uint64_t> take_seed(const std::string& name);  // a whole integer >= 0
   // A number, read whole, in `accepted`; one outside it, not finite, or past what a double
   // holds (1e400; 1e-310, below its smallest normal) is refused naming the option, the value

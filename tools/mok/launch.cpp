@@ -444,11 +444,11 @@ int launch_command(const std::vector<std::string>& argv) {
     }
     return Error(m);
   };
-  std::optional<int> given_n;
+  std::optional<long long> given_n;
   double timeout_s = 0, grace_s = 10, peer_grace_s = 10;
   try {
     Args args(opts, {});
-    given_n = args.take_int("n");
+    given_n = args.take_whole("n");
     // (At most 1e7 s, about 116 days: a deadline that far fits the clock.)
     const NumberRange timeout_range{0, 1e7, false, false, "seconds (0 = none)"};
     const NumberRange grace_range{0, 1e7, false, false,

@@ -37,6 +37,8 @@ int main(int argc, char** argv) {
     else if (command == "bench") rc = mok::cli::bench_command(args);
     else if (command == "launch") rc = mok::cli::launch_command(args);
     else if (command == "help") {
+      if (!args.empty())
+        throw mok::Error("mok help: takes no arguments, got '" + args[0] + "' (a command's options: mok <command> --help)");
       std::fputs(kHelp, stdout);
       rc = 0;
     } else if (command == "version") {

@@ -50,15 +50,16 @@ routing and data:
                           with ranks beyond this run's, is refused)
 execution:
   --backend cpu|cuda      default: cuda when a GPU is present, else cpu
-  --ep-mode all|slice|distributed
+  --ep-mode auto|all|slice|distributed
                           all ranks here, one rank's slice (cuda; the default there for EP > 8),
-                          or this process's rank of a real group (cuda; start with mok launch)
+                          or this process's rank of a real group (cuda; start with mok launch);
+                          auto (the default): slice on cuda for EP > 8, else all
   --active-rank R|busiest the rank a slice runs (default busiest: the rank with the most rows)
   --pass forward|backward|both   default: both on cpu, forward on cuda (its only pass yet)
   --check                 compare with the CPU reference (MoK's tolerances)
   --iters N --warmup N    timed repetitions (default 1 and 0 on cpu, 20 and 5 on cuda; at most
                           10000 each on cpu, whose passes take up to seconds, 1000000 on cuda)
-  --threads N             CPU threads (default: all cores)
+  --threads N             CPU threads (default: all cores; on cuda, for --check's reference only)
   --capacity F --minibatch N --macrobatch N --comm-sms N --tile-rows N --band N   config
   --pairs                 compute SMs in 2-CTA clusters sharing weight tiles (experimental)
 )";
@@ -142,22 +143,28 @@ int run_command(const std::vector<std::string>& argv) {
   // With no --ep-mode, a large EP group on the GPU runs as one rank's slice.
   const std::string ep_mode = args.take_or("ep-mode", "auto");
   if (ep_mode != "all" && ep_mode != "slice" && ep_mode != "distributed" && ep_mode != "auto")
-    throw Error("option --ep-mode: must be all, slice or distributed, got '" + ep_mode + "'");
+    throw Error("option --ep-mode: must be auto, all, slice or distributed, got '" + ep_mode + "'");
   options.ep_mode = ep_mode == "slice"         ? EpMode::rank_slice
                     : ep_mode == "distributed" ? EpMode::distributed
                                                : EpMode::all_ranks;
   // Distributed: this process is one rank of the group its launcher started.
   int my_rank = -1, group_size = 0;
-  if (options.ep_mode == EpMode::distributed) {
+  // (The cpu backend refuses a group: LayerOptions::validate below says so, before the
+  // environment's complaint that this process is not in one would send the user to mok launch.)
+  if (options.ep_mode == EpMode::distributed && options.backend == Backend::cuda) {
     const auto env = comm::GroupEnvironment::from_environment();
     my_rank = env.rank;
     group_size = env.world_size;
-    // The group's device for this process (the data goes there too); the cpu backend refuses
-    // a group (LayerOptions::validate, below).
-    if (options.backend == Backend::cuda) options.cuda_device = env.cuda_device(cuda_device_count());
+    // The group's device for this process (the data goes there too).
+    options.cuda_device = env.cuda_device(cuda_device_count());
   }
   const auto active_rank_text = args.take("active-rank");
-  options.cpu_threads = static_cast<int>(args.take_int("threads").value_or(0));
+  // On the cuda backend only --check's CPU reference reads --threads: without it, refused
+  // rather than accepted and ignored (before the options' own rules, which need a GPU there).
+  if (args.has("threads") && options.backend == Backend::cuda && !args.has("check"))
+    throw Error("option --threads: sizes the CPU reference's thread pool, which --backend cuda runs only with "
+                "--check");
+  options.cpu_threads = static_cast<int>(args.take_int("threads", 0).value_or(0));
   // (Before any work or file: the Layer checks them again, with the active rank's bound.)
   naming_options([&] { options.validate(); });
   const bool on_cuda = options.backend == Backend::cuda;
@@ -180,11 +187,11 @@ int run_command(const std::vector<std::string>& argv) {
       if (!cuda_only_tuning && args.has(n)) cuda_only_tuning = n;
   Config config;
   if (auto v = args.take_double("capacity", kCapacityRange)) config.schedule_capacity_factor = *v;
-  if (auto v = args.take_int("minibatch")) config.minibatch_rows = static_cast<int>(*v);
-  if (auto v = args.take_int("macrobatch")) config.macrobatch_rows = static_cast<int>(*v);
-  if (auto v = args.take_int("comm-sms")) config.forward_comm_sms = config.backward_comm_sms = static_cast<int>(*v);
-  if (auto v = args.take_int("tile-rows")) config.tile_rows = static_cast<int>(*v);
-  if (auto v = args.take_int("band")) config.task_band_tiles = static_cast<int>(*v);
+  if (auto v = args.take_int("minibatch", 1)) config.minibatch_rows = static_cast<int>(*v);
+  if (auto v = args.take_int("macrobatch", 1)) config.macrobatch_rows = static_cast<int>(*v);
+  if (auto v = args.take_int("comm-sms", 0)) config.forward_comm_sms = config.backward_comm_sms = static_cast<int>(*v);
+  if (auto v = args.take_int("tile-rows", 1)) config.tile_rows = static_cast<int>(*v);
+  if (auto v = args.take_int("band", 0)) config.task_band_tiles = static_cast<int>(*v);
   if (args.take_flag("pairs")) config.task_pairs = true;
   naming_options([&] { config.validate(); });  // (before any work or file: the Layer checks it again)
   // Tuning that only the cuda backend reads is refused on the cpu backend rather than printed
@@ -192,6 +199,19 @@ int run_command(const std::vector<std::string>& argv) {
   if (cuda_only_tuning)
     throw Error(std::string("option --") + cuda_only_tuning + ": tunes the cuda backend; the cpu backend does not read it");
 
+  // A save inside the directory a run loads from would change that save (a rank<r>/ or
+  // stray files there make it another problem's, or unloadable).
+  if (load_dir && save_dir) {
+    std::error_code ec1, ec2;
+    const auto from = std::filesystem::weakly_canonical(*load_dir, ec1);
+    const auto to = std::filesystem::weakly_canonical(*save_dir, ec2);
+    if (!ec1 && !ec2) {
+      const auto rel = to.lexically_relative(from);
+      if (!rel.empty() && *rel.begin() != "..")
+        throw Error("option --save " + *save_dir + ": is inside --load's directory " + *load_dir +
+                    ", whose files a save there would change: save somewhere else");
+    }
+  }
   // The save directory is claimed before any work: a run never mixes its tensors with an
   // earlier run's files, and an unwritable path is found before the results exist.
   // (A group's rank saves its own y in rank<r>/.)
@@ -251,6 +271,7 @@ int run_command(const std::vector<std::string>& argv) {
       require_host_memory(expect_bytes, "option --expect " + *expect_dir + " (every computed rank's y)");
       // A directory from another problem is refused, not compared in part: its problem.json,
       // when there, must be this run's, and it holds no rank beyond this run's.
+      io::require_directory(*expect_dir, "option --expect " + *expect_dir);
       const auto theirs = io::read_problem_json(*expect_dir, "option --expect " + *expect_dir);
       if (theirs && theirs->describe() != problem.describe())
         throw Error("option --expect " + *expect_dir + ": its problem.json is " + theirs->describe() +
