@@ -523,6 +523,63 @@ class Errors(SeededTest):
         with self.assertRaisesRegex(mok.MokError, "ep_size = -5: must be >= 0"):
             mok.Problem.from_shape("tiny", ep_size=-5)
 
+    def _in_a_child(self, code):
+        """Runs `code` in a fresh Python that imports this mok (the same sys.path) and returns
+        the finished process: each case may hang, crash or exhaust memory without this one."""
+        import subprocess
+        prelude = f"import sys; sys.path[:0] = {sys.path[:3]!r}; import numpy as np, mok\n"
+        return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=120)
+
+    def test_a_layer_used_in_a_forked_child_runs_there(self):
+        """multiprocessing forks by default on Linux: the CPU backend's threads stay in the parent,
+        and the children's calls (and their exits, which destroy the layer) used to wait for them
+        for ever."""
+        r = self._in_a_child(
+            "import multiprocessing as mp\n"
+            "p = mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=2, shared_intermediate=[64],\n"
+            "                ep_size=2, tokens_per_rank=16)\n"
+            "rng = np.random.default_rng(5)\n"
+            "bits = lambda *s: (rng.normal(0, 0.1, s).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)\n"
+            "ranks = [dict(x=bits(16, 128), top_experts=np.stack([rng.permutation(8)[:2] for _ in range(16)])\n"
+            "              .astype(np.int32), router_weights=rng.random((16, 2), np.float32),\n"
+            "              w_gate=bits(4, 64, 128), w_up=bits(4, 64, 128), w_down=bits(4, 128, 64),\n"
+            "              shared=[(bits(64, 128), bits(64, 128), bits(128, 64))],\n"
+            "              y=np.zeros((16, 128), np.uint16)) for _ in range(2)]\n"
+            "layer = mok.Layer(p, cpu_threads=3)\n"
+            "layer.forward(ranks)\n"
+            "want = [r['y'].copy() for r in ranks]\n"
+            "def child(_):\n"
+            "    mine = [dict(r, y=np.full_like(r['y'], 0xFFFF)) for r in ranks]\n"
+            "    layer.forward(mine)\n"
+            "    return all(np.array_equal(m['y'], w) for m, w in zip(mine, want))\n"
+            "with mp.get_context('fork').Pool(2) as pool:\n"
+            "    print('children', pool.map(child, range(4), chunksize=1))\n")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("children [True, True, True, True]", r.stdout)
+
+    def test_running_out_of_host_memory_is_named(self):
+        """std::bad_alloc's own text names nothing: the error says what ran out."""
+        r = self._in_a_child(
+            "import resource\n"
+            "p = mok.Problem(num_experts=256, hidden=1024, intermediate=64, top_k=200, shared_intermediate=[],\n"
+            "                ep_size=1, tokens_per_rank=4096)\n"
+            "ranks = [dict(x=np.zeros((4096, 1024), np.uint16),\n"
+            "              top_experts=np.tile(np.arange(200, dtype=np.int32), (4096, 1)),\n"
+            "              router_weights=np.full((4096, 200), 0.005, np.float32),\n"
+            "              w_gate=np.zeros((256, 64, 1024), np.uint16), w_up=np.zeros((256, 64, 1024), np.uint16),\n"
+            "              w_down=np.zeros((256, 1024, 64), np.uint16), y=np.zeros((4096, 1024), np.uint16))]\n"
+            "layer = mok.Layer(p, cpu_threads=1)\n"
+            "size = int(next(l for l in open('/proc/self/status') if l.startswith('VmSize')).split()[1]) * 1024\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (size + (1 << 30), resource.RLIM_INFINITY))\n"
+            "try:\n"
+            "    layer.forward(ranks)\n"
+            "except mok.MokError as e:\n"
+            "    print('refused:', e)\n"
+            "print('y untouched:', not ranks[0]['y'].any())\n")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("refused: out of host memory (std::bad_alloc)", r.stdout)
+        self.assertIn("y untouched: True", r.stdout)
+
     def test_calls_from_several_threads_run_one_at_a_time(self):
         """ctypes releases the GIL during a call: threads calling one layer overlapped in the
         library (they hung in the CPU backend's thread pool, or gave a wrong y)."""

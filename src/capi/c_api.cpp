@@ -5,6 +5,7 @@
 
 #include <exception>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,11 @@ int guarded(Body&& body) noexcept {
   } catch (const mok::PeerWaitError& e) {
     set_last_error(e.what());
     return MOK_PEER_WAIT_ERROR;
+  } catch (const std::bad_alloc&) {  // (what() is only "std::bad_alloc": say what ran out)
+    set_last_error("out of host memory (std::bad_alloc): this call's host allocations (the CPU backend's slots "
+                   "and work, a problem's tensors) need more than the process may allocate; a smaller problem "
+                   "or fewer tokens per rank needs less");
+    return MOK_ERROR;
   } catch (const std::exception& e) {
     set_last_error(e.what());
     return MOK_ERROR;
