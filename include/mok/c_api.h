@@ -142,7 +142,9 @@ int mok_layer_synchronize(mok_layer* layer);
 /* mok::Layer::combine_slots: rank `rank`'s combine slots, bf16 [T*k, H], in the layer's
  * memory; a rank slice's other ranks' rows are written here. On either backend the memory
  * lasts as long as the layer (on the cpu backend, from its first forward on). Each forward
- * rewrites it, so a forward refuses it, or any part of it, as an argument. */
+ * rewrites it, so a forward refuses it, or any part of it, as an argument. On the cpu
+ * backend, after a forward that failed part way (out of host memory) it is an error until a
+ * forward succeeds (the slots hold part of that forward's rows). */
 int mok_layer_combine_slots(const mok_layer* layer, int32_t rank, mok_tensor* slots);
 /* The config the layer runs with, the library's choices filled in. */
 int mok_layer_config(const mok_layer* layer, mok_config* config);

@@ -31,7 +31,9 @@
 // the device: y is NaN and Layer::synchronize throws the error. The error stays recorded
 // until that synchronize reports it: forwards queued or made after it, CUDA graph replays
 // included, skip their routed work and give NaN too, whatever their inputs (synchronize
-// before relying on a forward after a failed one).
+// before relying on a forward after a failed one). A call that throws once its work has
+// started (the host out of memory part way, on the CPU backend) may have written part of its
+// outputs: they are not the call's results, and the error says so by being raised.
 //
 // Threads: calls on one Layer from several threads run one at a time (each waits for the one
 // in progress; abandon_group too, so it cannot interrupt a call: the group's wait limits do).
@@ -207,6 +209,8 @@ class Layer {
   // (where the slots other ranks would write are filled in advance). The view is the layer's
   // own memory, valid for the Layer's life (on the cpu backend, from its first forward on);
   // each forward rewrites it, so a forward refuses it, or any part of it, as an argument.
+  // On the cpu backend, after a forward that threw part way (out of memory), this throws
+  // until a forward succeeds: the slots then hold part of that forward's rows.
   TensorView combine_slots(int rank) const;
 
   struct Impl;

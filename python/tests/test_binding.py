@@ -580,6 +580,44 @@ class Errors(SeededTest):
         self.assertIn("refused: out of host memory (std::bad_alloc)", r.stdout)
         self.assertIn("y untouched: True", r.stdout)
 
+    def test_slots_are_not_offered_after_a_forward_that_failed_part_way(self):
+        """The CPU backend writes the combine slots in place: a forward that ran out of host
+        memory part way left them part written, and combine_slots handed them out as whole."""
+        r = self._in_a_child(
+            "import resource\n"
+            "p = mok.Problem(num_experts=4, hidden=1024, intermediate=64, top_k=2, shared_intermediate=[],\n"
+            "                ep_size=2, tokens_per_rank=4096)\n"
+            "rng = np.random.default_rng(3)\n"
+            "ranks = [dict(x=np.full((4096, 1024), 0x3f80, np.uint16),\n"
+            "              top_experts=np.stack([rng.permutation(4)[:2] for _ in range(4096)]).astype(np.int32),\n"
+            "              router_weights=np.full((4096, 2), 0.5, np.float32),\n"
+            "              w_gate=np.full((2, 64, 1024), 0x3c00, np.uint16), w_up=np.full((2, 64, 1024), 0x3c00, np.uint16),\n"
+            "              w_down=np.full((2, 1024, 64), 0x3c00, np.uint16), y=np.zeros((4096, 1024), np.uint16))\n"
+            "         for _ in range(2)]\n"
+            "layer = mok.Layer(p, cpu_threads=1)\n"
+            "layer.forward(ranks)\n"
+            "print('slots before:', layer.combine_slots(0).any())\n"
+            "size = int(next(l for l in open('/proc/self/status') if l.startswith('VmSize')).split()[1]) * 1024\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (size + (4 << 20), resource.RLIM_INFINITY))\n"
+            "try:\n"
+            "    layer.forward(ranks)\n"
+            "    print('forward ran')\n"
+            "except mok.MokError as e:\n"
+            "    print('forward refused:', e)\n"
+            "try:\n"
+            "    layer.combine_slots(0)\n"
+            "    print('slots offered')\n"
+            "except mok.MokError as e:\n"
+            "    print('slots refused:', e)\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))\n"
+            "layer.forward(ranks)\n"
+            "print('slots after:', layer.combine_slots(0).any())\n")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("slots before: True", r.stdout)
+        self.assertIn("forward refused: out of host memory", r.stdout)
+        self.assertIn("slots refused: combine_slots: the latest forward failed part way", r.stdout)
+        self.assertIn("slots after: True", r.stdout)
+
     def test_calls_from_several_threads_run_one_at_a_time(self):
         """ctypes releases the GIL during a call: threads calling one layer overlapped in the
         library (they hung in the CPU backend's thread pool, or gave a wrong y)."""

@@ -17,7 +17,7 @@ class CpuBackend final : public BackendImpl {
 
   void forward(std::span<const RankForward> ranks) override {
     std::vector<TensorView> slots;
-    for (int r = 0; r < static_cast<int>(combine_.size()); ++r) slots.push_back(combine_slots(r));
+    for (int r = 0; r < static_cast<int>(combine_.size()); ++r) slots.push_back(slots_view(r));
     check_forward_args(problem_, {}, ranks, Device::cpu, std::nullopt, 0, slots);
     std::vector<RankInputs> inputs;
     for (int r = 0; r < problem_.ep_size; ++r) {
@@ -27,8 +27,11 @@ class CpuBackend final : public BackendImpl {
     }
     const auto scheds = schedule(inputs);
     // (In place after the first forward: a combine_slots() view stays valid for the layer's
-    // life, as on the cuda backend, showing the latest forward's slots.)
+    // life, as on the cuda backend, showing the latest forward's slots.) A forward that throws
+    // part way (out of host memory) leaves them part written: not offered as whole after it.
+    slots_whole_ = false;
     ref::forward(problem_, pool_, ranks, scheds, &combine_);
+    slots_whole_ = true;
   }
 
   void backward(std::span<const RankBackward> ranks) override {
@@ -46,9 +49,9 @@ class CpuBackend final : public BackendImpl {
 
   TensorView combine_slots(int rank) const override {
     require(!combine_.empty(), "combine_slots: no forward has run yet");
-    auto& buf = const_cast<ref::SlotBuffer&>(combine_[rank]);
-    return TensorView::contiguous(buf.data(), DType::bf16,
-                                  {std::int64_t(problem_.tokens_per_rank) * problem_.top_k, problem_.hidden});
+    require(slots_whole_, "combine_slots: the latest forward failed part way (its call raised the error), so the "
+                          "slots hold part of its rows; they are whole again after a forward that succeeds");
+    return slots_view(rank);
   }
 
   std::size_t workspace_bytes() const override {
@@ -62,6 +65,12 @@ class CpuBackend final : public BackendImpl {
   std::vector<std::vector<ScheduleRow>> last_schedules() const override { return schedules_; }
 
  private:
+  TensorView slots_view(int rank) const {
+    auto& buf = const_cast<ref::SlotBuffer&>(combine_[rank]);
+    return TensorView::contiguous(buf.data(), DType::bf16,
+                                  {std::int64_t(problem_.tokens_per_rank) * problem_.top_k, problem_.hidden});
+  }
+
   // Builds every rank's schedule and records its statistics.
   std::vector<RankSchedule> schedule(const std::vector<RankInputs>& inputs) {
     auto scheds = ref::build_all_schedules(problem_, config_, inputs);
@@ -77,6 +86,7 @@ class CpuBackend final : public BackendImpl {
   Config config_;
   ref::ThreadPool pool_;
   std::vector<ref::SlotBuffer> combine_;
+  bool slots_whole_ = true;  // false while a forward writes them, and after one that threw
   std::vector<ScheduleStats> stats_;
   std::vector<std::vector<ScheduleRow>> schedules_;
 };
