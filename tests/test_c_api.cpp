@@ -156,6 +156,13 @@ TEST(CApi, FailuresAreStatusesWithTheLayersMessage) {
   fwd[0].x.dtype = 42;
   EXPECT_EQ(mok_layer_forward(layer, fwd.data(), 2), MOK_ERROR);
   EXPECT_THAT(mok_last_error(), HasSubstr("ranks[0].x.dtype = 42"));
+  // A cpu tensor has no device index: one given is refused, not ignored.
+  fwd = c_forward(data.forward_args());
+  fwd[1].w_up.device_index = 7;
+  EXPECT_EQ(mok_layer_forward(layer, fwd.data(), 2), MOK_ERROR);
+  EXPECT_THAT(mok_last_error(), HasSubstr("ranks[1].w_up.device_index = 7: must be 0 for a cpu tensor"));
+  fwd = c_forward(data.forward_args());
+  fwd[0].x.dtype = 42;
   EXPECT_EQ(mok_layer_forward(layer, fwd.data(), 0), MOK_ERROR);
   EXPECT_THAT(mok_last_error(), HasSubstr("num_ranks = 0"));
   // A count beyond the layer's is refused before the array is read (these entries past the

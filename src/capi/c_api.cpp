@@ -124,6 +124,9 @@ mok::TensorView view(const mok_tensor& t, const std::string& name) {
   v.dtype = checked_enum<mok::DType>(t.dtype, MOK_E8M0 + 1, name + ".dtype");
   v.device = checked_enum<mok::Device>(t.device, MOK_CUDA + 1, name + ".device");
   mok::require(t.device_index >= 0, name + ".device_index = " + std::to_string(t.device_index) + ": must be >= 0");
+  // (A cpu tensor has no device index: any other value would be accepted and ignored.)
+  mok::require(v.device == mok::Device::cuda || t.device_index == 0,
+               name + ".device_index = " + std::to_string(t.device_index) + ": must be 0 for a cpu tensor");
   v.device_index = t.device_index;
   mok::require(t.ndim >= 0 && t.ndim <= MOK_C_MAX_DIMS,
                name + ".ndim = " + std::to_string(t.ndim) + ": must be in [0, " + std::to_string(MOK_C_MAX_DIMS) + "]");
