@@ -156,6 +156,11 @@ TEST(CApi, FailuresAreStatusesWithTheLayersMessage) {
   fwd[0].x.dtype = 42;
   EXPECT_EQ(mok_layer_forward(layer, fwd.data(), 2), MOK_ERROR);
   EXPECT_THAT(mok_last_error(), HasSubstr("ranks[0].x.dtype = 42"));
+  // A rank's shared-expert count, named by its C field.
+  fwd = c_forward(data.forward_args());
+  fwd[1].num_shared = 2;
+  EXPECT_EQ(mok_layer_forward(layer, fwd.data(), 2), MOK_ERROR);
+  EXPECT_THAT(mok_last_error(), HasSubstr("ranks[1].num_shared = 2: the layer's problem has 0 shared expert(s)"));
   // A cpu tensor has no device index: one given is refused, not ignored.
   fwd = c_forward(data.forward_args());
   fwd[1].w_up.device_index = 7;
@@ -170,6 +175,7 @@ TEST(CApi, FailuresAreStatusesWithTheLayersMessage) {
   for (const int32_t n : {3, INT32_MAX}) {
     EXPECT_EQ(mok_layer_forward(layer, fwd.data(), n), MOK_ERROR);
     EXPECT_THAT(mok_last_error(), HasSubstr("entries given; the layer needs one per rank"));
+    EXPECT_THAT(mok_last_error(), HasSubstr("num_ranks = " + std::to_string(n) + ": "));
   }
   EXPECT_EQ(mok_layer_forward(nullptr, fwd.data(), 2), MOK_ERROR);
   EXPECT_EQ(mok_layer_synchronize(nullptr), MOK_ERROR);

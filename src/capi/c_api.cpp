@@ -215,8 +215,20 @@ void config_to(const mok::Config& config, mok_config* c) {
 // array shorter than a wrong count would be read past its end).
 int32_t rank_count(const mok::Layer& layer, int32_t n) {
   mok::require(n >= 1, "num_ranks = " + std::to_string(n) + ": must be >= 1");
-  mok::check_rank_count(layer.problem(), layer.options(), static_cast<std::size_t>(n));
+  try {
+    mok::check_rank_count(layer.problem(), layer.options(), static_cast<std::size_t>(n));
+  } catch (const mok::Error& e) {  // (named as the C caller gave it)
+    throw mok::Error("num_ranks = " + std::to_string(n) + ": " + e.what());
+  }
   return n;
+}
+
+// A rank's num_shared, by the C field's name (the layer's own check names its C++ arguments).
+template <typename CRank>
+void check_num_shared(const mok::Layer& layer, const CRank& a, const std::string& n) {
+  const int want = layer.problem().num_shared();
+  mok::require(a.num_shared == want, n + ".num_shared = " + std::to_string(a.num_shared) + ": the layer's problem has " +
+                                         std::to_string(want) + " shared expert(s)");
 }
 
 }  // namespace
@@ -339,6 +351,7 @@ int mok_layer_forward(mok_layer* layer, const mok_rank_forward* ranks, int32_t n
     for (int r = 0, count = rank_count(layer->layer, num_ranks); r < count; ++r) {
       const mok_rank_forward& a = ranks[r];
       const std::string n = "ranks[" + std::to_string(r) + "]";
+      check_num_shared(layer->layer, a, n);
       args.push_back({inputs_of(a, n), weights_of(a, n), view(a.y, n + ".y")});
     }
     layer->layer.forward(args);
@@ -353,6 +366,7 @@ int mok_layer_backward(mok_layer* layer, const mok_rank_backward* ranks, int32_t
     for (int r = 0, count = rank_count(layer->layer, num_ranks); r < count; ++r) {
       const mok_rank_backward& a = ranks[r];
       const std::string n = "ranks[" + std::to_string(r) + "]";
+      check_num_shared(layer->layer, a, n);
       mok::RankBackward b;
       b.inputs = inputs_of(a, n);
       b.weights = weights_of(a, n);
