@@ -50,6 +50,7 @@ import operator
 import os
 import sys
 import threading
+import typing
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -352,6 +353,8 @@ def _tensor(a, name, output=False):
                                "int64)")
         if a.layout != torch.strided:
             raise MokTypeError(f"{name}: a {a.layout} tensor; mok takes dense (strided) tensors (.to_dense())")
+        if a.is_nested:
+            raise MokTypeError(f"{name}: a nested tensor; mok takes dense (strided) tensors")
         if a.is_neg() or a.is_conj():
             raise MokError(f"{name}: a lazily negated or conjugated view, whose memory holds other numbers; pass "
                            ".resolve_neg() / .resolve_conj() of it")
@@ -361,6 +364,11 @@ def _tensor(a, name, output=False):
                            ".detach() of it)")
         if a.device.type not in ("cuda", "cpu"):  # (before the pointer: a meta tensor has none)
             raise MokTypeError(f"{name}: tensors on {a.device} are not supported (cpu or cuda)")
+        try:
+            a.data_ptr()
+        except RuntimeError as exc:  # (a tensor without storage: inside torch.func's vmap or grad, say)
+            raise MokTypeError(f"{name}: its memory cannot be read ({exc}); mok takes plain tensors, not the "
+                               "wrappers of torch.func transforms (vmap, grad)") from None
         if a.data_ptr() == 0:  # (torch gives an empty tensor no memory: it would read as "missing")
             raise MokError(f"{name}: an empty tensor (shape {list(a.shape)}); no tensor of the layer is empty")
         if a.data_ptr() % a.element_size():
@@ -498,10 +506,16 @@ def _rank_dicts(ranks, keys):
         if unknown:
             # (key=repr: keys of mixed types, 0 beside "x", cannot be compared)
             raise MokError(f"ranks[{r}]: unknown key(s) {sorted(unknown, key=repr)}; the keys are {sorted(keys)}")
-    # (Shared experts as lists of tuples, kept with the rank: see _shared_list.)
-    return [dict(rank, **{key: _shared_list(rank[key], f"ranks[{r}].{key}")
-                          for key in ("shared", "d_shared") if rank.get(key) is not None})
-            for r, rank in enumerate(ranks)]
+    # (Shared experts as lists of tuples, kept with the rank: see _shared_list. Written plainly,
+    # without dict(rank, **...), which torch.compile before 2.6 cannot trace.)
+    out = []
+    for r, rank in enumerate(ranks):
+        fresh = dict(rank)
+        for key in ("shared", "d_shared"):
+            if rank.get(key) is not None:
+                fresh[key] = _shared_list(rank[key], f"ranks[{r}].{key}")
+        out.append(fresh)
+    return out
 
 
 def _ranks(ranks, struct, keys, fill):
@@ -596,8 +610,10 @@ def _define_forward_op():
     if hasattr(torch.Tag, "cudagraph_unsafe") and "tags" in inspect.signature(torch.library.custom_op).parameters:
         extra["tags"] = (torch.Tag.cudagraph_unsafe,)
 
+    # (typing.List, not list[...]: torch's schema inference reads the builtin form only from 2.7 on.)
     @torch.library.custom_op("mok::forward", mutates_args=("y",), **extra)
-    def forward(layer_id: int, inputs: list[torch.Tensor], places: list[int], y: list[torch.Tensor]) -> None:
+    def forward(layer_id: int, inputs: typing.List[torch.Tensor], places: typing.List[int],
+                y: typing.List[torch.Tensor]) -> None:
         layer = _op_layers.get(layer_id)
         if layer is None:
             raise MokError(f"torch.ops.mok.forward: layer {layer_id} was closed or dropped")
@@ -642,27 +658,58 @@ def _op_tensors_only(ranks):
             if value is not None and not isinstance(value, torch.Tensor):
                 raise MokTypeError(f"ranks[{r}].{key}: forward_op takes PyTorch tensors, got a "
                                    f"{type(value).__name__} (forward() takes numpy arrays too)")
+            # (A meta tensor sends the call to the operator's fake kernel, which checks and
+            # writes nothing: refused here, as forward() refuses it.)
+            if value is not None and value.device.type not in ("cuda", "cpu"):
+                raise MokTypeError(f"ranks[{r}].{key}: tensors on {value.device} are not supported (cpu or cuda)")
+            if value is not None and value.is_nested:
+                raise MokTypeError(f"ranks[{r}].{key}: a nested tensor; mok takes dense (strided) tensors")
 
 
 def _op_ranks(inputs, places, y):
-    """The rank dicts back from _op_places' lists."""
-    ranks, pos, tensors, outputs = [], 1, iter(inputs), iter(y)
-    for _ in range(places[0]):
+    """The rank dicts back from _op_places' lists. torch.ops.mok.forward is public, so they are
+    checked whole: a list that _op_places could not have made is a MokError naming where, never
+    an IndexError, a huge allocation or a tensor left unused."""
+    def bad(why):
+        return MokError(f"torch.ops.mok.forward: places {list(places)[:16]}{'...' if len(places) > 16 else ''} "
+                        f"({len(inputs)} inputs, {len(y)} y): {why} (Layer.forward_op makes these lists)")
+
+    def take(pos, what, lo, hi):
+        if pos >= len(places):
+            raise bad(f"ends where {what} should be (entry {pos})")
+        if not lo <= places[pos] <= hi:
+            raise bad(f"entry {pos}, {what}, is {places[pos]}: must be in [{lo}, {hi}]")
+        return places[pos]
+
+    n_keys = len(_OP_INPUT_KEYS)
+    ranks, pos, used_inputs, used_y = [], 1, 0, 0
+    for r in range(take(0, "the rank count", 1, max(1, (len(places) - 1) // 2))):  # (a rank: 2 entries at least)
         rank, shared = {}, []
-        count, pos = places[pos], pos + 1
+        count = take(pos, f"rank {r}'s input count", 0, len(inputs) - used_inputs)
+        pos += 1
         for _ in range(count):
-            key, s, pos = places[pos], places[pos + 1], pos + 2
-            if key < len(_OP_INPUT_KEYS):
-                rank[_OP_INPUT_KEYS[key]] = next(tensors)
+            key = take(pos, f"rank {r}'s input key", 0, n_keys + 2)
+            s = take(pos + 1, f"rank {r}'s shared index", 0, _MAX_SHARED - 1 if key >= n_keys else 0)
+            pos += 2
+            tensor, used_inputs = inputs[used_inputs], used_inputs + 1
+            if key < n_keys:
+                if _OP_INPUT_KEYS[key] in rank:
+                    raise bad(f"rank {r} names {_OP_INPUT_KEYS[key]} twice")
+                rank[_OP_INPUT_KEYS[key]] = tensor
             else:
                 shared += [[None] * 3 for _ in range(s + 1 - len(shared))]
-                shared[s][key - len(_OP_INPUT_KEYS)] = next(tensors)
+                if shared[s][key - n_keys] is not None:
+                    raise bad(f"rank {r} names shared[{s}][{key - n_keys}] twice")
+                shared[s][key - n_keys] = tensor
         if shared:
             rank["shared"] = [tuple(triple) for triple in shared]
-        if places[pos]:
-            rank["y"] = next(outputs)
+        if take(pos, f"rank {r}'s y flag", 0, 1 if used_y < len(y) else 0):
+            rank["y"], used_y = y[used_y], used_y + 1
         ranks.append(rank)
         pos += 1
+    if pos != len(places) or used_inputs != len(inputs) or used_y != len(y):
+        raise bad(f"{len(places) - pos} entries, {len(inputs) - used_inputs} inputs and {len(y) - used_y} y "
+                  "left over")
     return ranks
 
 

@@ -171,6 +171,47 @@ class TorchCpu(SeededTest):
             # A numpy array (forward() takes it; the operator's schema does not) is named.
             with self.assertRaisesRegex(mok.MokTypeError, r"ranks\[0\]\.router_weights: forward_op takes PyTorch"):
                 layer.forward_op([dict(ranks[0], router_weights=ranks[0]["router_weights"].numpy()), ranks[1]])
+            # A meta tensor sent the call to the operator's fake kernel, which wrote nothing and said
+            # nothing: refused as forward() refuses it, y untouched.
+            for r in ranks:
+                r["y"].fill_(float("nan"))
+            meta = [ranks[0], dict(ranks[1], w_down=ranks[1]["w_down"].to("meta"))]
+            with self.assertRaisesRegex(mok.MokTypeError, r"ranks\[1\]\.w_down: tensors on meta are not supported"):
+                layer.forward_op(meta)
+            self.assertTrue(all(r["y"].isnan().all() for r in ranks), "a refused call wrote y")
+            # A nested tensor (its sizes cannot be read as a strided tensor's) is named, in both.
+            nested = [dict(ranks[0], x=torch.nested.nested_tensor([ranks[0]["x"]])), ranks[1]]
+            for call in (layer.forward, layer.forward_op):
+                with self.assertRaisesRegex(mok.MokTypeError, r"ranks\[0\]\.x: a nested tensor"):
+                    call(nested)
+
+    def test_the_public_operator_checks_its_flat_lists(self):
+        # torch.ops.mok.forward can be called directly: lists Layer.forward_op could not have
+        # made are refused naming where, never an IndexError, a huge allocation or an unused tensor.
+        ranks = [to_torch(r, "cpu") for r in make_inputs(PROBLEM, 24)]
+        with mok.Layer(PROBLEM) as layer:
+            layer.forward(ranks)
+            want = [r["y"].clone() for r in ranks]
+            inputs, places, y = mok._op_places(mok._rank_dicts(ranks, mok._FORWARD_KEYS))
+            op = torch.ops.mok.forward
+            x = ranks[0]["x"]
+            for args, message in (
+                    (([x], [1, 1, 6, 2**31 - 1, 0], []), r"entry 3, rank 0's shared index, is 2147483647: must be in \[0, 7\]"),
+                    (([], [5, 3], []), r"rank count, is 5: must be in \[1, 1\]"),
+                    (([x], [1, 1, 99, 0, 0], []), r"entry 2, rank 0's input key, is 99"),
+                    (([x], [1, 1, 0, 0, 1], []), r"entry 4, rank 0's y flag, is 1: must be in \[0, 0\]"),
+                    (([x, x], [1, 2, 0, 0, 0, 0, 0], []), r"rank 0 names x twice"),
+                    ((inputs + [x], places, y), r"0 entries, 1 inputs and 0 y left over"),
+                    ((inputs, places, y + [ranks[0]["y"]]), r"0 entries, 0 inputs and 1 y left over"),
+                    ((inputs, places + [0], y), r"1 entries, 0 inputs and 0 y left over")):
+                with self.assertRaisesRegex(mok.MokError, r"torch.ops.mok.forward: places .*" + message):
+                    op(layer._op_id, *args)
+            # The lists forward_op makes are taken as they are.
+            for r in ranks:
+                r["y"].fill_(float("nan"))
+            op(layer._op_id, inputs, places, y)
+            for i, r in enumerate(ranks):
+                self.assertTrue(torch.equal(r["y"], want[i]), f"rank {i}'s y differs from forward()'s")
 
     def test_an_input_that_requires_grad_is_refused_while_autograd_is_on(self):
         # y carries no graph back to the layer's inputs, so with autograd on an input that requires
