@@ -224,11 +224,13 @@ int32_t rank_count(const mok::Layer& layer, int32_t n) {
 }
 
 // A rank's num_shared, by the C field's name (the layer's own check names its C++ arguments).
+// 0 is the layer's to judge: a rank slice's other ranks pass no weights at all.
 template <typename CRank>
 void check_num_shared(const mok::Layer& layer, const CRank& a, const std::string& n) {
   const int want = layer.problem().num_shared();
-  mok::require(a.num_shared == want, n + ".num_shared = " + std::to_string(a.num_shared) + ": the layer's problem has " +
-                                         std::to_string(want) + " shared expert(s)");
+  mok::require(a.num_shared == 0 || a.num_shared == want,
+               n + ".num_shared = " + std::to_string(a.num_shared) + ": the layer's problem has " +
+                   std::to_string(want) + " shared expert(s)");
 }
 
 }  // namespace
