@@ -314,7 +314,13 @@ def make_record(mok, peer, env, clocks=None, errors=None):
     clock samples of the run (run.py: {"samples", "gpus", "period_ms", "error"}; may be None).
     `errors`: what went wrong in the run although both JSON files were written (run.py: "mok
     bench exited 3"); the record keeps them and fails, since a process that exited non-zero
-    may have written figures it did not finish."""
+    may have written figures it did not finish. A timed entry or ceiling that is not a finite
+    number > 0 (timing_errors) is a ValueError naming mok.json or peer.json and the key. A peer
+    measured on another GPU than mok, or one that passed its check without a forward timing, adds
+    its reason to the errors: the record fails rather than compare what was not measured alike."""
+    bad = timing_errors(mok, "mok.json", True) + (timing_errors(peer, "peer.json", False) if peer else [])
+    if bad:
+        raise ValueError("; ".join(bad))
     problem = mok["problem"]
     rows = mok["rows"]
     n_rows = int(rows["real"])
@@ -361,6 +367,14 @@ def make_record(mok, peer, env, clocks=None, errors=None):
     errors = [str(e) for e in errors or []]
     commit = env["commit"]
     mgpu = mok.get("gpu") or {}
+    if peer:
+        # A speedup is a claim about one GPU: mok's and the peer's times from two GPUs (another
+        # model, or a device that changed between the two programs) compare nothing.
+        why = gpu_mismatch(mgpu.get("name"), penv.get("gpu"))
+        if why:
+            errors.append(why)
+        if peer_pass is True and not pipe_fwd:
+            errors.append(NO_PEER_FORWARD)
     capability = penv.get("capability") or mgpu.get("capability")
     return strict_json({
         "schema": SCHEMA,
@@ -430,6 +444,37 @@ def make_record(mok, peer, env, clocks=None, errors=None):
 
 # ---- reading a record -------------------------------------------------------------------
 
+NO_PEER_FORWARD = "the PyTorch peer passed its check but has no forward timing (peer.json forward.median_ms)"
+
+
+def gpu_mismatch(mok_gpu, peer_gpu):
+    """Why a comparison of mok on `mok_gpu` with a peer on `peer_gpu` (their names, as the two
+    programs read them) is none, or None when both name one GPU model or either is unknown."""
+    if isinstance(mok_gpu, str) and isinstance(peer_gpu, str) and mok_gpu.strip() != peer_gpu.strip():
+        return f"the PyTorch peer ran on {peer_gpu.strip()!r}, mok on {mok_gpu.strip()!r}: no comparison across GPUs"
+    return None
+
+
+def comparison_errors(rec):
+    """Why a record with a peer compares nothing, beyond its check and its errors: the peer ran on
+    another GPU than mok (gpu.peer_gpu against gpu.name), or it passed without a forward median.
+    [] when neither (or no peer ran). A record made before these were refused, or edited, fails
+    by them all the same."""
+    if not peer_ran(rec):
+        return []
+    out = []
+    gpu = rec.get("gpu") if isinstance(rec.get("gpu"), dict) else {}
+    why = gpu_mismatch(gpu.get("name"), gpu.get("peer_gpu"))
+    if why:
+        out.append(why)
+    pipe = (rec.get("peers") or {}).get("pytorch_pipeline")
+    forward = pipe.get("forward") if isinstance(pipe, dict) else None
+    if (rec.get("check") or {}).get("pytorch") is True and not (isinstance(forward, dict)
+                                                                 and forward.get("median_ms") is not None):
+        out.append(NO_PEER_FORWARD)
+    return out
+
+
 def peer_ran(rec):
     """Whether a peer ran for the record (records before "check.peer_ran": it had peers)."""
     c = rec.get("check") or {}
@@ -439,9 +484,11 @@ def peer_ran(rec):
 def record_passes(rec):
     """The record's verdict: its check passed, and so did each part of it (mok's and the peer's
     checks, so that a stored verdict its parts contradict, from an older records.py or an
-    edit, is not shown as a pass), and the run reported no process error."""
+    edit, is not shown as a pass), the run reported no process error, and the comparison holds
+    (comparison_errors: the peer on mok's GPU, with a forward median)."""
     c = rec.get("check") or {}
-    return bool(c.get("passes")) and c.get("mok") is True and c.get("pytorch") is True and not rec.get("errors")
+    return (bool(c.get("passes")) and c.get("mok") is True and c.get("pytorch") is True and not rec.get("errors")
+            and not comparison_errors(rec))
 
 
 def contract_breaks(rec):
@@ -487,6 +534,7 @@ def check_text(rec):
     elif c.get("pytorch") is False:
         parts.append("pytorch FAIL")
     parts += errors
+    parts += [why for why in comparison_errors(rec) if why not in errors]
     if parts == ["no peer"]:
         return "no peer (mok PASS)"
     return "FAIL (" + ", ".join(parts) + ")" if parts else "FAIL"
@@ -541,6 +589,9 @@ def load_peer_json(work_dir):
         raise ValueError(f"{path}: must be a JSON object")
     if doc.get("check") is not None:
         check_passes(doc["check"], path, "check")  # (raises naming the file and the key)
+    bad = timing_errors(doc, path, False)  # (a NaN or negative median: no record compares with it)
+    if bad:
+        raise ValueError("; ".join(bad))
     return doc
 
 
@@ -565,6 +616,9 @@ def load_mok_json(work_dir):
             check_passes(forward, path, "check.forward")
         except ValueError as exc:
             raise workdir.ContractError(str(exc)) from None
+    bad = timing_errors(doc, path, True)
+    if bad:
+        raise workdir.ContractError("; ".join(bad))
     return doc
 
 
@@ -706,7 +760,207 @@ def _timed_errors(entry, key):
     lo, hi = entry.get("min_ms"), entry.get("max_ms")
     if (lo is not None and lo > med) or (hi is not None and hi < med):
         return f"'{key}' must have min_ms <= median_ms <= max_ms (got {lo}, {med}, {hi})"
+    for rate in ("tflops", "tflops_performed"):
+        why = _positive_errors(entry.get(rate), f"{key}.{rate}")
+        if why:
+            return why
     return None
+
+
+def _positive_errors(value, key):
+    """What is wrong with a rate or ceiling at `key` that must be a finite number > 0 or null
+    (not measured), or None. (A string "inf" is what strict_json made of a non-finite figure:
+    no rate a report may divide by or compare.)"""
+    if value is not None and (not _number(value) or not math.isfinite(value) or value <= 0):
+        return f"'{key}' must be a finite number > 0 or null (got {json.dumps(value)[:40]})"
+    return None
+
+
+# The timed entries of a record (mok's, each peer's) beyond mok.forward, which is required:
+# each one, where not null, is a timed entry (_timed_errors) whose median the report divides by.
+MOK_TIMED = ("backward",)
+PEER_TIMED = ("forward", "backward", "gate_up", "down")
+# The ceilings a record carries (make_record), each a finite number > 0 or null.
+CEILING_KEYS = ("dense_bf16_tflops", "fp8_e4m3_tflops", "fp8_e4m3_exact_accum_tflops", "copy_gbps",
+                "nccl_all_to_all_busbw_gbps")
+# How far a stored rate, ratio or count may be from what the record's medians and problem give:
+# JSON keeps a float's digits, so only a record made by another rounding differs at all.
+DERIVED_REL_TOL = 1e-6
+
+
+def timing_errors(doc, source, mok_side):
+    """What is wrong with the timed entries and ceilings of a mok.json (`mok_side`) or a peer.json
+    `doc` read from `source`: every timed entry given (not null) a finite median > 0 with
+    min_ms <= median_ms <= max_ms, every ceiling's rate a finite number > 0 or null. Messages name
+    the file and the key. (Checked when a record is made: a NaN or negative median would make a
+    record whose speedups and rates mean nothing.)"""
+    errors = []
+    names = ("forward", "backward") if mok_side else ("forward", "backward", "grouped_gemms", "gate_up_gemm",
+                                                      "down_gemm")
+    for name in names:
+        entry = doc.get(name)
+        if entry is not None:
+            why = _timed_errors(entry, name)
+            if why:
+                errors.append(f"{source}: {why}")
+    if not mok_side:
+        ceilings = doc.get("ceilings")
+        if ceilings is not None and not isinstance(ceilings, dict):
+            errors.append(f"{source}: 'ceilings' must be an object (got {json.dumps(ceilings)[:40]})")
+        for name, rate in (("dense_bf16", "tflops"), ("fp8_e4m3", "tflops"), ("fp8_e4m3_exact_accum", "tflops"),
+                           ("copy", "gbps"), ("nccl_all_to_all", "busbw_gbps")):
+            entry = (ceilings or {}).get(name) if isinstance(ceilings, dict) else None
+            if entry is not None and not isinstance(entry, dict):
+                errors.append(f"{source}: 'ceilings.{name}' must be an object (got {json.dumps(entry)[:40]})")
+            elif entry is not None:
+                why = _positive_errors(entry.get(rate), f"ceilings.{name}.{rate}")
+                if why:
+                    errors.append(f"{source}: {why}")
+    return errors
+
+
+CLOCK_LOOPS = ("mok_forward", "pytorch_forward", "pytorch_grouped_gemms", "dense_bf16_ceiling")
+CLOCK_FIGURES = ("tensor_peak_bf16_tflops_at_mok_clock", "mok_forward_performed_of_tensor_peak",
+                 "dense_bf16_of_tensor_peak_at_its_clock", "mok_forward_pj_per_flop", "dense_bf16_pj_per_flop")
+LOOP_FIGURES = ("samples", "sm_mhz_median", "power_w_median", "sw_power_cap_share")
+
+
+def structure_errors(rec):
+    """What is wrong with the parts of a record the report reads as objects, lists, strings or
+    numbers, beyond the timings (the report would stop on them, not skip the record): routing,
+    config and its env, timing and its two sides, the clocks and their loops, mok_args, errors,
+    each peer's code and mok's forward phases. Null (or absent) is allowed where a record made
+    without the part has it so."""
+    errors = []
+
+    def want(value, kinds, key, words):
+        if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)):
+            errors.append(f"'{key}' must be {words} or null (got {json.dumps(value)[:40]})")
+            return False
+        return value is not None
+
+    def number(value, key):
+        if value is not None and (not _number(value) or not math.isfinite(value)):
+            errors.append(f"'{key}' must be a finite number or null (got {json.dumps(value)[:40]})")
+
+    if want(rec.get("routing"), dict, "routing", "an object"):
+        want(rec["routing"].get("spec"), str, "routing.spec", "a string")
+        for key in ("max_over_mean_expert", "max_over_mean_rank"):
+            number(rec["routing"].get(key), f"routing.{key}")
+    if want(rec.get("config"), dict, "config", "an object"):
+        want(rec["config"].get("env"), dict, "config.env", "an object")
+    if want(rec.get("timing"), dict, "timing", "an object"):
+        for side in ("mok", "peer"):
+            want(rec["timing"].get(side), dict, f"timing.{side}", "an object")
+    if want(rec.get("mok_args"), list, "mok_args", "a list of strings"):
+        if not all(isinstance(a, str) for a in rec["mok_args"]):
+            errors.append(f"'mok_args' must be a list of strings (got {json.dumps(rec['mok_args'])[:40]})")
+    if want(rec.get("errors"), list, "errors", "a list of strings"):
+        if not all(isinstance(e, str) for e in rec["errors"]):
+            errors.append(f"'errors' must be a list of strings (got {json.dumps(rec['errors'])[:40]})")
+    for peer, entry in (rec.get("peers") or {}).items() if isinstance(rec.get("peers"), dict) else ():
+        if isinstance(entry, dict):
+            want(entry.get("code"), str, f"peers.{peer}.code", "a string")
+    mok = rec.get("mok") if isinstance(rec.get("mok"), dict) else {}
+    if want(mok.get("forward_phases"), dict, "mok.forward_phases", "an object"):
+        med = mok["forward_phases"].get("median_ms")
+        if want(med, dict, "mok.forward_phases.median_ms", "an object"):
+            for name, ms in med.items():
+                if not _number(ms) or not math.isfinite(ms) or ms < 0:
+                    errors.append(f"'mok.forward_phases.median_ms.{name}' must be a finite number >= 0 "
+                                  f"(got {json.dumps(ms)[:40]})")
+    clocks = rec.get("clocks")
+    if want(clocks, dict, "clocks", "an object"):
+        want(clocks.get("error"), str, "clocks.error", "a string")
+        for key in CLOCK_FIGURES:
+            number(clocks.get(key), f"clocks.{key}")
+        for loop in CLOCK_LOOPS:
+            if want(clocks.get(loop), dict, f"clocks.{loop}", "an object"):
+                for key in LOOP_FIGURES:
+                    number(clocks[loop].get(key), f"clocks.{loop}.{key}")
+    return errors
+
+
+def _close(stored, expected):
+    """Whether a stored figure is the one worked out (both null, or within DERIVED_REL_TOL)."""
+    if stored is None or expected is None:
+        return stored is None and expected is None
+    if not _number(stored) or not math.isfinite(stored):
+        return False
+    return abs(stored - expected) <= DERIVED_REL_TOL * max(abs(stored), abs(expected))
+
+
+def derived_errors(rec):
+    """What the record stores that its own medians, ceilings, problem and rows contradict: the
+    FLOP and byte counts, every timed entry's TFLOP/s, the ratios and the byte rates, each worked
+    out again as make_record does (records.py's arithmetic) and compared (DERIVED_REL_TOL). A
+    figure the record lacks (an older records.py did not store it) is not asked for; one it
+    holds must agree: a ratio edited by hand (a speedup of 50x beside medians that give 1.2x)
+    must never be shown. Call on a record whose timed entries and ceilings are valid."""
+    problem, rows = rec["problem"], rec.get("rows")
+    try:
+        n_rows, n_remote = int(rows["real"]), int(rows.get("remote", 0))
+        f_fwd, f_bwd = mok_flops(problem), mok_flops(problem, backward=True)
+        perf = performed_flops(problem, n_rows)
+        f_gg = grouped_gemm_flops(problem, n_rows)
+        hbm, link = hbm_bytes_forward(problem, n_rows), link_bytes_forward(problem, n_remote)
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
+        return [f"'problem' and 'rows' must give the FLOP and byte counts (num_experts, hidden, intermediate, "
+                f"top_k, ep_size, tokens_per_rank, shared_intermediate; rows.real, rows.remote as whole "
+                f"numbers): {type(exc).__name__}: {exc}"]
+    mok, peers = rec.get("mok") or {}, rec.get("peers") or {}
+    pipe, gg = peers.get("pytorch_pipeline") or {}, peers.get("pytorch_grouped_gemms") or {}
+    ceilings = rec.get("ceilings") or {}
+    dense, copy_rate, a2a = (ceilings.get(k) for k in ("dense_bf16_tflops", "copy_gbps",
+                                                        "nccl_all_to_all_busbw_gbps"))
+    ms = lambda e: e.get("median_ms") if isinstance(e, dict) else None  # noqa: E731
+    mok_fwd, mok_bwd, pipe_fwd, pipe_bwd, gg_fwd = (mok.get("forward"), mok.get("backward"), pipe.get("forward"),
+                                                    pipe.get("backward"), gg.get("forward"))
+    tf = {"mok_fwd": tflops(f_fwd, ms(mok_fwd)), "mok_bwd": tflops(f_bwd, ms(mok_bwd)),
+          "pipe_fwd": tflops(f_fwd, ms(pipe_fwd)), "pipe_bwd": tflops(f_bwd, ms(pipe_bwd)),
+          "gg": tflops(f_gg, ms(gg_fwd))}
+    mok_gbps, pipe_gbps = gbps(hbm, ms(mok_fwd)), gbps(hbm, ms(pipe_fwd))
+    expected = [
+        (("flops", "mok_forward"), f_fwd), (("flops", "mok_backward"), f_bwd),
+        (("flops", "performed_forward"), perf), (("flops", "grouped_gemms"), f_gg),
+        (("bytes", "hbm_forward"), hbm), (("bytes", "link_forward"), link),
+        (("bytes", "mok_hbm_gbps"), mok_gbps), (("bytes", "mok_hbm_of_copy_ceiling"), ratio(mok_gbps, copy_rate)),
+        (("bytes", "pytorch_hbm_gbps"), pipe_gbps),
+        (("bytes", "pytorch_hbm_of_copy_ceiling"), ratio(pipe_gbps, copy_rate)),
+        (("bytes", "mok_link_gbps"), gbps(link, ms(mok_fwd))),
+        (("bytes", "mok_link_of_nccl_all_to_all"), ratio(gbps(link, ms(mok_fwd)), None if a2a is None else 2 * a2a)),
+        (("ratios", "speedup_forward_vs_pytorch"), ratio(ms(pipe_fwd), ms(mok_fwd))),
+        (("ratios", "speedup_backward_vs_pytorch"), ratio(ms(pipe_bwd), ms(mok_bwd))),
+        (("ratios", "mok_forward_of_dense_ceiling"), ratio(tf["mok_fwd"], dense)),
+        (("ratios", "mok_forward_performed_of_dense_ceiling"), ratio(tflops(perf, ms(mok_fwd)), dense)),
+        (("ratios", "mok_backward_of_dense_ceiling"), ratio(tf["mok_bwd"], dense)),
+        (("ratios", "pytorch_forward_of_dense_ceiling"), ratio(tf["pipe_fwd"], dense)),
+        (("ratios", "grouped_gemms_of_dense_ceiling"), ratio(tf["gg"], dense)),
+        (("ratios", "pytorch_pipeline_over_grouped_gemms"), ratio(ms(pipe_fwd), ms(gg_fwd))),
+        (("ratios", "mok_over_grouped_gemms"), ratio(ms(mok_fwd), ms(gg_fwd))),
+    ]
+    for where, entry, flops_, perf_ in (("mok.forward", mok_fwd, f_fwd, perf), ("mok.backward", mok_bwd, f_bwd, 2 * perf),
+                                        ("peers.pytorch_pipeline.forward", pipe_fwd, f_fwd, perf),
+                                        ("peers.pytorch_pipeline.backward", pipe_bwd, f_bwd, 2 * perf),
+                                        ("peers.pytorch_grouped_gemms.forward", gg_fwd, f_gg, None)):
+        if isinstance(entry, dict):
+            expected.append((tuple(where.split(".")) + ("tflops",), tflops(flops_, ms(entry))))
+            if perf_ is not None:
+                expected.append((tuple(where.split(".")) + ("tflops_performed",), tflops(perf_, ms(entry))))
+    errors = []
+    for path, want in expected:
+        parent = rec
+        for part in path[:-1]:
+            parent = parent.get(part) if isinstance(parent, dict) else None
+        if parent is not None and not isinstance(parent, dict):
+            errors.append(f"'{'.'.join(path[:-1])}' must be an object (got {json.dumps(parent)[:40]})")
+            continue
+        if parent is None or path[-1] not in parent:
+            continue  # (not stored: an older record; the report works it out or shows "–")
+        if not _close(parent[path[-1]], want):
+            errors.append(f"'{'.'.join(path)}' is {json.dumps(parent[path[-1]])[:40]}, but the record's medians, "
+                          f"ceilings and problem give {want if want is None else format(want, '.6g')}")
+    return errors
 
 
 def record_errors(rec, now=None):
@@ -714,9 +968,11 @@ def record_errors(rec, now=None):
     messages naming the key and the rule; [] when it is one. Beyond the keys the report reads
     (REQUIRED): gpu.name a non-empty string, commit.sha 7 to 40 lower-case hex digits or
     "unknown", check.passes and check.peer_ran real bools and check.mok and check.pytorch bools
-    or null (null: not checked, no peer), mok.forward's and every peer's forward median_ms
-    finite and > 0 with min_ms <= median_ms <= max_ms, and date an ISO-8601 UTC time
-    (YYYY-MM-DDTHH:MM:SSZ) not in the future."""
+    or null (null: not checked, no peer), mok.forward's median_ms and every other timed entry's
+    (mok.backward, each peer's forward, backward, gate_up and down) where not null finite and > 0
+    with min_ms <= median_ms <= max_ms, their tflops and every ceiling finite and > 0 or null,
+    the stored FLOP and byte counts, rates and ratios what the medians give (derived_errors), and
+    date an ISO-8601 UTC time (YYYY-MM-DDTHH:MM:SSZ) not in the future."""
     if not isinstance(rec, dict) or rec.get("schema") != SCHEMA:
         return [f"not a mok benchmark record (schema {SCHEMA})"]
     words = {str: "a string", int: "a whole number", dict: "an object"}
@@ -744,15 +1000,33 @@ def record_errors(rec, now=None):
     why = _timed_errors(mok.get("forward") if isinstance(mok, dict) else None, "mok.forward")
     if why:
         errors.append(why)
+    for name in MOK_TIMED:
+        entry = mok.get(name) if isinstance(mok, dict) else None
+        why = None if entry is None else _timed_errors(entry, f"mok.{name}")
+        if why:
+            errors.append(why)
     peers = rec.get("peers")
     if peers is not None and not isinstance(peers, dict):
         errors.append("'peers' must be an object")
     for peer, entry in sorted((peers or {}).items() if isinstance(peers, dict) else []):
-        forward = entry.get("forward") if isinstance(entry, dict) else None
-        if forward is not None:
-            why = _timed_errors(forward, f"peers.{peer}.forward")
+        if entry is not None and not isinstance(entry, dict):
+            errors.append(f"'peers.{peer}' must be an object (got {json.dumps(entry)[:40]})")
+            continue
+        for name in PEER_TIMED:
+            timed = (entry or {}).get(name)
+            why = None if timed is None else _timed_errors(timed, f"peers.{peer}.{name}")
             if why:
                 errors.append(why)
+    ceilings = rec.get("ceilings")
+    if ceilings is not None and not isinstance(ceilings, dict):
+        errors.append(f"'ceilings' must be an object (got {json.dumps(ceilings)[:40]})")
+    for key in CEILING_KEYS if isinstance(ceilings, dict) else ():
+        why = _positive_errors(ceilings.get(key), f"ceilings.{key}")
+        if why:
+            errors.append(why)
+    errors += structure_errors(rec)
+    if not errors:  # (worked out from valid medians and ceilings only)
+        errors += derived_errors(rec)
     date = rec["date"]
     try:
         when = datetime.datetime.strptime(date, DATE_FORMAT).replace(tzinfo=datetime.timezone.utc)

@@ -14,6 +14,7 @@ listed in an "Off-contract records" table and nowhere else.
 import argparse
 import functools
 import glob
+import hashlib
 import json
 import os
 import re
@@ -856,6 +857,28 @@ def _sweep_plot(path, key, recs, peer="today's"):
     plt.close(fig)
 
 
+def sweep_file_name(key, taken):
+    """The file name of a sweep's plot: sweep_<shape>_<mode><EP>_<routing>_<precision>_<GPU>.png
+    (records.safe_name), with "-" and 8 hex digits of the key's sha256 after it when an earlier
+    plot of this report took that name (`taken`: the names so far, casefolded, which this adds
+    to). safe_name maps every other character than [A-Za-z0-9._-] to '-', so two keys ("qwén",
+    "qwèn") can meet in one name; two plots in one file would leave one plot missing and the
+    other shown twice. (Casefolded: a file system that ignores case holds one of two names that
+    differ only in case.)"""
+    shape, mode, ep, routing, precision, gpu = key
+    stem = "sweep_" + records.safe_name(f"{shape}_{mode}{ep}_{routing}_{precision}_{gpu}")
+    name = stem + ".png"
+    if name.casefold() in taken:
+        digest = hashlib.sha256(json.dumps([str(part) for part in key]).encode("utf-8")).hexdigest()
+        name = f"{stem}-{digest[:8]}.png"
+        n = 2
+        while name.casefold() in taken:  # (a hash that meets another name too: counted on)
+            name = f"{stem}-{digest[:8]}-{n}.png"
+            n += 1
+    taken.add(name.casefold())
+    return name
+
+
 def plan_plots(recs, plots_dir, loaded=None):
     """The plots the records call for, drawing nothing yet: [(title, path in plots_dir,
     draw)], where draw(file) renders that plot into `file`. Failed records are not drawn
@@ -883,9 +906,10 @@ def plan_plots(recs, plots_dir, loaded=None):
             out.append(("Where mok's forward time goes", os.path.join(plots_dir, PLOT_FILES[2]),
                         functools.partial(_phase_plot, recs=phased)))
     loaded = loaded if loaded is not None else [("", r) for r in recs]
+    taken = {name.casefold() for name in PLOT_FILES}
     for key, group in sorted(sweep_groups(loaded).items(), key=lambda kv: sort_key(kv[1][0])):
         shape, mode, ep, routing, precision, gpu = key
-        p = os.path.join(plots_dir, "sweep_" + records.safe_name(f"{shape}_{mode}{ep}_{routing}_{precision}_{gpu}") + ".png")
+        p = os.path.join(plots_dir, sweep_file_name(key, taken))
         out.append((f"Tokens-per-rank sweep: {shape} {mode} EP={ep} ({routing}, {precision}, {gpu}, "
                     f"commit {commit_label(group[0])}, peer {peer_text(group[0])})", p,
                     functools.partial(_sweep_plot, key=(shape, mode, routing, precision), recs=group,
@@ -899,15 +923,34 @@ def old_plots(plots_dir):
             [os.path.join(plots_dir, f) for f in PLOT_FILES] if os.path.exists(p)]
 
 
-def install_plots(planned, stage, plots_dir):
-    """Moves the plots rendered in `stage` into plots_dir and removes the earlier report's
-    plots that this one does not draw."""
-    keep = {os.path.basename(path) for _, path, _ in planned}
-    for old in old_plots(plots_dir):
-        if os.path.basename(old) not in keep:
-            os.remove(old)
-    for _, path, _ in planned:
-        os.replace(os.path.join(stage, os.path.basename(path)), path)
+def install(planned, stage, plots_dir, tmp_report, out_path):
+    """Moves the plots rendered in `stage` into plots_dir, the earlier report's plots out of it
+    (this one's and those it no longer draws alike), and the markdown `tmp_report` over
+    `out_path`: all of it, or, when any step fails (or Ctrl-C comes), none of it. The earlier
+    plots wait in `stage`/.old (inside plots_dir: os.replace moves within one file system) until
+    the markdown is in place; on a failure the new plots placed so far are removed and the
+    earlier ones moved back, so REPORT.md and the plots it links stay one report's."""
+    backup = os.path.join(stage, ".old")
+    os.mkdir(backup)
+    moved, placed = [], []
+    try:
+        for old in old_plots(plots_dir):
+            aside = os.path.join(backup, os.path.basename(old))
+            os.replace(old, aside)
+            moved.append((aside, old))
+        for _, path, _ in planned:
+            os.replace(os.path.join(stage, os.path.basename(path)), path)
+            placed.append(path)
+        os.replace(tmp_report, out_path)
+    except BaseException:
+        for path in placed:
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+        for aside, old in reversed(moved):
+            os.replace(aside, old)
+        raise
 
 
 # The folder each report renders its plots into, inside --plots-dir: ".report-<pid>-" and
@@ -974,14 +1017,19 @@ def generate(paths, out_path=DEFAULT_OUT, plots_dir=DEFAULT_PLOTS):
     Nothing is touched until everything is ready: the whole markdown is built (and encoded)
     and written to a temporary file beside --out (so --out's folder is known to be writable),
     then every plot is rendered into a temporary folder inside plots_dir; only then are the
-    plots moved in (the earlier report's others removed) and the markdown renamed over --out.
-    A failure before that leaves the old REPORT.md and plots as they were. The temporary file
+    plots moved in (the earlier report's moved aside) and the markdown renamed over --out, all
+    or nothing (install). A failure anywhere leaves the old REPORT.md and plots as they were. The temporary file
     and folder are removed on any exit that runs Python's `finally` (an exception, Ctrl-C);
     those of a report.py killed outright are removed by the next one, before it stages its own
     (remove_stale_staging). Raises
     NothingToReport when files were given and none of them loads (the files skipped are listed
     in REPORT.md otherwise), MissingMatplotlib without matplotlib, ReportError when --out's
-    folder is not writable."""
+    folder is not writable or --out is a folder."""
+    if os.path.isdir(out_path):
+        # (Checked first: the markdown's rename over a folder fails only after every plot is
+        # drawn; install would undo the plots then, but nothing need be drawn for it.)
+        raise ReportError(f"report.py: --out {out_path}: is a folder; give the markdown file's path "
+                          f"(e.g. {os.path.join(out_path, 'REPORT.md')}). Nothing was written.")
     require_matplotlib()
     skipped = []
     everything = load_records(paths, skipped)
@@ -1014,8 +1062,7 @@ def generate(paths, out_path=DEFAULT_OUT, plots_dir=DEFAULT_PLOTS):
                               f"{exc}). Nothing was written.") from None
         for _, path, draw in planned:
             draw(os.path.join(stage, os.path.basename(path)))
-        install_plots(planned, stage, plots_dir)
-        os.replace(tmp_report, out_path)
+        install(planned, stage, plots_dir, tmp_report, out_path)
     finally:
         if stage is not None:
             shutil.rmtree(stage, ignore_errors=True)
@@ -1042,6 +1089,11 @@ def main(argv=None):
     except ReportError as exc:
         print(exc, file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        # (generate's finally and install have put everything back: the old report stands.)
+        print(f"report.py: interrupted (Ctrl-C); {args.out} and the plots in {args.plots_dir} are as they were",
+              file=sys.stderr)
+        return 130
     print(f"report.py: {len(recs)} record(s) -> {args.out}, plots in {args.plots_dir}")
     return 0
 

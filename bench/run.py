@@ -11,16 +11,19 @@ For each run: `MOK_BIN bench --shape S --ep-mode M --ep R --tokens T --routing X
 --iters N --work-dir DIR`, then `python3 bench/peer_torch.py DIR --warmup W --iters N`, then
 a record in bench/results/ (records.py). One failing run does not stop the others; the exit
 status is non-zero when any run failed, and a summary table is printed last.
-Exit status 2: no CUDA GPU (or no PyTorch) here.
+Exit status 2: no CUDA GPU (or no PyTorch) here. Stopped by Ctrl-C (SIGINT) or SIGTERM: the
+running mok or peer is stopped, the summary of the runs that finished is printed, exit 130 or 143.
 """
 import argparse
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import checks  # noqa: E402
@@ -44,6 +47,9 @@ DEFAULT_RUNS = [
 ]
 SWEEP_TOKENS = [512, 1024, 2048, 4096, 8192, 16384]
 NO_GPU_EXIT = 2
+# --repeat's most passes: every pass runs the whole list on the GPU (minutes a shape), so more is
+# a typo, and the plan (one entry per run) must not be built a billion entries long.
+MAX_REPEAT = 1000
 
 
 def cuda_status(assume_no_gpu=False):
@@ -168,13 +174,53 @@ def option_errors(args):
                               ("--profile-peer", args.profile_peer, 0)):
         if value is not None and value < least:
             errors.append(f"{opt} must be >= {least} (got {value})")
+    if args.repeat is not None and args.repeat > MAX_REPEAT:
+        errors.append(f"--repeat must be <= {MAX_REPEAT} (got {args.repeat}): each pass runs the whole list again")
     if args.profile_peer and args.launch:
         errors.append("--profile-peer profiles the one-process peer (peer_torch.py), not --launch's")
     if args.profile_peer and args.no_peer:
         errors.append("--profile-peer profiles the peer, which --no-peer leaves out")
     errors += shape_errors(args.shapes)
     errors += mok_arg_errors(getattr(args, "mok_arg", None))
+    errors += mok_bin_errors(getattr(args, "mok_bin", None))
+    errors += folder_errors(getattr(args, "results_dir", None), getattr(args, "work_root", None))
     return errors
+
+
+def mok_bin_errors(mok_bin):
+    """Messages for a --mok-bin that cannot be split like a shell would (an unbalanced quote):
+    it is a command line (shlex.split), and a value that does not split is no command."""
+    if mok_bin is None:
+        return []
+    try:
+        shlex.split(mok_bin)
+    except ValueError as exc:
+        return [f"--mok-bin {mok_bin!r}: cannot be split like a shell would ({exc}); quote a path with blanks "
+                "as a shell would"]
+    return []
+
+
+def _inside(path, folder):
+    """Whether real path `path` is `folder` or lies in it (both real paths)."""
+    return path == folder or os.path.commonpath([path, folder]) == folder
+
+
+def folder_errors(results_dir, work_root):
+    """Messages for a --results-dir and a --work-root that overlap: the same folder, or one
+    inside the other (real paths: a link counts). run.py deletes each run's work directory under
+    --work-root (and a work directory's name is the run's, which a record's folder may hold), so
+    records inside it could be deleted; and a --work-root inside --results-dir would put work
+    directories, and their JSON files, among the records."""
+    if results_dir is None or work_root is None:
+        return []
+    results, work = os.path.realpath(results_dir), os.path.realpath(work_root)
+    if _inside(results, work):
+        return [f"--results-dir {results_dir} lies inside --work-root {work_root} (or is it), where run.py "
+                "deletes work directories: give a --results-dir outside it"]
+    if _inside(work, results):
+        return [f"--work-root {work_root} lies inside --results-dir {results_dir}: give a --work-root outside "
+                "the records' folder"]
+    return []
 
 
 # The options of `mok bench` that run.py sets itself (mok_command), each with the run.py option
@@ -228,6 +274,19 @@ def results_dir_error(results_dir):
             pass
     except OSError as exc:
         return f"--results-dir {results_dir}: records cannot be written there ({type(exc).__name__}: {exc})"
+    return None
+
+
+def work_root_error(work_root):
+    """Why work directories cannot be made under `work_root` (created here when missing), or
+    None: checked before anything runs, like --results-dir, so that a --work-root that is a file
+    or not writable is said once, by name, rather than failing every run."""
+    try:
+        os.makedirs(work_root, exist_ok=True)
+        probe = tempfile.mkdtemp(dir=work_root, prefix=".run-py-probe-")
+        os.rmdir(probe)
+    except OSError as exc:
+        return f"--work-root {work_root}: work directories cannot be made there ({type(exc).__name__}: {exc})"
     return None
 
 
@@ -322,11 +381,27 @@ def work_dir(args, shape, ep_mode, ep, tokens, pass_index=None):
 
 def remove_work(work, work_root):
     """shutil.rmtree(work), only when its real path lies inside --work-root's real path (and is
-    not the root itself): a name that escaped it (a link, '..') must never delete anything else."""
+    not the root itself): a name that escaped it (a link, '..') must never delete anything else;
+    and never while it holds a record an earlier run could not write (rescued_record_error)."""
     real, root = os.path.realpath(work), os.path.realpath(work_root)
     if real == root or os.path.commonpath([real, root]) != root:
         raise ValueError(f"refusing to delete {work}: its real path {real} is not inside --work-root {root}")
+    why = rescued_record_error(work)
+    if why:
+        raise ValueError(why)
     shutil.rmtree(work, ignore_errors=True)
+
+
+def rescued_record_error(work):
+    """Why `work` must not be deleted, or None: it holds record.json, a record that an earlier
+    run could not write into --results-dir (save_record_in_work). GPU time went into it, and a
+    record is never lost: it is imported or moved away first."""
+    path = os.path.join(work, RESCUED_RECORD)
+    if os.path.lexists(path):
+        return (f"{path} holds a record an earlier run could not write: import it "
+                f"(`python3 bench/records.py import {path}`) or move it out of the work directory, then run "
+                "again (run.py does not delete a work directory that holds one)")
+    return None
 
 
 def run_label(shape, ep_mode, ep, tokens, pass_index=None):
@@ -341,6 +416,11 @@ def run_one(args, shape, ep_mode, ep, tokens, pass_index=None):
     label = run_label(shape, ep_mode, ep, tokens, pass_index)
     row = {"label": label, "shape": shape, "ok": False, "error": None, "record": None}
     work = work_dir(args, shape, ep_mode, ep, tokens, pass_index)
+    why = rescued_record_error(work)
+    if why:  # (refused before mok runs: its record would stand beside one not yet imported)
+        row["error"] = why
+        print(f"\n=== {label}: not run: {why}", file=sys.stderr, flush=True)
+        return row
     remove_work(work, args.work_root)
     os.makedirs(work)
     print(f"\n=== {label}: work directory {work}", flush=True)
@@ -357,7 +437,7 @@ def run_one(args, shape, ep_mode, ep, tokens, pass_index=None):
 
 def _run_and_record(args, cmd, row, work, ep_mode, ep, sampler):
     errors = []  # process failures after their JSON was written: the record keeps them and fails
-    rc = subprocess.call(cmd)
+    rc = call_child(cmd)
     if rc != 0:
         row["error"] = f"mok bench exited {rc}"
         first = os.path.join(work, "rank0") if ep_mode == "distributed" else work
@@ -383,7 +463,7 @@ def _run_and_record(args, cmd, row, work, ep_mode, ep, sampler):
     else:
         cmd = peer_command(args, work, ep_mode, ep)
         print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
-        rc = subprocess.call(cmd)
+        rc = call_child(cmd)
         peer_path = os.path.join(work, workdir.PEER_JSON)
         if os.path.exists(peer_path):
             try:
@@ -426,6 +506,93 @@ def _run_and_record(args, cmd, row, work, ep_mode, ep, sampler):
     if row["ok"] and not args.keep_work:
         remove_work(work, args.work_root)
     return row
+
+
+class Interrupted(BaseException):
+    """run.py got SIGINT (Ctrl-C) or SIGTERM: raised in the main thread by the signal handler
+    (a BaseException, so the per-run `except Exception` does not take it for a failed run)."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def name(self):
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self):
+        return 128 + self.signum  # (130 for SIGINT, 143 for SIGTERM, as a shell reports them)
+
+
+# How long a child stopped by a signal gets to exit before its process group is killed.
+CHILD_STOP_GRACE_S = 10
+
+
+def call_child(cmd):
+    """subprocess.call(cmd), the child in a process group of its own (start_new_session), so that
+    when run.py is interrupted (Interrupted: Ctrl-C, SIGTERM) the whole group is stopped: mok,
+    `mok launch`'s ranks, the peer. A SIGTERM to run.py alone would otherwise leave them running,
+    holding the GPU, and a Ctrl-C would reach them only from a terminal."""
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        return proc.wait()
+    except BaseException:
+        mute_signals()  # (a second Ctrl-C must not cut the stopping short and leave the child running)
+        # SIGTERM whichever signal run.py got: it ends a Python peer without a KeyboardInterrupt
+        # traceback in the run's output, and mok and mok launch end on it as on Ctrl-C.
+        stop_child(proc, signal.SIGTERM)
+        raise
+
+
+def stop_child(proc, signum):
+    """Sends `signum` to `proc`'s process group, waits CHILD_STOP_GRACE_S for it, then kills the
+    group (SIGKILL): nothing of the run is left holding the GPU."""
+    for sig, grace in ((signum, CHILD_STOP_GRACE_S), (signal.SIGKILL, CHILD_STOP_GRACE_S)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass  # (the group is gone already)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig == signal.SIGKILL:
+            return
+        try:  # (the leader exited: its group's other members, e.g. a launcher's ranks, go too)
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        return
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted(signum)
+
+
+def _ignore_further(signum, frame):
+    pass  # (a second Ctrl-C while run.py stops the child and prints its summary)
+
+
+def mute_signals():
+    """From now on SIGINT and SIGTERM are ignored (main thread only; main restores the handlers
+    it found when it returns)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _ignore_further)
+
+
+def install_signal_handlers():
+    """SIGINT and SIGTERM raise Interrupted in the main thread; returns the previous handlers
+    (restore_signal_handlers), or None when not in the main thread (no handler can be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def restore_signal_handlers(previous):
+    for sig, handler in (previous or {}).items():
+        signal.signal(sig, handler)
 
 
 def failed_peer(args, ep_mode, why):
@@ -489,6 +656,20 @@ def passed_line(rows):
 
 
 def main(argv=None):
+    """_main with SIGINT and SIGTERM turned into Interrupted (install_signal_handlers): during
+    the runs, _main stops the child and prints the summary; before them (importing torch,
+    say), nothing ran, and that is said in one line."""
+    previous = install_signal_handlers()
+    try:
+        return _main(argv)
+    except Interrupted as stop:
+        print(f"run.py: interrupted by {stop.name} before any run started; nothing was run", file=sys.stderr)
+        return stop.exit_code
+    finally:
+        restore_signal_handlers(previous)
+
+
+def _main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", help="comma-separated shape names (default: the seven default runs)")
     ap.add_argument("--sweep", action="store_true", help="tokens per rank 512..16384 on the one shape given")
@@ -538,24 +719,44 @@ def main(argv=None):
               f"`python3 bench/report.py` regenerates the report from existing records anywhere.",
               file=sys.stderr)
         return NO_GPU_EXIT
-    mok_exe = shlex.split(args.mok_bin)[0] if args.mok_bin.strip() else ""
+    mok_exe = shlex.split(args.mok_bin)[0] if args.mok_bin.strip() else ""  # (splits: option_errors)
     if not (shutil.which(mok_exe) or os.path.isfile(mok_exe)):
         print(f"run.py: the mok binary '{args.mok_bin}' does not exist; build it (cmake) or pass --mok-bin",
               file=sys.stderr)
         return 1
-    why = results_dir_error(args.results_dir)
-    if why:  # (before any GPU time is spent on a record that could not be kept)
-        print(f"run.py: {why}", file=sys.stderr)
-        return 1
+    for check in (results_dir_error, work_root_error):
+        why = check(args.results_dir if check is results_dir_error else args.work_root)
+        if why:  # (before any GPU time is spent on a record that could not be kept)
+            print(f"run.py: {why}", file=sys.stderr)
+            return 1
     print(f"run.py: GPU {what}")
-    rows = []
-    for i, (shape, mode, ep, tokens) in enumerate(runs):
-        pass_index = i // per_pass if passes > 1 else None  # (plan_runs: the list once per pass)
-        try:
-            rows.append(run_one(args, shape, mode, ep, tokens, pass_index))
-        except Exception as exc:  # keep going with the next run
-            rows.append({"label": run_label(shape, mode, ep, tokens, pass_index), "shape": shape, "ok": False,
-                         "error": f"{type(exc).__name__}: {exc}", "record": None})
+    rows, current = [], None
+    try:
+        for i, (shape, mode, ep, tokens) in enumerate(runs):
+            pass_index = i // per_pass if passes > 1 else None  # (plan_runs: the list once per pass)
+            current = run_label(shape, mode, ep, tokens, pass_index)
+            try:
+                rows.append(run_one(args, shape, mode, ep, tokens, pass_index))
+            except Exception as exc:  # keep going with the next run
+                rows.append({"label": current, "shape": shape, "ok": False,
+                             "error": f"{type(exc).__name__}: {exc}", "record": None})
+            current = None
+    except Interrupted as stop:
+        # The child is stopped (call_child); the runs that finished are summed up, and the exit
+        # says it was cut short. Further signals are ignored until the summary is out.
+        mute_signals()
+        if current is not None:
+            rows.append({"label": current, "shape": current.split()[0], "ok": False,
+                         "error": f"interrupted by {stop.name}", "record": None})
+        print("\n" + passed_line(rows))
+        print(summary_table(rows))
+        written = [r["path"] for r in rows if r.get("path")]
+        left = len(runs) - len(rows)
+        print(f"run.py: interrupted by {stop.name}: {len(written)} record(s) written"
+              + "".join(f"\n  {p}" for p in written)
+              + (f"\n{current + ' was cut short (no record); ' if current else ''}{left} run(s) not started"
+                 if left or current else ""), file=sys.stderr, flush=True)
+        return stop.exit_code
     failed = [r for r in rows if not r["ok"]]
     print("\n" + passed_line(rows))
     print(summary_table(rows))

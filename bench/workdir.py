@@ -57,10 +57,29 @@ def read_json(path):
 
 
 def write_peer_json(work_dir, result):
-    """Writes a peer's result as DIR/peer.json (what run.py reads); returns the path."""
+    """Writes a peer's result as DIR/peer.json (what run.py reads), whole or not at all: the JSON
+    is made first (a value it cannot hold fails before any file), written to a temporary file in
+    DIR, flushed and fsynced, then os.replace'd over peer.json; the temporary file is removed on
+    any failure. A peer stopped or failing mid-write must not leave half a peer.json that reads
+    as a verdict, nor spoil one written before. Returns the path."""
     path = os.path.join(work_dir, PEER_JSON)
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
+    text = json.dumps(result, indent=1)
+    while True:  # (os.open with 0o666, not mkstemp's 0o600: peer.json keeps the umask's mode)
+        tmp = os.path.join(work_dir, f".{PEER_JSON}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:
+            continue
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return path
 
 

@@ -13,7 +13,8 @@ forward_ms * (1 + rank / 10), so the slowest rank is the last one.
 Set FAKE_MOK_FAIL_SHAPE=S to make it fail (exit 3, no mok.json) for shape S, and
 FAKE_MOK_CHECK_FAIL_SHAPE=S to make its check fail (mok.json written, passes false, exit 3),
 FAKE_MOK_EXIT_SHAPE=S to make it exit 4 after writing a passing mok.json (a crash after the
-JSON), and FAKE_MOK_BUILD_COMMIT=SHA to stamp mok.json's "build" as a real binary does.
+JSON), FAKE_MOK_HANG_SHAPE=S to make it write its pid to WORK_DIR/fake_mok.pid and sleep 600 s
+(a run that hangs), and FAKE_MOK_BUILD_COMMIT=SHA to stamp mok.json's "build" as a real binary does.
 Its "timed loop" is a sleep of FAKE_MOK_TIMED_S seconds (default 0), whose Unix times it
 writes as timing.window_unix_s, as `mok bench` writes its timed loop's.
 """
@@ -63,6 +64,14 @@ def main(argv):
     if os.environ.get("FAKE_MOK_FAIL_SHAPE") == args.shape:
         print(f"fake_mok: failing on purpose for shape {args.shape}", file=sys.stderr)
         return 3
+    if os.environ.get("FAKE_MOK_HANG_SHAPE") == args.shape:
+        # A mok bench that never ends (a test stops run.py meanwhile): says its pid, then waits.
+        os.makedirs(args.work_dir, exist_ok=True)
+        with open(os.path.join(args.work_dir, "fake_mok.pid.tmp"), "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(os.path.join(args.work_dir, "fake_mok.pid.tmp"), os.path.join(args.work_dir, "fake_mok.pid"))
+        time.sleep(600)
+        return 5
     timed_start = time.time()
     time.sleep(float(os.environ.get("FAKE_MOK_TIMED_S", "0")))
     window = [timed_start, time.time()]

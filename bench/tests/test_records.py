@@ -438,9 +438,15 @@ class Files(unittest.TestCase):
             # What is allowed: an unknown commit, null verdicts (no peer, mok unchecked), a peer
             # whose forward was skipped, no min/max.
             for path, value in ((("commit", "sha"), "unknown"), (("check", "pytorch"), None),
-                                (("check", "mok"), None), (("peers", "pytorch_pipeline", "forward"), None),
+                                (("check", "mok"), None),
                                 (("mok", "forward", "min_ms"), KeyError), (("check", "peer_ran"), KeyError)):
                 records.load_record(self.write_json(d, with_(path, value)))
+            skipped = fixture("fixture_peer_qwen35_slice.json")
+            del skipped["forward"]
+            skipped["skipped"] = {"forward": "fixture: skipped"}
+            rec = json.loads(json.dumps(records.make_record(fixture("fixture_mok_qwen35_slice.json"), skipped, env())))
+            rec["gpu"]["name"] = rec["gpu"]["peer_gpu"] = "NVIDIA H100 80GB HBM3"
+            self.assertIsNone(records.load_record(self.write_json(d, rec))["peers"]["pytorch_pipeline"]["forward"])
             # A file that is not JSON is named.
             p = os.path.join(d, "cut.json")
             with open(p, "w") as f:
@@ -786,6 +792,177 @@ class JsonFiles(unittest.TestCase):
             with open(path, "w") as f:
                 json.dump(without, f)
             self.assertNotIn("check", records.load_mok_json(d))
+
+
+class RecordFigures(unittest.TestCase):
+    """Every figure a report divides by or shows is a finite number > 0 (or null), and every
+    figure a record stores agrees with its medians; a comparison across GPUs, or with a peer
+    that has no forward median, never passes."""
+
+    def setUp(self):
+        self.mok = fixture("fixture_mok_qwen35_slice.json")
+        self.peer = fixture("fixture_peer_qwen35_slice.json")
+        self.mok["backward"] = {"median_ms": 4.0, "min_ms": 3.9, "max_ms": 4.1}
+        rec = json.loads(json.dumps(records.make_record(self.mok, self.peer, env())))
+        rec["gpu"]["name"] = rec["gpu"]["peer_gpu"] = "NVIDIA H100 80GB HBM3"  # (a real GPU's name)
+        self.good = rec
+
+    def edited(self, path, value):
+        rec = copy.deepcopy(self.good)
+        parent = rec
+        for key in path[:-1]:
+            parent = parent[key]
+        parent[path[-1]] = value
+        return rec
+
+    def load(self, rec):
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "r.json")
+            with open(p, "w") as f:
+                json.dump(rec, f)
+            return records.load_record(p)
+
+    def test_every_timing_and_ceiling_is_finite_and_positive_when_loaded_and_written(self):
+        nan, inf = float("nan"), float("inf")
+        cases = [
+            (("mok", "backward", "median_ms"), nan, "'mok.backward.median_ms' must be a finite number > 0"),
+            (("mok", "backward", "median_ms"), -8.0, "'mok.backward.median_ms' must be a finite number > 0"),
+            (("mok", "backward"), {"median_ms": -2.0, "min_ms": -3.0, "max_ms": -1.0},
+             "'mok.backward.median_ms' must be a finite number > 0"),
+            (("peers", "pytorch_pipeline", "backward", "median_ms"), nan,
+             "'peers.pytorch_pipeline.backward.median_ms' must be a finite number > 0"),
+            (("peers", "pytorch_grouped_gemms", "gate_up", "median_ms"), 0,
+             "'peers.pytorch_grouped_gemms.gate_up.median_ms' must be a finite number > 0"),
+            (("peers", "pytorch_grouped_gemms", "down", "median_ms"), "0.3",
+             "'peers.pytorch_grouped_gemms.down.median_ms' must be a finite number > 0"),
+            (("mok", "forward", "tflops"), nan, "'mok.forward.tflops' must be a finite number > 0 or null"),
+            (("mok", "forward", "tflops_performed"), -1.0,
+             "'mok.forward.tflops_performed' must be a finite number > 0 or null"),
+            (("ceilings", "dense_bf16_tflops"), "inf", "'ceilings.dense_bf16_tflops' must be a finite number > 0"),
+            (("ceilings", "dense_bf16_tflops"), inf, "'ceilings.dense_bf16_tflops' must be a finite number > 0"),
+            (("ceilings", "dense_bf16_tflops"), -5.0, "'ceilings.dense_bf16_tflops' must be a finite number > 0"),
+            (("ceilings", "copy_gbps"), 0, "'ceilings.copy_gbps' must be a finite number > 0"),
+            (("ceilings", "fp8_e4m3_tflops"), True, "'ceilings.fp8_e4m3_tflops' must be a finite number > 0"),
+        ]
+        self.assertEqual(self.load(self.good), self.good)
+        for path, value, why in cases:
+            with self.assertRaises(ValueError, msg=(path, value)) as cm:
+                self.load(self.edited(path, value))
+            self.assertIn(why, str(cm.exception), (path, value))
+            with tempfile.TemporaryDirectory() as d:
+                out = os.path.join(d, "out")
+                with self.assertRaises(ValueError, msg=(path, value)) as cm:
+                    records.write_record(self.edited(path, value), out)
+                self.assertIn(why, str(cm.exception))
+                self.assertFalse(os.path.exists(out))
+
+    def test_make_record_refuses_a_bad_timing_or_ceiling_naming_the_file_and_key(self):
+        nan = float("nan")
+        for side, key, value, why in (
+                ("mok", "backward", {"median_ms": nan}, "mok.json: 'backward.median_ms' must be a finite number > 0"),
+                ("mok", "backward", {"median_ms": -8.0}, "mok.json: 'backward.median_ms'"),
+                ("peer", "backward", {"median_ms": nan}, "peer.json: 'backward.median_ms'"),
+                ("peer", "grouped_gemms", {"median_ms": 0.0}, "peer.json: 'grouped_gemms.median_ms'"),
+                ("peer", "gate_up_gemm", {"median_ms": -1.0}, "peer.json: 'gate_up_gemm.median_ms'"),
+                ("peer", "down_gemm", {"median_ms": float("inf")}, "peer.json: 'down_gemm.median_ms'"),
+                ("peer", "ceilings", {"dense_bf16": {"tflops": float("inf")}},
+                 "peer.json: 'ceilings.dense_bf16.tflops' must be a finite number > 0 or null"),
+                ("peer", "ceilings", {"copy": {"gbps": -1.0}}, "peer.json: 'ceilings.copy.gbps'")):
+            mok, peer = copy.deepcopy(self.mok), copy.deepcopy(self.peer)
+            (mok if side == "mok" else peer)[key] = value
+            with self.assertRaises(ValueError, msg=(side, key)) as cm:
+                records.make_record(mok, peer, env())
+            self.assertIn(why, str(cm.exception))
+        # And run.py's readers of the work directory refuse them too, naming the file.
+        with tempfile.TemporaryDirectory() as d:
+            records.write_json_atomic(os.path.join(d, "peer.json"), dict(self.peer, backward={"median_ms": nan}))
+            with self.assertRaisesRegex(ValueError, "peer.json: 'backward.median_ms' must be a finite number > 0"):
+                records.load_peer_json(d)
+            doc = make_workdir(d)
+            with open(os.path.join(d, "mok.json"), "w") as f:
+                json.dump(dict(doc, backward={"median_ms": -8.0}), f)
+            with self.assertRaisesRegex(workdir.ContractError, "mok.json: 'backward.median_ms' must be a finite"):
+                records.load_mok_json(d)
+
+    def test_a_stored_figure_its_medians_contradict_is_refused(self):
+        rec = self.good
+        for path, value in ((("ratios", "speedup_forward_vs_pytorch"), 50.0),
+                            (("ratios", "speedup_backward_vs_pytorch"), 9.0),
+                            (("ratios", "mok_forward_of_dense_ceiling"), 0.99),
+                            (("ratios", "speedup_forward_vs_pytorch"), None),
+                            (("ratios", "speedup_forward_vs_pytorch"), "inf"),
+                            (("mok", "forward", "tflops"), 2 * rec["mok"]["forward"]["tflops"]),
+                            (("peers", "pytorch_pipeline", "backward", "tflops_performed"), 1.0),
+                            (("peers", "pytorch_grouped_gemms", "forward", "tflops"), 9999.0),
+                            (("flops", "performed_forward"), 1.0),
+                            (("bytes", "mok_hbm_gbps"), 1.0),
+                            (("bytes", "hbm_forward"), 1)):
+            with self.assertRaises(ValueError, msg=path) as cm:
+                self.load(self.edited(path, value))
+            self.assertIn(f"'{'.'.join(path)}' is ", str(cm.exception))
+            self.assertIn("but the record's medians, ceilings and problem give", str(cm.exception))
+        # Rounding is no contradiction; a figure an older records.py did not store is not asked for.
+        speedup = rec["ratios"]["speedup_forward_vs_pytorch"]
+        self.load(self.edited(("ratios", "speedup_forward_vs_pytorch"), speedup * (1 + 1e-9)))
+        older = copy.deepcopy(rec)
+        del older["ratios"]["mok_forward_performed_of_dense_ceiling"], older["mok"]["forward"]["tflops_performed"]
+        self.load(older)
+
+    def test_parts_the_report_reads_as_objects_are_refused_when_they_are_not(self):
+        for path, value, why in ((("routing",), "gaussian", "'routing' must be an object or null"),
+                                 (("routing", "spec"), 5, "'routing.spec' must be a string or null"),
+                                 (("config",), "x", "'config' must be an object or null"),
+                                 (("config", "env"), ["MOK_X=1"], "'config.env' must be an object or null"),
+                                 (("timing",), "x", "'timing' must be an object or null"),
+                                 (("timing", "mok"), "x", "'timing.mok' must be an object or null"),
+                                 (("mok_args",), [1, None], "'mok_args' must be a list of strings"),
+                                 (("errors",), "boom", "'errors' must be a list of strings or null"),
+                                 (("peers", "pytorch_pipeline", "code"), 5,
+                                  "'peers.pytorch_pipeline.code' must be a string or null"),
+                                 (("mok", "forward_phases"), {"median_ms": {"megakernel": "x"}},
+                                  "'mok.forward_phases.median_ms.megakernel' must be a finite number >= 0"),
+                                 (("clocks",), {"mok_forward": "x"}, "'clocks.mok_forward' must be an object or null"),
+                                 (("clocks",), {"mok_forward": {"sm_mhz_median": "x"}},
+                                  "'clocks.mok_forward.sm_mhz_median' must be a finite number or null")):
+            with self.assertRaises(ValueError, msg=path) as cm:
+                self.load(self.edited(path, value))
+            self.assertIn(why, str(cm.exception))
+
+    def test_a_peer_on_another_gpu_never_passes(self):
+        peer = copy.deepcopy(self.peer)
+        peer["env"]["gpu"] = "NVIDIA H200"
+        mok = copy.deepcopy(self.mok)
+        mok["gpu"]["name"] = "NVIDIA H100 80GB HBM3"
+        rec = records.make_record(mok, peer, env())
+        self.assertFalse(rec["check"]["passes"])
+        self.assertFalse(records.record_passes(rec))
+        why = "the PyTorch peer ran on 'NVIDIA H200', mok on 'NVIDIA H100 80GB HBM3': no comparison across GPUs"
+        self.assertEqual(rec["errors"], [why])
+        self.assertIn(why, records.check_text(rec))
+        # A record that says it passed beside two GPUs (made before this rule, or edited) is no pass.
+        edited = self.edited(("gpu", "peer_gpu"), "NVIDIA H200")
+        self.assertTrue(edited["check"]["passes"])
+        loaded = self.load(edited)
+        self.assertFalse(records.record_passes(loaded))
+        self.assertEqual(records.check_text(loaded), "FAIL (" + why + ")")
+        self.assertEqual(records.check_text(self.good), "PASS")
+
+    def test_a_peer_without_a_forward_median_never_passes(self):
+        peer = copy.deepcopy(self.peer)
+        del peer["forward"]
+        rec = records.make_record(self.mok, peer, env())
+        self.assertEqual(rec["check"]["pytorch"], True)
+        self.assertFalse(rec["check"]["passes"])
+        self.assertEqual(rec["errors"], [records.NO_PEER_FORWARD])
+        edited = self.edited(("peers", "pytorch_pipeline", "forward"), None)
+        for key in ("speedup_forward_vs_pytorch", "pytorch_forward_of_dense_ceiling",
+                    "pytorch_pipeline_over_grouped_gemms"):
+            edited["ratios"][key] = None
+        edited["bytes"]["pytorch_hbm_gbps"] = edited["bytes"]["pytorch_hbm_of_copy_ceiling"] = None
+        loaded = self.load(edited)
+        self.assertTrue(loaded["check"]["passes"])
+        self.assertFalse(records.record_passes(loaded))
+        self.assertIn(records.NO_PEER_FORWARD, records.check_text(loaded))
 
 
 if __name__ == "__main__":

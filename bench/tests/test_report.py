@@ -1,5 +1,7 @@
+import contextlib
 import copy
 import glob
+import io
 import json
 import os
 import shutil
@@ -186,9 +188,9 @@ class Report(unittest.TestCase):
             self.assertEqual(len(q), 1)
             self.assertEqual(q[0]["mok"]["forward"]["median_ms"], 1.0)
             # Same date: the later file name (the _2 suffix) wins.
-            rec = records.make_record(fixture("fixture_mok_mixtral_all.json"), None, env())
-            set_median(rec["mok"]["forward"], 7.0)
-            p = records.write_record(rec, d)
+            mok = fixture("fixture_mok_mixtral_all.json")
+            set_median(mok["forward"], 7.0)  # (a record's own figures must agree with its medians)
+            p = records.write_record(records.make_record(mok, None, env()), d)
             self.assertTrue(p.endswith("_2.json"))
             recs = report.newest_per_key(report.load_records(paths + [p]))
             m = [r for r in recs if r["shape"] == "mixtral-8x7b"]
@@ -793,6 +795,112 @@ class Report(unittest.TestCase):
             report.generate(paths, out, plots)
             self.assertEqual(self.staging_left(plots), [])
             self.assertEqual(self.staging_left(d), [])
+
+    def test_records_with_bad_figures_are_skipped_with_the_reason_never_a_crash(self):
+        # Each of these once reached the report (a TypeError in the backward table, a string
+        # "inf" ceiling divided, a negative mok backward shown as a -8x PASS, a speedup of 50x
+        # beside medians that give 3x): each is now skipped, named, with why.
+        edits = {
+            "peer_bwd_nan.json": (lambda r: r["peers"]["pytorch_pipeline"]["backward"].update(median_ms=float("nan")),
+                                  "'peers.pytorch_pipeline.backward.median_ms' must be a finite number > 0"),
+            "ceiling_inf.json": (lambda r: r["ceilings"].update(dense_bf16_tflops="inf"),
+                                 "'ceilings.dense_bf16_tflops' must be a finite number > 0 or null (got \"inf\")"),
+            "mok_bwd_neg.json": (lambda r: r["mok"].update(backward={"median_ms": -1.0, "tflops": -5.0}),
+                                 "'mok.backward.median_ms' must be a finite number > 0"),
+            "speedup_50.json": (lambda r: r["ratios"].update(speedup_forward_vs_pytorch=50.0),
+                                "'ratios.speedup_forward_vs_pytorch' is 50.0, but the record's medians"),
+        }
+        with tempfile.TemporaryDirectory() as d:
+            results = results_with_strays(d, "peer_bwd_nan.json", edits["peer_bwd_nan.json"][0])
+            good = helpers.read_json(sorted(glob.glob(os.path.join(results, "2001-02-03_qwen*.json")))[0])
+            for name, (edit, _) in edits.items():
+                rec = copy.deepcopy(good)
+                edit(rec)
+                with open(os.path.join(results, name), "w") as f:
+                    json.dump(rec, f)
+            out = os.path.join(d, "R.md")
+            r = self.run_report(["--results-dir", results, "--out", out, "--plots-dir", os.path.join(d, "plots")])
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertNotIn("Traceback", r.stderr)
+            self.assertIn("5 record(s)", r.stdout)
+            text = helpers.read_text(out)
+            for name, (_, why) in edits.items():
+                self.assertIn("skipping " + os.path.join(results, name), r.stderr)
+                row, = [line for line in text.splitlines() if line.startswith(f"| results/{name} |")]
+                self.assertIn(why, row.replace("\\|", "|"))
+            self.assertNotIn("50.00x", text)
+            self.assertNotIn("-8", text.split("## Backward")[1].split("\n## ")[0] if "## Backward" in text else "")
+
+    def test_an_out_that_is_a_folder_is_refused_before_any_plot(self):
+        with tempfile.TemporaryDirectory() as d:
+            _, out, plots = self.made_report(d)
+            folder = os.path.join(d, "results")  # (an existing folder given as --out)
+            before = self.snapshot(d)
+            self.assert_refused_touching_nothing(
+                d, before, ["--results-dir", folder, "--out", folder, "--plots-dir", plots],
+                f"report.py: --out {folder}: is a folder")
+
+    def test_a_failure_while_installing_leaves_the_old_report_and_plots(self):
+        real_replace = os.replace
+        with tempfile.TemporaryDirectory() as d:
+            paths, out, plots = self.made_report(d)
+            before = self.snapshot(d)
+            for failing in ("report", "second plot"):
+                placing = []  # (the new plots moved in from the staging folder, not the old ones set aside)
+                def replace(src, dst, failing=failing):
+                    new_plot = os.path.dirname(os.path.abspath(src)).startswith(os.path.join(plots, ".report-")) \
+                        and os.path.basename(os.path.dirname(src)) != ".old" and dst.endswith(".png")
+                    if new_plot:
+                        placing.append(dst)
+                    if (failing == "report" and dst == out) or (failing == "second plot" and new_plot
+                                                                and len(placing) == 2):
+                        raise OSError(5, "simulated I/O error")
+                    return real_replace(src, dst)
+                # Fewer plots than before (one sweep point left out): the old sweep must come back.
+                with mock.patch.object(report.os, "replace", side_effect=replace):
+                    with self.assertRaisesRegex(OSError, "simulated I/O error"):
+                        report.generate(paths[:4], out, plots)
+                self.assertEqual(self.snapshot(d), before, failing)
+                self.assertEqual(sorted(os.listdir(d)), ["R.md", "plots", "results"])
+                self.assertFalse([n for n in os.listdir(plots) if n.startswith(".report-")])
+
+    def test_sweep_keys_that_make_one_file_name_get_a_plot_each(self):
+        with tempfile.TemporaryDirectory() as d:
+            results = os.path.join(d, "results")
+            for shape in ("qwén", "qwèn"):
+                for t in (512, 1024):
+                    m, p = fixture("fixture_mok_qwen35_slice.json"), fixture("fixture_peer_qwen35_slice.json")
+                    m["shape"], m["problem"]["tokens_per_rank"], m["rows"]["real"] = shape, t, t * 10
+                    set_median(m["forward"], t / 2048)
+                    records.write_record(records.make_record(m, p, env()), results)
+            out, plots = os.path.join(d, "R.md"), os.path.join(d, "plots")
+            self.assertEqual(report.main(["--results-dir", results, "--out", out, "--plots-dir", plots]), 0)
+            sweeps = sorted(n for n in os.listdir(plots) if n.startswith("sweep_"))
+            self.assertEqual(len(sweeps), 2, sweeps)
+            plain = "sweep_qw-n_slice64_gaussian_bf16_FIXTURE-GPU.png"
+            self.assertIn(plain, sweeps)
+            hashed, = set(sweeps) - {plain}
+            self.assertRegex(hashed, r"^sweep_qw-n_slice64_gaussian_bf16_FIXTURE-GPU-[0-9a-f]{8}\.png$")
+            text = helpers.read_text(out)
+            for name in sweeps:
+                self.assertIn(f"(plots/{name})", text)
+                assert_png(self, os.path.join(plots, name))
+            # Regenerated: the same names, nothing left over.
+            self.assertEqual(report.main(["--results-dir", results, "--out", out, "--plots-dir", plots]), 0)
+            self.assertEqual(sorted(n for n in os.listdir(plots) if n.startswith("sweep_")), sweeps)
+
+    def test_ctrl_c_exits_130_with_one_line_and_leaves_the_old_report(self):
+        with tempfile.TemporaryDirectory() as d:
+            paths, out, plots = self.made_report(d)
+            before = self.snapshot(d)
+            err = io.StringIO()
+            with mock.patch.object(report, "_sweep_plot", side_effect=KeyboardInterrupt()), \
+                    contextlib.redirect_stderr(err):
+                rc = report.main(["--results-dir", os.path.join(d, "results"), "--out", out, "--plots-dir", plots])
+            self.assertEqual(rc, 130)
+            self.assertEqual(err.getvalue().strip().splitlines(),
+                             [f"report.py: interrupted (Ctrl-C); {out} and the plots in {plots} are as they were"])
+            self.assertEqual(self.snapshot(d), before)
 
     def test_bad_file_is_skipped(self):
         with tempfile.TemporaryDirectory() as d:

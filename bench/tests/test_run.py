@@ -9,9 +9,12 @@ import io
 import json
 import os
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import types
 import unittest
 from unittest import mock
@@ -47,10 +50,13 @@ def run_with_fake_torch(kind, args, extra_env=None, script=RUN_PY):
 
 def peer_writing_fixture(exit_code):
     """A stand-in for the peer's process (run_one's subprocess.call of it): writes the fixture's
-    passing peer.json into the work directory, then exits with `exit_code`."""
+    passing peer.json into the work directory, then exits with `exit_code`. Its GPU is the fake
+    mok's (a peer on another GPU than mok fails the record)."""
     def peer(work):
+        doc = helpers.fixture("fixture_peer_qwen35_slice.json")
+        doc["env"]["gpu"] = helpers.read_json(os.path.join(work, "mok.json"))["gpu"]["name"]
         with open(os.path.join(work, "peer.json"), "w") as f:
-            json.dump(helpers.fixture("fixture_peer_qwen35_slice.json"), f)
+            json.dump(doc, f)
         return exit_code
     return peer
 
@@ -231,6 +237,40 @@ class Options(unittest.TestCase):
         self.refused(["--mok-arg", "--tokens 64", "--mok-arg", "--work-dir /tmp/w"], "use run.py's --work-root")
         self.refused(["--mok-arg=--no-peer-inputs"], "--no-peer-inputs is set by run.py itself (use run.py's --no-peer)")
 
+    def test_a_mok_bin_that_cannot_be_split_is_refused_by_name(self):
+        self.refused(["--mok-bin", "'unbalanced"], "--mok-bin \"'unbalanced\": cannot be split like a shell would")
+        self.assertEqual(run.mok_bin_errors(FAKE_MOK_CMD), [])
+
+    def test_repeat_has_an_upper_bound(self):
+        self.refused(["--repeat", "1000000000"], f"--repeat must be <= {run.MAX_REPEAT} (got 1000000000)")
+        given = types.SimpleNamespace(iters=None, warmup=None, ceiling_iters=None, ceiling_warmup=None, tokens=None,
+                                      ep=None, launch=None, repeat=run.MAX_REPEAT, clock_period_ms=None, profile_peer=0,
+                                      no_peer=False, shapes=None)
+        self.assertEqual(run.option_errors(given), [])
+
+    def test_a_results_dir_and_work_root_that_overlap_are_refused_naming_both(self):
+        with tempfile.TemporaryDirectory() as d:
+            work = os.path.join(d, "work")
+            for results, why in ((work, "lies inside --work-root"),
+                                 (os.path.join(work, "results"), "lies inside --work-root"),
+                                 (os.path.join(work, "glm-5.2_slice_64_2048"), "lies inside --work-root"),
+                                 (d, "lies inside --results-dir")):
+                self.refused(["--results-dir", results, "--work-root", work],
+                             f"--results-dir {results}" if "--work-root" in why else f"--work-root {work}")
+                errors = run.folder_errors(results, work)
+                self.assertEqual(len(errors), 1, errors)
+                self.assertIn(why, errors[0])
+                self.assertIn(results, errors[0])
+                self.assertIn(work, errors[0])
+            # A link to a folder inside the work root is inside it too (real paths).
+            os.makedirs(os.path.join(work, "kept"))
+            os.symlink(os.path.join(work, "kept"), os.path.join(d, "link"))
+            self.assertIn("lies inside --work-root", run.folder_errors(os.path.join(d, "link"), work)[0])
+            # Siblings (the defaults: bench/results and bench/work) are fine.
+            self.assertEqual(run.folder_errors(os.path.join(d, "results"), work), [])
+            self.assertEqual(run.folder_errors(run.records.RESULTS_DIR, os.path.join(helpers.BENCH_DIR, "work")), [])
+            self.assertFalse(os.path.exists(os.path.join(d, "results")))
+
     def test_plan_keeps_a_given_value(self):
         # `args.tokens or default` read 0 as "not given"; main refuses 0 before planning.
         self.assertEqual(run.plan_runs(ns(shapes="glm-5.2", tokens=0, ep=0)), [("glm-5.2", "slice", 0, 0)])
@@ -398,7 +438,7 @@ class EndToEnd(unittest.TestCase):
             ceiling_iters=200, mok_arg=[], no_backward=False, profile_peer=0, no_peer=False, no_clocks=True,
             keep_work=False,
             work_root=os.path.join(d, "work"), results_dir=os.path.join(d, "results"))
-        with mock.patch.object(run.subprocess, "call", side_effect=call), \
+        with mock.patch.object(run, "call_child", side_effect=call), \
                 contextlib.redirect_stdout(io.StringIO()):
             return run.run_one(args, "glm-5.2", "slice", 2, 16)
 
@@ -529,7 +569,7 @@ class EndToEnd(unittest.TestCase):
 
         out, err = io.StringIO(), io.StringIO()
         with mock.patch.object(run, "cuda_status", return_value=(True, "FAKE-GPU (test)")), \
-                mock.patch.object(run.subprocess, "call", side_effect=call), \
+                mock.patch.object(run, "call_child", side_effect=call), \
                 contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             rc = run.main(argv)
         return rc, out.getvalue(), err.getvalue()
@@ -585,6 +625,102 @@ class EndToEnd(unittest.TestCase):
                 self.assertIn(why, rec["peers"]["pytorch_pipeline"]["errors"]["peer"])
                 self.assertEqual(row["error"], rec["errors"][0])
                 self.assertEqual(helpers.read_json(row["path"])["errors"], rec["errors"])
+
+    def test_an_unusable_work_root_is_refused_before_anything_runs(self):
+        with tempfile.TemporaryDirectory() as d:
+            blocker = os.path.join(d, "file")
+            with open(blocker, "w") as f:
+                f.write("not a folder")
+            results = os.path.join(d, "results")
+            for work in (blocker, os.path.join(blocker, "work")):
+                r = run_with_fake_torch("cuda", ["--shapes", "glm-5.2", "--tokens", "64", "--no-peer", "--mok-bin",
+                                                 FAKE_MOK_CMD, "--work-root", work, "--results-dir", results])
+                self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+                self.assertIn(f"run.py: --work-root {work}: work directories cannot be made there", r.stderr)
+                self.assertNotIn("Traceback", r.stderr)
+                self.assertNotIn("===", r.stdout)  # (no run started)
+            self.assertEqual(os.listdir(results), [])
+
+    def test_a_record_saved_in_a_work_directory_is_never_deleted(self):
+        with tempfile.TemporaryDirectory() as d:
+            work, results = os.path.join(d, "work"), os.path.join(d, "results")
+            rescued = os.path.join(work, "glm-5.2_slice_64_64", "record.json")
+            os.makedirs(os.path.dirname(rescued))
+            with open(rescued, "w") as f:
+                f.write('{"a record": "an earlier run could not write"}')
+            r = run_with_fake_torch("cuda", ["--shapes", "glm-5.2,mixtral-8x7b", "--tokens", "64", "--no-peer",
+                                             "--no-clocks", "--mok-bin", FAKE_MOK_CMD, "--work-root", work,
+                                             "--results-dir", results])
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            self.assertNotIn("Traceback", r.stderr)
+            self.assertEqual(helpers.read_text(rescued), '{"a record": "an earlier run could not write"}')
+            self.assertIn(f"{rescued} holds a record an earlier run could not write: import it "
+                          f"(`python3 bench/records.py import {rescued}`) or move it", r.stderr)
+            self.assertIn(f"ERROR: {rescued} holds a record", r.stdout)
+            # The other run went on (and its record was written).
+            self.assertEqual([helpers.read_json(p)["shape"] for p in glob.glob(os.path.join(results, "*.json"))],
+                             ["mixtral-8x7b"])
+            # remove_work itself refuses, whoever calls it.
+            with self.assertRaisesRegex(ValueError, "holds a record an earlier run could not write"):
+                run.remove_work(os.path.dirname(rescued), work)
+            self.assertTrue(os.path.exists(rescued))
+
+    def _stopped(self, signum):
+        """run.py on two runs whose second one's mok hangs, sent `signum` (to run.py alone) once that
+        mok runs: (returncode, stdout, stderr, the hung mok's pid, results folder)."""
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d, True)
+        os.makedirs(os.path.join(d, "torch"))
+        with open(os.path.join(d, "torch", "__init__.py"), "w") as f:
+            f.write(FAKE_TORCH["cuda"])
+        work, results = os.path.join(d, "work"), os.path.join(d, "results")
+        e = dict(os.environ, PYTHONPATH=d + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                 FAKE_MOK_HANG_SHAPE="mixtral-8x7b")
+        pid_file = os.path.join(work, "mixtral-8x7b_all_1_64", "fake_mok.pid")
+        proc = subprocess.Popen([sys.executable, RUN_PY, "--shapes", "glm-5.2,mixtral-8x7b,gpt-oss-20b", "--tokens",
+                                 "64", "--no-peer", "--no-clocks", "--mok-bin", FAKE_MOK_CMD, "--work-root", work,
+                                 "--results-dir", results], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=e, start_new_session=True)
+        try:
+            for _ in range(600):
+                if os.path.exists(pid_file):
+                    break
+                time.sleep(0.1)
+            with open(pid_file) as f:
+                child = int(f.read())
+            proc.send_signal(signum)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        return proc.returncode, out, err, child, results
+
+    def assert_gone(self, pid):
+        for _ in range(50):  # (a child killed by its group's signal may take a moment to go)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)
+        self.fail(f"the mok child {pid} is still running after run.py ended")
+
+    def test_ctrl_c_and_sigterm_stop_the_child_and_print_what_finished(self):
+        for signum, rc, name in ((signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM")):
+            code, out, err, child, results = self._stopped(signum)
+            self.assertEqual(code, rc, out + err)
+            self.assertNotIn("Traceback", err)
+            self.assert_gone(child)
+            (written,) = glob.glob(os.path.join(results, "*.json"))
+            self.assertIn(f"run.py: interrupted by {name}: 1 record(s) written\n  {written}", err)
+            self.assertIn("mixtral-8x7b all EP=1 T=64 was cut short (no record); 1 run(s) not started", err)
+            tail = out.strip().splitlines()
+            self.assertIn("0 of 2 runs passed; 1 timed mok alone (no peer: not a pass)", out)
+            self.assertIn("glm-5.2 slice EP=64 T=64", tail[-2])
+            self.assertIn("no peer (mok PASS)", tail[-2])
+            self.assertIn(f"mixtral-8x7b all EP=1 T=64", tail[-1])
+            self.assertIn(f"ERROR: interrupted by {name}", tail[-1])
 
     def test_missing_binary(self):
         with tempfile.TemporaryDirectory() as d:

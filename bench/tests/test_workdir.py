@@ -214,5 +214,34 @@ class Contract(unittest.TestCase):
                 workdir.load_work(d, need_backward=True)
 
 
+class PeerJson(unittest.TestCase):
+    def test_peer_json_is_written_whole_or_not_at_all(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = workdir.write_peer_json(d, {"check": {"passes": True}, "forward": {"median_ms": 1.0}})
+            self.assertEqual(path, os.path.join(d, workdir.PEER_JSON))
+            with open(path) as f:
+                before = f.read()
+            self.assertEqual(json.loads(before)["forward"], {"median_ms": 1.0})
+            # A value JSON cannot hold (the dump fails half-way) and a failing rename: the earlier
+            # peer.json stays whole, and no temporary file is left beside it.
+            with self.assertRaises(TypeError):
+                workdir.write_peer_json(d, {"check": {"passes": False}, "forward": {"median_ms": object()}})
+            with mock.patch.object(workdir.os, "replace", side_effect=OSError(28, "No space left on device")):
+                with self.assertRaises(OSError):
+                    workdir.write_peer_json(d, {"check": {"passes": False}})
+            with open(path) as f:
+                self.assertEqual(f.read(), before)
+            self.assertEqual(os.listdir(d), [workdir.PEER_JSON])
+            # Written through a temporary file renamed over peer.json (never opened in place).
+            real_replace, renamed = os.replace, []
+            def replace(src, dst):
+                renamed.append((os.path.dirname(src), dst))
+                return real_replace(src, dst)
+            with mock.patch.object(workdir.os, "replace", side_effect=replace):
+                workdir.write_peer_json(d, {"check": {"passes": True}})
+            self.assertEqual(renamed, [(d, path)])
+            self.assertEqual(os.listdir(d), [workdir.PEER_JSON])
+
+
 if __name__ == "__main__":
     unittest.main()
