@@ -569,10 +569,10 @@ def read_json_named(path):
 
 def write_json_atomic(path, value):
     """Writes `value` as JSON to `path` through a temporary file in the same folder (flushed,
-    fsynced: _synced_tmp) and os.replace: a reader sees the old file or the whole new one, never
+    fsynced: workdir.synced_tmp) and os.replace: a reader sees the old file or the whole new one, never
     half of it; the temporary file is removed on any failure."""
     text = json.dumps(value, indent=1)  # (a value JSON cannot hold fails here, before any file)
-    tmp = _synced_tmp(os.path.dirname(os.path.abspath(path)), os.path.basename(path), text)
+    tmp = workdir.synced_tmp(os.path.dirname(os.path.abspath(path)), os.path.basename(path), text)
     try:
         os.replace(tmp, path)
     finally:
@@ -657,28 +657,6 @@ def synthetic_gpu_error(record):
     return None
 
 
-def _synced_tmp(folder, base, text):
-    """`text` in a new, exclusively created temporary file in `folder` (not *.json, so
-    report.py's glob never reads it), flushed and fsynced; its path. Removed again if writing
-    fails."""
-    while True:
-        path = os.path.join(folder, f".{base}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            break
-        except FileExistsError:
-            continue
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        _remove_if_there(path)
-        raise
-    return path
-
-
 def _remove_if_there(path):
     try:
         os.unlink(path)
@@ -717,7 +695,7 @@ def write_record(record, results_dir=None):
     os.makedirs(results_dir, exist_ok=True)
     text = json.dumps(record, indent=1, sort_keys=False, allow_nan=False) + "\n"
     base = record_basename(record)
-    tmp = _synced_tmp(results_dir, base, text)
+    tmp = workdir.synced_tmp(results_dir, base, text)
     try:
         n = 1
         while True:

@@ -63,23 +63,37 @@ def write_peer_json(work_dir, result):
     any failure. A peer stopped or failing mid-write must not leave half a peer.json that reads
     as a verdict, nor spoil one written before. Returns the path."""
     path = os.path.join(work_dir, PEER_JSON)
-    text = json.dumps(result, indent=1)
-    while True:  # (os.open with 0o666, not mkstemp's 0o600: peer.json keeps the umask's mode)
-        tmp = os.path.join(work_dir, f".{PEER_JSON}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            break
-        except FileExistsError:
-            continue
+    tmp = synced_tmp(work_dir, PEER_JSON, json.dumps(result, indent=1))
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+    return path
+
+
+def synced_tmp(folder, base, text):
+    """`text` in a new, exclusively created temporary file in `folder` (".<base>.<pid>.<random>.tmp":
+    not *.json, so report.py's glob never reads it), flushed and fsynced; its path. Removed again
+    if writing fails. (os.open with 0o666, not mkstemp's 0o600: the file keeps the umask's mode.)"""
+    while True:
+        path = os.path.join(folder, f".{base}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:
+            continue
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        raise
     return path
 
 

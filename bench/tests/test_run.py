@@ -547,20 +547,26 @@ class EndToEnd(unittest.TestCase):
             self.assertEqual(len(glob.glob(os.path.join(results, "*.json"))), 4)
             self.assertIn("glm-5.2 slice EP=64 T=64 pass 2", r.stdout)
 
-    def test_an_unwritable_results_dir_is_refused_before_anything_runs(self):
+    def _refused_before_anything_runs(self, option, message):
+        """run.py with `option` (--results-dir or --work-root) a file, or a path under one: refused
+        naming the option with `message`, before any run; the other folder is left as it was."""
         with tempfile.TemporaryDirectory() as d:
             blocker = os.path.join(d, "file")
             with open(blocker, "w") as f:
                 f.write("not a folder")
-            work = os.path.join(d, "work")
-            for results in (blocker, os.path.join(blocker, "results")):
+            other = "--work-root" if option == "--results-dir" else "--results-dir"
+            other_path = os.path.join(d, "other")
+            for bad in (blocker, os.path.join(blocker, "sub")):
                 r = run_with_fake_torch("cuda", ["--shapes", "glm-5.2", "--tokens", "64", "--no-peer", "--mok-bin",
-                                                 FAKE_MOK_CMD, "--work-root", work, "--results-dir", results])
+                                                 FAKE_MOK_CMD, option, bad, other, other_path])
                 self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
-                self.assertIn(f"run.py: --results-dir {results}: records cannot be written there", r.stderr)
+                self.assertIn(f"run.py: {option} {bad}: {message}", r.stderr)
                 self.assertNotIn("Traceback", r.stderr)
-                self.assertFalse(os.path.exists(work))  # mok bench never ran
-            self.assertEqual(sorted(os.listdir(d)), ["file"])
+                self.assertNotIn("===", r.stdout)  # (no run started)
+                self.assertFalse(os.path.exists(other_path) and os.listdir(other_path))
+
+    def test_an_unwritable_results_dir_is_refused_before_anything_runs(self):
+        self._refused_before_anything_runs("--results-dir", "records cannot be written there")
 
     def _main_quietly(self, argv):
         """run.main in this process (a CUDA GPU assumed), the fake mok's output discarded."""
@@ -627,19 +633,7 @@ class EndToEnd(unittest.TestCase):
                 self.assertEqual(helpers.read_json(row["path"])["errors"], rec["errors"])
 
     def test_an_unusable_work_root_is_refused_before_anything_runs(self):
-        with tempfile.TemporaryDirectory() as d:
-            blocker = os.path.join(d, "file")
-            with open(blocker, "w") as f:
-                f.write("not a folder")
-            results = os.path.join(d, "results")
-            for work in (blocker, os.path.join(blocker, "work")):
-                r = run_with_fake_torch("cuda", ["--shapes", "glm-5.2", "--tokens", "64", "--no-peer", "--mok-bin",
-                                                 FAKE_MOK_CMD, "--work-root", work, "--results-dir", results])
-                self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
-                self.assertIn(f"run.py: --work-root {work}: work directories cannot be made there", r.stderr)
-                self.assertNotIn("Traceback", r.stderr)
-                self.assertNotIn("===", r.stdout)  # (no run started)
-            self.assertEqual(os.listdir(results), [])
+        self._refused_before_anything_runs("--work-root", "work directories cannot be made there")
 
     def test_a_record_saved_in_a_work_directory_is_never_deleted(self):
         with tempfile.TemporaryDirectory() as d:
