@@ -113,7 +113,7 @@ elseif(MODE STREQUAL "bad_numbers")
       "--capacity|inf|option --capacity: must be a finite number"
       "--seed|-1|option --seed: -1 is out of range"
       "--seed|18446744073709551615|option --seed: 18446744073709551615 is out of range"
-      "--tokens|99999999999999999999|option --tokens: 99999999999999999999 is out of range"
+      "--tokens|99999999999999999999|option --tokens: 99999999999999999999 is out of range [1, 2147483647]"
       "--tokens|99999999999999999999x|option --tokens: '99999999999999999999x' is not an integer"
       # Beyond int's range: the option's own bound, not int's (which read as if negatives passed).
       "--tokens|-99999999999|option --tokens: -99999999999 is out of range [1, 2147483647]"

@@ -72,8 +72,14 @@ std::optional<int> Args::take_int(const std::string& name, int lo) {
   if (!v) return std::nullopt;
   // A value an int holds is the caller's to judge (its rules name the option's field); one
   // beyond is refused here with the option's own least value.
-  const long long n = parse_integer(*v, std::numeric_limits<long long>::min(), std::numeric_limits<long long>::max(),
-                                    "option --" + name);
+  long long n = 0;
+  try {
+    n = parse_integer(*v, std::numeric_limits<long long>::min(), std::numeric_limits<long long>::max(),
+                      "option --" + name);
+  } catch (const Error&) {  // (not an integer, or beyond 64 bits: said again with the option's bound)
+    parse_integer(*v, lo, std::numeric_limits<int>::max(), "option --" + name);
+    throw;
+  }
   if (n < std::numeric_limits<int>::min() || n > std::numeric_limits<int>::max())
     return static_cast<int>(parse_integer(*v, lo, std::numeric_limits<int>::max(), "option --" + name));
   return static_cast<int>(n);
