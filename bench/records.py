@@ -309,6 +309,53 @@ def strict_json(value):
     return value
 
 
+def derived_figures(problem, n_rows, n_remote, medians, dense, copy, a2a):
+    """The figures a record works out from its medians, ceilings and problem, in the record's
+    own layout (make_record stores them; derived_errors checks a loaded record's against them):
+    "flops", "bytes" and "ratios", and each timed entry's TFLOP/s by MoK's count and by the
+    FLOPs really performed (backward: twice the forward's GEMM FLOPs). `medians`: the median ms
+    (None: not measured) of "mok_fwd", "mok_bwd", "pipe_fwd", "pipe_bwd" and "gg" (the grouped
+    GEMMs); `dense`, `copy`, `a2a`: the dense bf16 TFLOP/s, the copy GB/s and NCCL's all-to-all
+    bus GB/s (None: not measured)."""
+    f_fwd, f_bwd = mok_flops(problem), mok_flops(problem, backward=True)
+    perf = performed_flops(problem, n_rows)
+    f_gg = grouped_gemm_flops(problem, n_rows)
+    hbm, link = hbm_bytes_forward(problem, n_rows), link_bytes_forward(problem, n_remote)
+    m = medians
+    rate = {"mok_fwd": {"tflops": tflops(f_fwd, m["mok_fwd"]), "tflops_performed": tflops(perf, m["mok_fwd"])},
+            "mok_bwd": {"tflops": tflops(f_bwd, m["mok_bwd"]), "tflops_performed": tflops(2 * perf, m["mok_bwd"])},
+            "pipe_fwd": {"tflops": tflops(f_fwd, m["pipe_fwd"]), "tflops_performed": tflops(perf, m["pipe_fwd"])},
+            "pipe_bwd": {"tflops": tflops(f_bwd, m["pipe_bwd"]),
+                         "tflops_performed": tflops(2 * perf, m["pipe_bwd"])},
+            "gg": {"tflops": tflops(f_gg, m["gg"])}}
+    mok_gbps, pipe_gbps = gbps(hbm, m["mok_fwd"]), gbps(hbm, m["pipe_fwd"])
+    return {
+        "flops": {"mok_forward": f_fwd, "mok_backward": f_bwd, "performed_forward": perf, "grouped_gemms": f_gg},
+        "mok": {"forward": rate["mok_fwd"], "backward": rate["mok_bwd"]},
+        "peers": {"pytorch_pipeline": {"forward": rate["pipe_fwd"], "backward": rate["pipe_bwd"]},
+                  "pytorch_grouped_gemms": {"forward": rate["gg"]}},
+        "ratios": {
+            "speedup_forward_vs_pytorch": ratio(m["pipe_fwd"], m["mok_fwd"]),
+            "speedup_backward_vs_pytorch": ratio(m["pipe_bwd"], m["mok_bwd"]),
+            "mok_forward_of_dense_ceiling": ratio(rate["mok_fwd"]["tflops"], dense),
+            # The FLOPs really done over the ceiling (MoK's count is not the work done without a
+            # shared expert, or on a slice whose rank receives other than T*k rows).
+            "mok_forward_performed_of_dense_ceiling": ratio(rate["mok_fwd"]["tflops_performed"], dense),
+            "mok_backward_of_dense_ceiling": ratio(rate["mok_bwd"]["tflops"], dense),
+            "pytorch_forward_of_dense_ceiling": ratio(rate["pipe_fwd"]["tflops"], dense),
+            "grouped_gemms_of_dense_ceiling": ratio(rate["gg"]["tflops"], dense),
+            "pytorch_pipeline_over_grouped_gemms": ratio(m["pipe_fwd"], m["gg"]),
+            "mok_over_grouped_gemms": ratio(m["mok_fwd"], m["gg"]),
+        },
+        "bytes": {"hbm_forward": hbm, "link_forward": link,
+                  "mok_hbm_gbps": mok_gbps, "mok_hbm_of_copy_ceiling": ratio(mok_gbps, copy),
+                  "pytorch_hbm_gbps": pipe_gbps, "pytorch_hbm_of_copy_ceiling": ratio(pipe_gbps, copy),
+                  "mok_link_gbps": gbps(link, m["mok_fwd"]),
+                  # Bytes both ways over NCCL's all-to-all bus bandwidth one way, doubled.
+                  "mok_link_of_nccl_all_to_all": ratio(gbps(link, m["mok_fwd"]), None if a2a is None else 2 * a2a)},
+    }
+
+
 def make_record(mok, peer, env, clocks=None, errors=None):
     """One benchmark record from mok.json, peer.json (may be None), collect_env() and the
     clock samples of the run (run.py: {"samples", "gpus", "period_ms", "error"}; may be None).
@@ -325,25 +372,14 @@ def make_record(mok, peer, env, clocks=None, errors=None):
     rows = mok["rows"]
     n_rows = int(rows["real"])
     n_remote = int(rows.get("remote", 0))
-    f_fwd, f_bwd = mok_flops(problem), mok_flops(problem, backward=True)
-    perf_fwd = performed_flops(problem, n_rows)
     peer = peer or {}
     penv = peer.get("env") or {}
     mok_check = (mok.get("check") or {}).get("forward")
     peer_check = peer.get("check")
 
-    mok_fwd = _timed(mok.get("forward"), f_fwd)
-    mok_bwd = _timed(mok.get("backward"), f_bwd)
-    pipe_fwd = _timed(peer.get("forward"), f_fwd)
-    pipe_bwd = _timed(peer.get("backward"), f_bwd)
-    gg = _timed(peer.get("grouped_gemms"), grouped_gemm_flops(problem, n_rows))
-    for entry in (mok_fwd, pipe_fwd):
-        if entry:
-            entry["tflops_performed"] = tflops(perf_fwd, entry["median_ms"])
-    for entry in (mok_bwd, pipe_bwd):  # backward: twice the forward's GEMM FLOPs
-        if entry:
-            entry["tflops_performed"] = tflops(2 * perf_fwd, entry["median_ms"])
-
+    mok_fwd, mok_bwd = _timed(mok.get("forward")), _timed(mok.get("backward"))
+    pipe_fwd, pipe_bwd = _timed(peer.get("forward")), _timed(peer.get("backward"))
+    gg = _timed(peer.get("grouped_gemms"))
     ceilings = peer.get("ceilings") or {}
     dense = (ceilings.get("dense_bf16") or {}).get("tflops")
     fp8 = (ceilings.get("fp8_e4m3") or {}).get("tflops")
@@ -351,12 +387,15 @@ def make_record(mok, peer, env, clocks=None, errors=None):
     copy = (ceilings.get("copy") or {}).get("gbps")
     a2a = (ceilings.get("nccl_all_to_all") or {}).get("busbw_gbps")
     ms = lambda e: e["median_ms"] if e else None  # noqa: E731
-    tf = lambda e: e.get("tflops") if e else None  # noqa: E731
-
-    hbm = hbm_bytes_forward(problem, n_rows)
-    link = link_bytes_forward(problem, n_remote)
-    mok_gbps = gbps(hbm, ms(mok_fwd))
-    pipe_gbps = gbps(hbm, ms(pipe_fwd))
+    fig = derived_figures(problem, n_rows, n_remote,
+                          {"mok_fwd": ms(mok_fwd), "mok_bwd": ms(mok_bwd), "pipe_fwd": ms(pipe_fwd),
+                           "pipe_bwd": ms(pipe_bwd), "gg": ms(gg)}, dense, copy, a2a)
+    for entry, rates in ((mok_fwd, fig["mok"]["forward"]), (mok_bwd, fig["mok"]["backward"]),
+                         (pipe_fwd, fig["peers"]["pytorch_pipeline"]["forward"]),
+                         (pipe_bwd, fig["peers"]["pytorch_pipeline"]["backward"]),
+                         (gg, fig["peers"]["pytorch_grouped_gemms"]["forward"])):
+        if entry:
+            entry.update(rates)
 
     mok_pass = None if mok_check is None else check_passes(mok_check, "mok.json", "check.forward")
     peer_verdict = None if peer_check is None else check_passes(peer_check, "peer.json", "check")
@@ -395,8 +434,7 @@ def make_record(mok, peer, env, clocks=None, errors=None):
         "rows": {"real": n_rows, "remote": n_remote, "padded": rows.get("padded")},
         "config": mok.get("config"),
         "timing": {"mok": mok.get("timing"), "peer": peer.get("timing")},
-        "flops": {"mok_forward": f_fwd, "mok_backward": f_bwd, "performed_forward": perf_fwd,
-                  "grouped_gemms": grouped_gemm_flops(problem, n_rows)},
+        "flops": fig["flops"],
         "mok": {"forward": mok_fwd, "backward": mok_bwd, "check": mok_check, "ranks": mok.get("ranks"),
                 "forward_phases": forward_phases(mok)},
         "peers": {
@@ -412,25 +450,8 @@ def make_record(mok, peer, env, clocks=None, errors=None):
         "ceilings": {"dense_bf16_tflops": dense, "fp8_e4m3_tflops": fp8, "fp8_e4m3_exact_accum_tflops": fp8_exact,
                      "copy_gbps": copy, "nccl_all_to_all_busbw_gbps": a2a,
                      "detail": ceilings or None},
-        "ratios": {
-            "speedup_forward_vs_pytorch": ratio(ms(pipe_fwd), ms(mok_fwd)),
-            "speedup_backward_vs_pytorch": ratio(ms(pipe_bwd), ms(mok_bwd)),
-            "mok_forward_of_dense_ceiling": ratio(tf(mok_fwd), dense),
-            # The FLOPs really done over the ceiling (MoK's count is not the work done without a
-            # shared expert, or on a slice whose rank receives other than T*k rows).
-            "mok_forward_performed_of_dense_ceiling": ratio((mok_fwd or {}).get("tflops_performed"), dense),
-            "mok_backward_of_dense_ceiling": ratio(tf(mok_bwd), dense),
-            "pytorch_forward_of_dense_ceiling": ratio(tf(pipe_fwd), dense),
-            "grouped_gemms_of_dense_ceiling": ratio(tf(gg), dense),
-            "pytorch_pipeline_over_grouped_gemms": ratio(ms(pipe_fwd), ms(gg)),
-            "mok_over_grouped_gemms": ratio(ms(mok_fwd), ms(gg)),
-        },
-        "bytes": {"hbm_forward": hbm, "link_forward": link,
-                  "mok_hbm_gbps": mok_gbps, "mok_hbm_of_copy_ceiling": ratio(mok_gbps, copy),
-                  "pytorch_hbm_gbps": pipe_gbps, "pytorch_hbm_of_copy_ceiling": ratio(pipe_gbps, copy),
-                  "mok_link_gbps": gbps(link, ms(mok_fwd)),
-                  # Bytes both ways over NCCL's all-to-all bus bandwidth one way, doubled.
-                  "mok_link_of_nccl_all_to_all": ratio(gbps(link, ms(mok_fwd)), None if a2a is None else 2 * a2a)},
+        "ratios": fig["ratios"],
+        "bytes": fig["bytes"],
         "clocks": clock_section(mok, peer, clocks, capability, mgpu.get("sms"),
                                 (mok_fwd or {}).get("tflops_performed"), dense),
         "errors": errors,
@@ -871,62 +892,35 @@ def _close(stored, expected):
 def derived_errors(rec):
     """What the record stores that its own medians, ceilings, problem and rows contradict: the
     FLOP and byte counts, every timed entry's TFLOP/s, the ratios and the byte rates, each worked
-    out again as make_record does (records.py's arithmetic) and compared (DERIVED_REL_TOL). A
+    out again by make_record's own arithmetic (derived_figures) and compared (DERIVED_REL_TOL). A
     figure the record lacks (an older records.py did not store it) is not asked for; one it
     holds must agree: a ratio edited by hand (a speedup of 50x beside medians that give 1.2x)
     must never be shown. Call on a record whose timed entries and ceilings are valid."""
-    problem, rows = rec["problem"], rec.get("rows")
+    mok, peers = rec.get("mok") or {}, rec.get("peers") or {}
+    pipe, gg = peers.get("pytorch_pipeline") or {}, peers.get("pytorch_grouped_gemms") or {}
+    ceilings = rec.get("ceilings") or {}
+    ms = lambda e: e.get("median_ms") if isinstance(e, dict) else None  # noqa: E731
+    medians = {"mok_fwd": ms(mok.get("forward")), "mok_bwd": ms(mok.get("backward")),
+               "pipe_fwd": ms(pipe.get("forward")), "pipe_bwd": ms(pipe.get("backward")), "gg": ms(gg.get("forward"))}
     try:
-        n_rows, n_remote = int(rows["real"]), int(rows.get("remote", 0))
-        f_fwd, f_bwd = mok_flops(problem), mok_flops(problem, backward=True)
-        perf = performed_flops(problem, n_rows)
-        f_gg = grouped_gemm_flops(problem, n_rows)
-        hbm, link = hbm_bytes_forward(problem, n_rows), link_bytes_forward(problem, n_remote)
+        rows = rec.get("rows")
+        fig = derived_figures(rec["problem"], int(rows["real"]), int(rows.get("remote", 0)), medians,
+                              *(ceilings.get(k) for k in ("dense_bf16_tflops", "copy_gbps",
+                                                          "nccl_all_to_all_busbw_gbps")))
     except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
         return [f"'problem' and 'rows' must give the FLOP and byte counts (num_experts, hidden, intermediate, "
                 f"top_k, ep_size, tokens_per_rank, shared_intermediate; rows.real, rows.remote as whole "
                 f"numbers): {type(exc).__name__}: {exc}"]
-    mok, peers = rec.get("mok") or {}, rec.get("peers") or {}
-    pipe, gg = peers.get("pytorch_pipeline") or {}, peers.get("pytorch_grouped_gemms") or {}
-    ceilings = rec.get("ceilings") or {}
-    dense, copy_rate, a2a = (ceilings.get(k) for k in ("dense_bf16_tflops", "copy_gbps",
-                                                        "nccl_all_to_all_busbw_gbps"))
-    ms = lambda e: e.get("median_ms") if isinstance(e, dict) else None  # noqa: E731
-    mok_fwd, mok_bwd, pipe_fwd, pipe_bwd, gg_fwd = (mok.get("forward"), mok.get("backward"), pipe.get("forward"),
-                                                    pipe.get("backward"), gg.get("forward"))
-    tf = {"mok_fwd": tflops(f_fwd, ms(mok_fwd)), "mok_bwd": tflops(f_bwd, ms(mok_bwd)),
-          "pipe_fwd": tflops(f_fwd, ms(pipe_fwd)), "pipe_bwd": tflops(f_bwd, ms(pipe_bwd)),
-          "gg": tflops(f_gg, ms(gg_fwd))}
-    mok_gbps, pipe_gbps = gbps(hbm, ms(mok_fwd)), gbps(hbm, ms(pipe_fwd))
-    expected = [
-        (("flops", "mok_forward"), f_fwd), (("flops", "mok_backward"), f_bwd),
-        (("flops", "performed_forward"), perf), (("flops", "grouped_gemms"), f_gg),
-        (("bytes", "hbm_forward"), hbm), (("bytes", "link_forward"), link),
-        (("bytes", "mok_hbm_gbps"), mok_gbps), (("bytes", "mok_hbm_of_copy_ceiling"), ratio(mok_gbps, copy_rate)),
-        (("bytes", "pytorch_hbm_gbps"), pipe_gbps),
-        (("bytes", "pytorch_hbm_of_copy_ceiling"), ratio(pipe_gbps, copy_rate)),
-        (("bytes", "mok_link_gbps"), gbps(link, ms(mok_fwd))),
-        (("bytes", "mok_link_of_nccl_all_to_all"), ratio(gbps(link, ms(mok_fwd)), None if a2a is None else 2 * a2a)),
-        (("ratios", "speedup_forward_vs_pytorch"), ratio(ms(pipe_fwd), ms(mok_fwd))),
-        (("ratios", "speedup_backward_vs_pytorch"), ratio(ms(pipe_bwd), ms(mok_bwd))),
-        (("ratios", "mok_forward_of_dense_ceiling"), ratio(tf["mok_fwd"], dense)),
-        (("ratios", "mok_forward_performed_of_dense_ceiling"), ratio(tflops(perf, ms(mok_fwd)), dense)),
-        (("ratios", "mok_backward_of_dense_ceiling"), ratio(tf["mok_bwd"], dense)),
-        (("ratios", "pytorch_forward_of_dense_ceiling"), ratio(tf["pipe_fwd"], dense)),
-        (("ratios", "grouped_gemms_of_dense_ceiling"), ratio(tf["gg"], dense)),
-        (("ratios", "pytorch_pipeline_over_grouped_gemms"), ratio(ms(pipe_fwd), ms(gg_fwd))),
-        (("ratios", "mok_over_grouped_gemms"), ratio(ms(mok_fwd), ms(gg_fwd))),
-    ]
-    for where, entry, flops_, perf_ in (("mok.forward", mok_fwd, f_fwd, perf), ("mok.backward", mok_bwd, f_bwd, 2 * perf),
-                                        ("peers.pytorch_pipeline.forward", pipe_fwd, f_fwd, perf),
-                                        ("peers.pytorch_pipeline.backward", pipe_bwd, f_bwd, 2 * perf),
-                                        ("peers.pytorch_grouped_gemms.forward", gg_fwd, f_gg, None)):
-        if isinstance(entry, dict):
-            expected.append((tuple(where.split(".")) + ("tflops",), tflops(flops_, ms(entry))))
-            if perf_ is not None:
-                expected.append((tuple(where.split(".")) + ("tflops_performed",), tflops(perf_, ms(entry))))
+
+    def leaves(tree, path=()):
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                yield from leaves(value, path + (key,))
+            else:
+                yield path + (key,), value
+
     errors = []
-    for path, want in expected:
+    for path, want in leaves(fig):
         parent = rec
         for part in path[:-1]:
             parent = parent.get(part) if isinstance(parent, dict) else None
