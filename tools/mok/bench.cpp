@@ -518,32 +518,33 @@ int bench_command(const std::vector<std::string>& argv) {
   // torch.distributed all-to-all, as users run it).
   // --no-peer-inputs: none of them (mok.json says so, and the peers refuse such a DIR).
   const RankData& mine = host.ranks[me];
-  if (peer_inputs && !distributed) {
-    HostTensor x_all(DType::bf16, {std::int64_t(R) * T, H});
-    for (int r = 0; r < R; ++r)
-      std::memcpy(x_all.data<std::uint16_t>() + std::size_t(r) * T * H, host.ranks[r].x.data<void>(),
-                  std::size_t(T) * H * 2);
-    npy::save(path(bench_file_name(BenchFile::kXAll)), x_all);
-    npy::save(path(bench_file_name(BenchFile::kRowSource)), tensor_from(DType::i64, {N}, row_source.data()));
-    npy::save(path(bench_file_name(BenchFile::kRowExpert)), tensor_from(DType::i32, {N}, row_expert.data()));
-    npy::save(path(bench_file_name(BenchFile::kRowWeight)), tensor_from(DType::f32, {N}, row_weight.data()));
-    // The peer writes the rows of this rank's own tokens into their slots itself, as mok does:
-    // row_slot names each row's slot (-1: another rank's token), and the file holds the
-    // start_slots mok had (those slots NaN), so the peer's y is checked on the rows it computed.
-    npy::save(path(bench_file_name(BenchFile::kRowSlot)), tensor_from(DType::i64, {N}, row_slot.data()));
-    npy::save(path(bench_file_name(BenchFile::kCombineLocal)), tensor_from(DType::bf16, {std::int64_t(T) * k, H}, start_slots.data()));
-    npy::save(path(bench_file_name(BenchFile::kRowsRef)), tensor_from(DType::bf16, {N, H}, rows_ref.data()));
-    HostTensor dy(DType::bf16, {T, H});
-    for (std::int64_t i = 0; i < dy.numel(); ++i)
-      dy.data<std::uint16_t>()[i] = num::bf16_from_float(rng::normal(seed, rng::kDy, std::uint64_t(me) * T * H + i));
-    npy::save(path(bench_file_name(BenchFile::kDyLocal)), dy);
-  } else if (peer_inputs) {
-    npy::save(path(bench_file_name(BenchFile::kTopExperts)), mine.top_experts);
-    // (peer_dist checks its combine slots, every row of this rank's tokens, against these.)
-    npy::save(path(bench_file_name(BenchFile::kSlotsRef)),
-              tensor_from(DType::bf16, {std::int64_t(T) * k, H}, ref_slots.data()));
-  }
   if (peer_inputs) {
+    if (!distributed) {
+      HostTensor x_all(DType::bf16, {std::int64_t(R) * T, H});
+      for (int r = 0; r < R; ++r)
+        std::memcpy(x_all.data<std::uint16_t>() + std::size_t(r) * T * H, host.ranks[r].x.data<void>(),
+                    std::size_t(T) * H * 2);
+      npy::save(path(bench_file_name(BenchFile::kXAll)), x_all);
+      npy::save(path(bench_file_name(BenchFile::kRowSource)), tensor_from(DType::i64, {N}, row_source.data()));
+      npy::save(path(bench_file_name(BenchFile::kRowExpert)), tensor_from(DType::i32, {N}, row_expert.data()));
+      npy::save(path(bench_file_name(BenchFile::kRowWeight)), tensor_from(DType::f32, {N}, row_weight.data()));
+      // The peer writes the rows of this rank's own tokens into their slots itself, as mok does:
+      // row_slot names each row's slot (-1: another rank's token), and the file holds the
+      // start_slots mok had (those slots NaN), so the peer's y is checked on the rows it computed.
+      npy::save(path(bench_file_name(BenchFile::kRowSlot)), tensor_from(DType::i64, {N}, row_slot.data()));
+      npy::save(path(bench_file_name(BenchFile::kCombineLocal)),
+                tensor_from(DType::bf16, {std::int64_t(T) * k, H}, start_slots.data()));
+      npy::save(path(bench_file_name(BenchFile::kRowsRef)), tensor_from(DType::bf16, {N, H}, rows_ref.data()));
+      HostTensor dy(DType::bf16, {T, H});
+      for (std::int64_t i = 0; i < dy.numel(); ++i)
+        dy.data<std::uint16_t>()[i] = num::bf16_from_float(rng::normal(seed, rng::kDy, std::uint64_t(me) * T * H + i));
+      npy::save(path(bench_file_name(BenchFile::kDyLocal)), dy);
+    } else {
+      npy::save(path(bench_file_name(BenchFile::kTopExperts)), mine.top_experts);
+      // (peer_dist checks its combine slots, every row of this rank's tokens, against these.)
+      npy::save(path(bench_file_name(BenchFile::kSlotsRef)),
+                tensor_from(DType::bf16, {std::int64_t(T) * k, H}, ref_slots.data()));
+    }
     npy::save(path(bench_file_name(BenchFile::kWGate)), mine.w_gate);
     npy::save(path(bench_file_name(BenchFile::kWUp)), mine.w_up);
     npy::save(path(bench_file_name(BenchFile::kWDown)), mine.w_down);

@@ -71,18 +71,15 @@ std::optional<int> Args::take_int(const std::string& name, int lo) {
   auto v = take(name);
   if (!v) return std::nullopt;
   // A value an int holds is the caller's to judge (its rules name the option's field); one
-  // beyond is refused here with the option's own least value.
-  long long n = 0;
+  // beyond, or no integer, is refused by the second read, whose message states the option's
+  // own least value.
   try {
-    n = parse_integer(*v, std::numeric_limits<long long>::min(), std::numeric_limits<long long>::max(),
-                      "option --" + name);
-  } catch (const Error&) {  // (not an integer, or beyond 64 bits: said again with the option's bound)
+    return static_cast<int>(
+        parse_integer(*v, std::numeric_limits<int>::min(), std::numeric_limits<int>::max(), "option --" + name));
+  } catch (const Error&) {
     parse_integer(*v, lo, std::numeric_limits<int>::max(), "option --" + name);
-    throw;
+    throw;  // (not reached: what int's range refused, [lo, INT_MAX] refuses too)
   }
-  if (n < std::numeric_limits<int>::min() || n > std::numeric_limits<int>::max())
-    return static_cast<int>(parse_integer(*v, lo, std::numeric_limits<int>::max(), "option --" + name));
-  return static_cast<int>(n);
 }
 
 std::optional<long long> Args::take_whole(const std::string& name) {
