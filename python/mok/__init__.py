@@ -314,6 +314,15 @@ def _is_bool(value):
     return isinstance(value, bool) or (np is not None and isinstance(value, np.bool_))
 
 
+def _refuse_nested_or_elsewhere(a, name):
+    """Refuses, naming it, a torch tensor mok cannot view: a nested one (its sizes are no
+    strided tensor's) or one off cpu and cuda (a meta tensor has no memory at all)."""
+    if a.is_nested:
+        raise MokTypeError(f"{name}: a nested tensor; mok takes dense (strided) tensors")
+    if a.device.type not in ("cuda", "cpu"):
+        raise MokTypeError(f"{name}: tensors on {a.device} are not supported (cpu or cuda)")
+
+
 def _numpy_array(a):
     """Whether `a` is a numpy array (a subclass's included), without importing numpy."""
     np = sys.modules.get("numpy")
@@ -353,8 +362,7 @@ def _tensor(a, name, output=False):
                                "int64)")
         if a.layout != torch.strided:
             raise MokTypeError(f"{name}: a {a.layout} tensor; mok takes dense (strided) tensors (.to_dense())")
-        if a.is_nested:
-            raise MokTypeError(f"{name}: a nested tensor; mok takes dense (strided) tensors")
+        _refuse_nested_or_elsewhere(a, name)  # (before the pointer: a meta tensor has none)
         if a.is_neg() or a.is_conj():
             raise MokError(f"{name}: a lazily negated or conjugated view, whose memory holds other numbers; pass "
                            ".resolve_neg() / .resolve_conj() of it")
@@ -362,8 +370,6 @@ def _tensor(a, name, output=False):
             raise MokError(f"{name}: the layer writes this output in place, outside autograd, and it requires "
                            "grad (its gradient would be wrong); pass a tensor that does not (torch.empty, or "
                            ".detach() of it)")
-        if a.device.type not in ("cuda", "cpu"):  # (before the pointer: a meta tensor has none)
-            raise MokTypeError(f"{name}: tensors on {a.device} are not supported (cpu or cuda)")
         try:
             a.data_ptr()
         except RuntimeError as exc:  # (a tensor without storage: inside torch.func's vmap or grad, say)
@@ -377,10 +383,8 @@ def _tensor(a, name, output=False):
         t.data, t.dtype = a.data_ptr(), kinds[a.dtype]
         if a.device.type == "cuda":
             t.device, t.device_index = _CUDA, a.device.index or 0
-        elif a.device.type == "cpu":
+        else:  # (cpu: _refuse_nested_or_elsewhere has refused the rest)
             t.device = _CPU
-        else:
-            raise MokTypeError(f"{name}: tensors on {a.device} are not supported (cpu or cuda)")
         shape, strides = tuple(a.shape), a.stride()
     else:
         raise MokTypeError(f"{name}: a {type(a).__name__} is not a numpy array or torch tensor")
@@ -660,10 +664,8 @@ def _op_tensors_only(ranks):
                                    f"{type(value).__name__} (forward() takes numpy arrays too)")
             # (A meta tensor sends the call to the operator's fake kernel, which checks and
             # writes nothing: refused here, as forward() refuses it.)
-            if value is not None and value.device.type not in ("cuda", "cpu"):
-                raise MokTypeError(f"ranks[{r}].{key}: tensors on {value.device} are not supported (cpu or cuda)")
-            if value is not None and value.is_nested:
-                raise MokTypeError(f"ranks[{r}].{key}: a nested tensor; mok takes dense (strided) tensors")
+            if value is not None:
+                _refuse_nested_or_elsewhere(value, f"ranks[{r}].{key}")
 
 
 def _op_ranks(inputs, places, y):

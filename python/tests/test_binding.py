@@ -529,8 +529,21 @@ class Errors(SeededTest):
         """Runs `code` in a fresh Python that imports this mok (the same sys.path) and returns
         the finished process: each case may hang, crash or exhaust memory without this one."""
         import subprocess
-        prelude = f"import sys; sys.path[:0] = {sys.path[:3]!r}; import numpy as np, mok\n"
-        return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=120)
+        return subprocess.run([sys.executable, "-c", self._CHILD_PRELUDE.format(path=sys.path[:3]) + code],
+                              capture_output=True, text=True, timeout=120)
+
+    # What every child script starts with: this mok, and two helpers of the memory-limit tests.
+    _CHILD_PRELUDE = (
+        "import sys; sys.path[:0] = {path!r}; import numpy as np, mok, resource\n"
+        "def limit_address_space(headroom):  # (this process's size now, plus headroom bytes)\n"
+        "    size = int(next(l for l in open('/proc/self/status') if l.startswith('VmSize')).split()[1]) * 1024\n"
+        "    resource.setrlimit(resource.RLIMIT_AS, (size + headroom, resource.RLIM_INFINITY))\n"
+        "def attempt(label, call):  # (prints '<label> ran' or '<label> refused: <the MokError>')\n"
+        "    try:\n"
+        "        call()\n"
+        "        print(label, 'ran')\n"
+        "    except mok.MokError as e:\n"
+        "        print(label, 'refused:', e)\n")
 
     def test_a_layer_used_in_a_forked_child_runs_there(self):
         """multiprocessing forks by default on Linux: the CPU backend's threads stay in the parent,
@@ -563,7 +576,6 @@ class Errors(SeededTest):
     def test_running_out_of_host_memory_is_named(self):
         """std::bad_alloc's own text names nothing: the error says what ran out."""
         r = self._in_a_child(
-            "import resource\n"
             "p = mok.Problem(num_experts=256, hidden=1024, intermediate=64, top_k=200, shared_intermediate=[],\n"
             "                ep_size=1, tokens_per_rank=4096)\n"
             "ranks = [dict(x=np.zeros((4096, 1024), np.uint16),\n"
@@ -572,12 +584,8 @@ class Errors(SeededTest):
             "              w_gate=np.zeros((256, 64, 1024), np.uint16), w_up=np.zeros((256, 64, 1024), np.uint16),\n"
             "              w_down=np.zeros((256, 1024, 64), np.uint16), y=np.zeros((4096, 1024), np.uint16))]\n"
             "layer = mok.Layer(p, cpu_threads=1)\n"
-            "size = int(next(l for l in open('/proc/self/status') if l.startswith('VmSize')).split()[1]) * 1024\n"
-            "resource.setrlimit(resource.RLIMIT_AS, (size + (1 << 30), resource.RLIM_INFINITY))\n"
-            "try:\n"
-            "    layer.forward(ranks)\n"
-            "except mok.MokError as e:\n"
-            "    print('refused:', e)\n"
+            "limit_address_space(1 << 30)\n"
+            "attempt('forward', lambda: layer.forward(ranks))\n"
             "print('y untouched:', not ranks[0]['y'].any())\n")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("refused: out of host memory (std::bad_alloc)", r.stdout)
@@ -588,7 +596,6 @@ class Errors(SeededTest):
         """The CPU backend writes the combine slots in place: a forward that ran out of host
         memory part way left them part written, and combine_slots handed them out as whole."""
         r = self._in_a_child(
-            "import resource\n"
             "p = mok.Problem(num_experts=4, hidden=1024, intermediate=64, top_k=2, shared_intermediate=[],\n"
             "                ep_size=2, tokens_per_rank=4096)\n"
             "rng = np.random.default_rng(3)\n"
@@ -601,18 +608,9 @@ class Errors(SeededTest):
             "layer = mok.Layer(p, cpu_threads=1)\n"
             "layer.forward(ranks)\n"
             "print('slots before:', layer.combine_slots(0).any())\n"
-            "size = int(next(l for l in open('/proc/self/status') if l.startswith('VmSize')).split()[1]) * 1024\n"
-            "resource.setrlimit(resource.RLIMIT_AS, (size + (4 << 20), resource.RLIM_INFINITY))\n"
-            "try:\n"
-            "    layer.forward(ranks)\n"
-            "    print('forward ran')\n"
-            "except mok.MokError as e:\n"
-            "    print('forward refused:', e)\n"
-            "try:\n"
-            "    layer.combine_slots(0)\n"
-            "    print('slots offered')\n"
-            "except mok.MokError as e:\n"
-            "    print('slots refused:', e)\n"
+            "limit_address_space(4 << 20)\n"
+            "attempt('forward', lambda: layer.forward(ranks))\n"
+            "attempt('slots', lambda: layer.combine_slots(0))\n"
             "resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))\n"
             "layer.forward(ranks)\n"
             "print('slots after:', layer.combine_slots(0).any())\n")
