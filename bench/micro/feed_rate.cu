@@ -10,7 +10,12 @@
 //     without the wgmmas that consume them;
 //   - whether a 2-CTA cluster that loads each B half once and multicasts it to both CTAs
 //     (a third fewer bytes read from L2 per SM) raises that rate, or only moves the limit;
-//   - and, on the way, whether B as one 256-row box (two loads per stage, not three) matters.
+//   - and, on the way, whether B as one 256-row box (two loads per stage, not three) matters;
+//   - whether A can be gathered row by row straight from its source (one TMA load of a
+//     64-column, 1-row box per row and k-block, issued by 1, 2 or 4 producer warps, the rows
+//     a fixed random permutation of A's) at the rate of one 128-row box: if so, a compute CTA
+//     could read a local token's x row where it lies, and the dispatch's copy of it into the
+//     ring (a write and a read of every routed row through HBM, and the pulling SMs) could go.
 // The work is the Qwen3.5 slice's gate/up GEMM shape: `experts` experts of `rows` rows, each
 // [rows, K] x [N, K]^T, K = 4096, N = 2048 (gate and up), tasks of one 128x256 tile in the
 // megakernel's band order (per expert, per band of row tiles: column by column), CTAs
@@ -23,6 +28,7 @@
 //
 // usage: mok_feed_rate [--experts N] [--rows N] [--band N] [--grid N] [--repeat N] [--iters N] [--case I]
 //                      [--out FILE]
+// (In the gathered cases, C's row r is A's row perm[r] times its expert's B.)
 // (--experts 1 --repeat 8: the same work with A and B resident in L2.)
 // (--case I runs only the I-th row of the table, for a sanitizer or a profiler.)
 #include <cuda.h>
@@ -51,17 +57,20 @@ constexpr int kTileN = kDownCols;  // B rows per tile: gate 128 + up 128, as the
 constexpr int kK = 4096, kN = 2048;
 constexpr int kMaxStages = 4;
 constexpr int kStageA = kTileM * kTileK * 2, kStageB = kTileN * kTileK * 2, kStage = kStageA + kStageB;
-constexpr int kSmem = 1024 + kMaxStages * kStage + 2 * kMaxStages * 8;
+constexpr int kSmem = 1024 + kMaxStages * kStage + 2 * kMaxStages * 8 + kTileM * 4;
 constexpr long long kSpinLimit = 1ll << 31;  // a lost arrival ends the run with an error, not a hang
 
 struct Args {
   CUtensorMap a_map;  // [experts * rows, K], boxes of 64 x 128
   CUtensorMap b_map;  // [experts * N, K], boxes of 64 x 128
   CUtensorMap b_map_whole;  // the same, boxes of 64 x 256 (one load per B tile)
+  CUtensorMap a_map_row;    // A, boxes of 64 x 1 (one row per load: the gathered cases)
+  const int* perm;          // [experts * rows]: gathered row r is A's row perm[r]
   int row_tiles, band, tasks;  // row tiles per expert; tasks in all (every tile `repeat` times)
   int tiles;                   // distinct tiles: task i computes tile i % tiles
   int stages, mma, pairs;
   int b_whole;                 // 1: B as one 256-row box (3 loads per stage become 2)
+  int gather_warps;            // 0: A as one 128-row box; 1, 2, 4: gathered by this many warps
   float* out;                  // [experts * rows, N] or nullptr: accumulators discarded
   long long* cycles;           // [grid] clock64 from the first load to the last release
   int* error;
@@ -112,10 +121,11 @@ __global__ void __launch_bounds__(kThreads, 1) feed_kernel(const __grid_constant
   auto stage_b = [&](int s) { return base + s * kStage + kStageA; };
   auto* full = reinterpret_cast<std::uint64_t*>(base + kMaxStages * kStage);
   std::uint64_t* empty = full + kMaxStages;
+  int* tile_rows = reinterpret_cast<int*>(empty + kMaxStages);  // the current task's gathered rows
   const std::uint32_t me = a.pairs ? sm90::cluster_ctarank() : 0, peer = me ^ 1u;
   if (threadIdx.x == 0) {
     for (int s = 0; s < a.stages; ++s) {
-      sm90::mbar_init(&full[s], 1);
+      sm90::mbar_init(&full[s], a.gather_warps > 0 ? a.gather_warps : 1);  // each issuing warp arrives
       sm90::mbar_init(&empty[s], a.pairs ? 4 : 2);  // both warpgroups (of both CTAs of a pair)
     }
     sm90::fence_barrier_init();
@@ -129,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, 1) feed_kernel(const __grid_constant
   auto my_task = [&](int unit) { return a.pairs ? 2 * unit + static_cast<int>(me) : unit; };
   const long long start = clock64();
   Ring stage(a.stages);
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0 && a.gather_warps == 0) {
     for (int u = first; u < units; u += step) {
       const TaskTile tt = task_tile(a, my_task(u));
       for (int kb = 0; kb < kK / kTileK; ++kb) {
@@ -148,6 +158,34 @@ __global__ void __launch_bounds__(kThreads, 1) feed_kernel(const __grid_constant
         }
         stage.advance();
       }
+    }
+  } else if (threadIdx.x < 128 && static_cast<int>(threadIdx.x) / 32 < a.gather_warps) {
+    // Gathered A: warp w loads rows [w * share, (w + 1) * share) of each stage, one 1-row box
+    // each, into the row's place in the stage (the 128-byte swizzle follows the shared-memory
+    // address, so the rows land as one 128-row box would put them); warp 0 loads B too. Each
+    // warp arrives on the stage's full barrier for the bytes it issued.
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, share = kTileM / a.gather_warps;
+    for (int u = first; u < units; u += step) {
+      const TaskTile tt = task_tile(a, my_task(u));
+      for (int r = lane; r < share; r += 32) tile_rows[warp * share + r] = a.perm[tt.a_row + warp * share + r];
+      __syncwarp();
+      if (lane == 0) {
+        for (int kb = 0; kb < kK / kTileK; ++kb) {
+          if (!wait(&empty[stage.slot], stage.phase ^ 1, a.error)) break;
+          std::uint64_t* bar = &full[stage.slot];
+          sm90::mbar_arrive_expect_tx(bar, share * kTileK * 2 + (warp == 0 ? kStageB : 0));
+          std::uint8_t* a_dst = stage_a(stage.slot) + warp * share * kTileK * 2;
+#pragma unroll 8
+          for (int r = 0; r < share; ++r)
+            sm90::tma_load_2d(a_dst + r * kTileK * 2, &a.a_map_row, bar, kb * kTileK, tile_rows[warp * share + r]);
+          if (warp == 0) {
+            sm90::tma_load_2d(stage_b(stage.slot), &a.b_map, bar, kb * kTileK, tt.b_row);
+            sm90::tma_load_2d(stage_b(stage.slot) + kStageB / 2, &a.b_map, bar, kb * kTileK, tt.b_row + 128);
+          }
+          stage.advance();
+        }
+      }
+      __syncwarp();  // lane 0 has issued every load that reads tile_rows before it is rewritten
     }
   } else if (threadIdx.x >= 128) {
     const int wg = threadIdx.x / 128 - 1;
@@ -234,7 +272,7 @@ CUtensorMap encode(const void* base, unsigned long long outer, unsigned box_rows
 }
 
 struct Case {
-  int stages, mma, pairs, b_whole;
+  int stages, mma, pairs, b_whole, gather_warps;
 };
 
 }  // namespace
@@ -281,6 +319,16 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   kTool.check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   const unsigned long long a_elems = 1ull * experts * rows * kK, b_elems = 1ull * experts * kN * kK;
+  // The gathered cases' rows: a fixed permutation of A's (Fisher-Yates on a fixed LCG), so a
+  // tile's 128 rows lie anywhere in A, as a local token's rows do for its experts.
+  std::vector<int> perm(static_cast<std::size_t>(experts) * rows);
+  for (std::size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int>(i);
+  unsigned long long lcg = 0x2545F4914F6CDD1Dull;
+  for (std::size_t i = perm.size() - 1; i > 0; --i) {
+    lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+    std::swap(perm[i], perm[(lcg >> 33) % (i + 1)]);
+  }
+  int* perm_dev = nullptr;
   __nv_bfloat16 *a_dev = nullptr, *b_dev = nullptr;
   float* out_dev = nullptr;
   long long* cycles_dev = nullptr;
@@ -290,6 +338,8 @@ int main(int argc, char** argv) {
   kTool.check(cudaMalloc(&out_dev, 1ull * experts * rows * kN * sizeof(float)), "cudaMalloc out");
   kTool.check(cudaMalloc(&cycles_dev, grid * sizeof(long long)), "cudaMalloc cycles");
   kTool.check(cudaMalloc(&error_dev, sizeof(int)), "cudaMalloc error");
+  kTool.check(cudaMalloc(&perm_dev, perm.size() * sizeof(int)), "cudaMalloc perm");
+  kTool.check(cudaMemcpy(perm_dev, perm.data(), perm.size() * sizeof(int), cudaMemcpyHostToDevice), "cudaMemcpy perm");
   kTool.check(cudaMemset(error_dev, 0, sizeof(int)), "cudaMemset error");
   fill_kernel<<<1024, 256>>>(a_dev, a_elems, 1);
   fill_kernel<<<1024, 256>>>(b_dev, b_elems, 2);
@@ -301,6 +351,8 @@ int main(int argc, char** argv) {
   args.a_map = encode(a_dev, 1ull * experts * rows, 128);
   args.b_map = encode(b_dev, 1ull * experts * kN, 128);
   args.b_map_whole = encode(b_dev, 1ull * experts * kN, 256);
+  args.a_map_row = encode(a_dev, 1ull * experts * rows, 1);
+  args.perm = perm_dev;
   args.row_tiles = rows / kTileM;
   args.band = band;
   args.tiles = experts * args.row_tiles * (kN / kTileN);
@@ -313,16 +365,19 @@ int main(int argc, char** argv) {
   std::vector<Case> cases;
   for (int mma : {0, 1})
     for (int pairs : {0, 1})
-      for (int stages : {2, 3, 4}) cases.push_back({stages, mma, pairs, 0});
+      for (int stages : {2, 3, 4}) cases.push_back({stages, mma, pairs, 0, 0});
   for (int mma : {0, 1})
-    for (int stages : {3, 4}) cases.push_back({stages, mma, 0, 1});
+    for (int stages : {3, 4}) cases.push_back({stages, mma, 0, 1, 0});
+  for (int mma : {0, 1})
+    for (int stages : {3, 4})
+      for (int warps : {1, 2, 4}) cases.push_back({stages, mma, 0, 0, warps});
   cudaEvent_t e0, e1;
   kTool.check(cudaEventCreate(&e0), "cudaEventCreate");
   kTool.check(cudaEventCreate(&e1), "cudaEventCreate");
   std::printf("%s, %d SMs; %d experts x %d rows, K = %d, N = %d; %d tasks of 128x256 (each tile %d times) on %d CTAs, "
               "band %d; median of %d\n",
               prop.name, prop.multiProcessorCount, experts, rows, kK, kN, args.tasks, repeat, grid, band, iters);
-  std::printf("%-4s %6s %5s %7s %9s %9s %12s %12s %12s %9s %s\n", "mma", "stages", "pairs", "B box", "ms", "TFLOP/s",
+  std::printf("%-4s %6s %5s %7s %7s %9s %9s %12s %12s %12s %9s %s\n", "mma", "stages", "pairs", "B box", "A rows", "ms", "TFLOP/s",
               "B/clk/SM in", "from L2", "GB/s per SM", "SM MHz", "check");
   std::string json = "{" + mok::micro::json_run_fields(prop) + ", \"experts\": " + std::to_string(experts) +
                      ", \"rows\": " + std::to_string(rows) + ", \"k\": " + std::to_string(kK) +
@@ -336,6 +391,7 @@ int main(int argc, char** argv) {
     args.mma = c.mma;
     args.pairs = c.pairs;
     args.b_whole = c.b_whole;
+    args.gather_warps = c.gather_warps;
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(grid);
     cfg.blockDim = dim3(kThreads);
@@ -379,10 +435,10 @@ int main(int argc, char** argv) {
       int bad = 0;
       for (int s = 0; s < 512; ++s) {
         const long long r = (1237ll * s + 11) % (1ll * experts * rows), n = (977ll * s + 5) % kN;
-        const long long e = r / rows;
+        const long long e = r / rows, a_row = c.gather_warps > 0 ? perm[static_cast<std::size_t>(r)] : r;
         double want = 0;
         for (int k = 0; k < kK; ++k)
-          want += static_cast<double>(input_value(static_cast<unsigned long long>(r) * kK + k, 1)) *
+          want += static_cast<double>(input_value(static_cast<unsigned long long>(a_row) * kK + k, 1)) *
                   input_value(static_cast<unsigned long long>(e * kN + n) * kK + k, 2);
         float got = 0;
         kTool.check(cudaMemcpy(&got, out_dev + r * kN + n, sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy out");
@@ -404,12 +460,14 @@ int main(int argc, char** argv) {
     const double tflops = c.mma ? flops / (median_ms * 1e-3) / 1e12 : 0.0;
     // A pair reads each B half from L2 once for both CTAs: two thirds of the landed bytes.
     const double from_l2 = c.pairs ? per_clk * (kStageA + kStageB / 2) / kStage : per_clk;
-    std::printf("%-4d %6d %5d %7d %9.3f %9.1f %12.1f %12.1f %12.1f %9.0f %s\n", c.mma, c.stages, c.pairs,
-                c.b_whole ? 256 : 128, median_ms, tflops,
+    const std::string a_rows = c.gather_warps > 0 ? "gw" + std::to_string(c.gather_warps) : "box";
+    std::printf("%-4d %6d %5d %7d %7s %9.3f %9.1f %12.1f %12.1f %12.1f %9.0f %s\n", c.mma, c.stages, c.pairs,
+                c.b_whole ? 256 : 128, a_rows.c_str(), median_ms, tflops,
                 per_clk, from_l2, gbps, clock_mhz, verdict.c_str());
     json += std::string(first ? "" : ", ") + "{\"mma\": " + std::to_string(c.mma) +
             ", \"stages\": " + std::to_string(c.stages) + ", \"pairs\": " + std::to_string(c.pairs) +
             ", \"b_box_rows\": " + std::to_string(c.b_whole ? 256 : 128) +
+            ", \"a_gather_warps\": " + std::to_string(c.gather_warps) +
             ", \"median_ms\": " + std::to_string(median_ms) + ", \"tflops\": " + std::to_string(tflops) +
             ", \"bytes_per_clock_per_sm\": " + std::to_string(per_clk) +
             ", \"l2_bytes_per_clock_per_sm\": " + std::to_string(from_l2) + ", \"sm_mhz\": " + std::to_string(clock_mhz) +
