@@ -15,7 +15,10 @@
 //     64-column, 1-row box per row and k-block, issued by 1, 2 or 4 producer warps, the rows
 //     a fixed random permutation of A's) at the rate of one 128-row box: if so, a compute CTA
 //     could read a local token's x row where it lies, and the dispatch's copy of it into the
-//     ring (a write and a read of every routed row through HBM, and the pulling SMs) could go.
+//     ring (a write and a read of every routed row through HBM, and the pulling SMs) could go;
+//   - and the same rows gathered instead by the producer warpgroup's 128 threads with 16-byte
+//     cp.async copies (8 threads per row, swizzled by hand), each thread's copies arriving on
+//     the stage's barrier when they land (cp.async.mbarrier.arrive.noinc), B still by TMA.
 // The work is the Qwen3.5 slice's gate/up GEMM shape: `experts` experts of `rows` rows, each
 // [rows, K] x [N, K]^T, K = 4096, N = 2048 (gate and up), tasks of one 128x256 tile in the
 // megakernel's band order (per expert, per band of row tiles: column by column), CTAs
@@ -71,6 +74,8 @@ struct Args {
   int stages, mma, pairs;
   int b_whole;                 // 1: B as one 256-row box (3 loads per stage become 2)
   int gather_warps;            // 0: A as one 128-row box; 1, 2, 4: gathered by this many warps
+  int cp_async;                // 1: A gathered by the producer warpgroup's cp.async copies
+  const __nv_bfloat16* a_ptr;  // A itself, for the cp.async copies
   float* out;                  // [experts * rows, N] or nullptr: accumulators discarded
   long long* cycles;           // [grid] clock64 from the first load to the last release
   int* error;
@@ -125,7 +130,9 @@ __global__ void __launch_bounds__(kThreads, 1) feed_kernel(const __grid_constant
   const std::uint32_t me = a.pairs ? sm90::cluster_ctarank() : 0, peer = me ^ 1u;
   if (threadIdx.x == 0) {
     for (int s = 0; s < a.stages; ++s) {
-      sm90::mbar_init(&full[s], a.gather_warps > 0 ? a.gather_warps : 1);  // each issuing warp arrives
+      // Each issuing warp arrives (TMA gather); with cp.async every producer thread's copies
+      // arrive, and thread 0 once more with B's bytes.
+      sm90::mbar_init(&full[s], a.cp_async ? 129 : a.gather_warps > 0 ? a.gather_warps : 1);
       sm90::mbar_init(&empty[s], a.pairs ? 4 : 2);  // both warpgroups (of both CTAs of a pair)
     }
     sm90::fence_barrier_init();
@@ -139,7 +146,37 @@ __global__ void __launch_bounds__(kThreads, 1) feed_kernel(const __grid_constant
   auto my_task = [&](int unit) { return a.pairs ? 2 * unit + static_cast<int>(me) : unit; };
   const long long start = clock64();
   Ring stage(a.stages);
-  if (threadIdx.x == 0 && a.gather_warps == 0) {
+  if (threadIdx.x < 128 && a.cp_async) {
+    // Thread t copies 16-byte chunk t % 8 of rows t / 8, t / 8 + 16, ..., into the place the
+    // 128-byte swizzle gives it (chunk c of row r at r * 128 + ((c ^ r % 8) * 16)).
+    const int chunk = threadIdx.x % 8, row0 = threadIdx.x / 8;
+    for (int u = first; u < units; u += step) {
+      const TaskTile tt = task_tile(a, my_task(u));
+      const __nv_bfloat16* src[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        src[i] = a.a_ptr + static_cast<long long>(a.perm[tt.a_row + row0 + 16 * i]) * kK + chunk * 8;
+      for (int kb = 0; kb < kK / kTileK; ++kb) {
+        if (!wait(&empty[stage.slot], stage.phase ^ 1, a.error)) break;
+        std::uint64_t* bar = &full[stage.slot];
+        if (threadIdx.x == 0) {
+          sm90::mbar_arrive_expect_tx(bar, kStageB);
+          sm90::tma_load_2d(stage_b(stage.slot), &a.b_map, bar, kb * kTileK, tt.b_row);
+          sm90::tma_load_2d(stage_b(stage.slot) + kStageB / 2, &a.b_map, bar, kb * kTileK, tt.b_row + 128);
+        }
+        const std::uint32_t dst = sm90::smem_addr(stage_a(stage.slot));
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int r = row0 + 16 * i;
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + r * 128 + ((chunk ^ (r % 8)) * 16)),
+                       "l"(src[i] + kb * kTileK)
+                       : "memory");
+        }
+        asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(sm90::smem_addr(bar)) : "memory");
+        stage.advance();
+      }
+    }
+  } else if (threadIdx.x == 0 && a.gather_warps == 0) {
     for (int u = first; u < units; u += step) {
       const TaskTile tt = task_tile(a, my_task(u));
       for (int kb = 0; kb < kK / kTileK; ++kb) {
@@ -202,6 +239,7 @@ __global__ void __launch_bounds__(kThreads, 1) feed_kernel(const __grid_constant
       int prev = -1;
       for (int kb = 0; kb < kK / kTileK; ++kb) {
         if (!wait(&full[stage.slot], stage.phase, a.error)) break;
+        if (a.cp_async) sm90::fence_proxy_async_shared();  // cp.async's writes are the generic proxy's; wgmma reads async
         if (a.mma) {
           sm90::wgmma_fence();
 #pragma unroll
@@ -272,7 +310,7 @@ CUtensorMap encode(const void* base, unsigned long long outer, unsigned box_rows
 }
 
 struct Case {
-  int stages, mma, pairs, b_whole, gather_warps;
+  int stages, mma, pairs, b_whole, gather_warps, cp_async;
 };
 
 }  // namespace
@@ -353,6 +391,7 @@ int main(int argc, char** argv) {
   args.b_map_whole = encode(b_dev, 1ull * experts * kN, 256);
   args.a_map_row = encode(a_dev, 1ull * experts * rows, 1);
   args.perm = perm_dev;
+  args.a_ptr = a_dev;
   args.row_tiles = rows / kTileM;
   args.band = band;
   args.tiles = experts * args.row_tiles * (kN / kTileN);
@@ -365,12 +404,14 @@ int main(int argc, char** argv) {
   std::vector<Case> cases;
   for (int mma : {0, 1})
     for (int pairs : {0, 1})
-      for (int stages : {2, 3, 4}) cases.push_back({stages, mma, pairs, 0, 0});
+      for (int stages : {2, 3, 4}) cases.push_back({stages, mma, pairs, 0, 0, 0});
   for (int mma : {0, 1})
-    for (int stages : {3, 4}) cases.push_back({stages, mma, 0, 1, 0});
+    for (int stages : {3, 4}) cases.push_back({stages, mma, 0, 1, 0, 0});
   for (int mma : {0, 1})
     for (int stages : {3, 4})
-      for (int warps : {1, 2, 4}) cases.push_back({stages, mma, 0, 0, warps});
+      for (int warps : {1, 2, 4}) cases.push_back({stages, mma, 0, 0, warps, 0});
+  for (int mma : {0, 1})
+    for (int stages : {3, 4}) cases.push_back({stages, mma, 0, 0, 0, 1});
   cudaEvent_t e0, e1;
   kTool.check(cudaEventCreate(&e0), "cudaEventCreate");
   kTool.check(cudaEventCreate(&e1), "cudaEventCreate");
@@ -392,6 +433,7 @@ int main(int argc, char** argv) {
     args.pairs = c.pairs;
     args.b_whole = c.b_whole;
     args.gather_warps = c.gather_warps;
+    args.cp_async = c.cp_async;
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(grid);
     cfg.blockDim = dim3(kThreads);
@@ -435,7 +477,7 @@ int main(int argc, char** argv) {
       int bad = 0;
       for (int s = 0; s < 512; ++s) {
         const long long r = (1237ll * s + 11) % (1ll * experts * rows), n = (977ll * s + 5) % kN;
-        const long long e = r / rows, a_row = c.gather_warps > 0 ? perm[static_cast<std::size_t>(r)] : r;
+        const long long e = r / rows, a_row = c.gather_warps > 0 || c.cp_async ? perm[static_cast<std::size_t>(r)] : r;
         double want = 0;
         for (int k = 0; k < kK; ++k)
           want += static_cast<double>(input_value(static_cast<unsigned long long>(a_row) * kK + k, 1)) *
@@ -460,14 +502,14 @@ int main(int argc, char** argv) {
     const double tflops = c.mma ? flops / (median_ms * 1e-3) / 1e12 : 0.0;
     // A pair reads each B half from L2 once for both CTAs: two thirds of the landed bytes.
     const double from_l2 = c.pairs ? per_clk * (kStageA + kStageB / 2) / kStage : per_clk;
-    const std::string a_rows = c.gather_warps > 0 ? "gw" + std::to_string(c.gather_warps) : "box";
+    const std::string a_rows = c.cp_async ? "cpasync" : c.gather_warps > 0 ? "gw" + std::to_string(c.gather_warps) : "box";
     std::printf("%-4d %6d %5d %7d %7s %9.3f %9.1f %12.1f %12.1f %12.1f %9.0f %s\n", c.mma, c.stages, c.pairs,
                 c.b_whole ? 256 : 128, a_rows.c_str(), median_ms, tflops,
                 per_clk, from_l2, gbps, clock_mhz, verdict.c_str());
     json += std::string(first ? "" : ", ") + "{\"mma\": " + std::to_string(c.mma) +
             ", \"stages\": " + std::to_string(c.stages) + ", \"pairs\": " + std::to_string(c.pairs) +
             ", \"b_box_rows\": " + std::to_string(c.b_whole ? 256 : 128) +
-            ", \"a_gather_warps\": " + std::to_string(c.gather_warps) +
+            ", \"a_gather_warps\": " + std::to_string(c.gather_warps) + ", \"a_cp_async\": " + std::to_string(c.cp_async) +
             ", \"median_ms\": " + std::to_string(median_ms) + ", \"tflops\": " + std::to_string(tflops) +
             ", \"bytes_per_clock_per_sm\": " + std::to_string(per_clk) +
             ", \"l2_bytes_per_clock_per_sm\": " + std::to_string(from_l2) + ", \"sm_mhz\": " + std::to_string(clock_mhz) +
