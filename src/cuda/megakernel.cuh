@@ -432,9 +432,7 @@ __device__ __forceinline__ void gather_loop(const ForwardParams& p, const Comput
       const int st = stage.slot;
       sm90::mbar_wait(&sm.empty[st], stage.phase ^ 1, kPhaseStageFree, phase_limit(p));
       if (gather) {
-        // (No proxy fence here: the stage's earlier wgmma reads and TMA writes are complete,
-        // waited for by its consumers before they released it; a fence would also wait for
-        // this thread's copies still in flight, one stage at a time.)
+        sm90::fence_proxy_async_shared();  // generic copies after the async proxy's use of the stage
         const int chunk = t % 8, first = t / 8;
         const std::uint32_t dst = sm90::smem_addr(sm.a(st)) + first * (kTileK * 2) + ((chunk ^ first) << 4);
         const __nv_bfloat16* x_k = p.x_source[0] + kb * kTileK + chunk * 8;
