@@ -128,6 +128,11 @@ __global__ void __launch_bounds__(kThreads, 1) feed_kernel(const __grid_constant
   std::uint64_t* empty = full + kMaxStages;
   int* tile_rows = reinterpret_cast<int*>(empty + kMaxStages);  // the current task's gathered rows
   const std::uint32_t me = a.pairs ? sm90::cluster_ctarank() : 0, peer = me ^ 1u;
+  // B of a stage as two 128-row boxes (gate rows, then up rows), as the megakernel loads it.
+  auto load_b_halves = [&](int slot, std::uint64_t* bar, int kb, int b_row) {
+    sm90::tma_load_2d(stage_b(slot), &a.b_map, bar, kb * kTileK, b_row);
+    sm90::tma_load_2d(stage_b(slot) + kStageB / 2, &a.b_map, bar, kb * kTileK, b_row + 128);
+  };
   if (threadIdx.x == 0) {
     for (int s = 0; s < a.stages; ++s) {
       // Each issuing warp arrives (TMA gather); with cp.async every producer thread's copies
@@ -161,8 +166,7 @@ __global__ void __launch_bounds__(kThreads, 1) feed_kernel(const __grid_constant
         std::uint64_t* bar = &full[stage.slot];
         if (threadIdx.x == 0) {
           sm90::mbar_arrive_expect_tx(bar, kStageB);
-          sm90::tma_load_2d(stage_b(stage.slot), &a.b_map, bar, kb * kTileK, tt.b_row);
-          sm90::tma_load_2d(stage_b(stage.slot) + kStageB / 2, &a.b_map, bar, kb * kTileK, tt.b_row + 128);
+          load_b_halves(stage.slot, bar, kb, tt.b_row);
         }
         const std::uint32_t dst = sm90::smem_addr(stage_a(stage.slot));
 #pragma unroll
@@ -190,8 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1) feed_kernel(const __grid_constant
         } else if (a.b_whole) {
           sm90::tma_load_2d(stage_b(stage.slot), &a.b_map_whole, bar, kb * kTileK, tt.b_row);
         } else {
-          sm90::tma_load_2d(stage_b(stage.slot), &a.b_map, bar, kb * kTileK, tt.b_row);
-          sm90::tma_load_2d(stage_b(stage.slot) + kStageB / 2, &a.b_map, bar, kb * kTileK, tt.b_row + 128);
+          load_b_halves(stage.slot, bar, kb, tt.b_row);
         }
         stage.advance();
       }
@@ -216,8 +219,7 @@ __global__ void __launch_bounds__(kThreads, 1) feed_kernel(const __grid_constant
           for (int r = 0; r < share; ++r)
             sm90::tma_load_2d(a_dst + r * kTileK * 2, &a.a_map_row, bar, kb * kTileK, tile_rows[warp * share + r]);
           if (warp == 0) {
-            sm90::tma_load_2d(stage_b(stage.slot), &a.b_map, bar, kb * kTileK, tt.b_row);
-            sm90::tma_load_2d(stage_b(stage.slot) + kStageB / 2, &a.b_map, bar, kb * kTileK, tt.b_row + 128);
+            load_b_halves(stage.slot, bar, kb, tt.b_row);
           }
           stage.advance();
         }
