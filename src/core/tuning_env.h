@@ -17,6 +17,7 @@ enum class TuningEnv : int {
   kHeadPulls,        // MOK_HEAD_PULLS: head pulls on every CTA / none / the default rule
   kHeadPullTiles,    // MOK_HEAD_PULL_TILES: exactly this many head pulls
   kTaskLag,          // MOK_TASK_LAG: bands between a band's gate/up and its down tiles
+  kGatherLocal,      // MOK_GATHER_LOCAL: one rank's routed rows read in place, not pulled (default on)
   kWaitTimeoutMs,    // MOK_WAIT_TIMEOUT_MS: the cross-CTA spin-wait limit
   kGroupStartMs,     // MOK_GROUP_START_TIMEOUT_MS: how long a rank waits for its NCCL group to form (and its peers' destroys)
   kTestFault,        // MOK_TEST_FAULT: lose_staging_read, abandoned_group or abandon_at_destroy, each for its test
@@ -36,6 +37,7 @@ constexpr const char* tuning_env_name(TuningEnv v) {
     case TuningEnv::kHeadPulls: return "MOK_HEAD_PULLS";
     case TuningEnv::kHeadPullTiles: return "MOK_HEAD_PULL_TILES";
     case TuningEnv::kTaskLag: return "MOK_TASK_LAG";
+    case TuningEnv::kGatherLocal: return "MOK_GATHER_LOCAL";
     case TuningEnv::kWaitTimeoutMs: return "MOK_WAIT_TIMEOUT_MS";
     case TuningEnv::kGroupStartMs: return "MOK_GROUP_START_TIMEOUT_MS";
     case TuningEnv::kTestFault: return "MOK_TEST_FAULT";

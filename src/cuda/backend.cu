@@ -147,6 +147,10 @@ bool half_tiles_from_env() { return switch_from_env(TuningEnv::kHalfTiles, true)
 // pair), so the SMs dispatch takes early compute the end of the layer.
 bool comm_join_from_env() { return switch_from_env(TuningEnv::kCommJoin, true); }
 
+// MOK_GATHER_LOCAL=0: a single rank (EP = 1) pulls its rows into the ring like any other,
+// instead of its compute CTAs reading them from x (ForwardParams::gather_local).
+bool gather_local_from_env() { return switch_from_env(TuningEnv::kGatherLocal, true); }
+
 // Head pulls (dispatch_role says what): MOK_HEAD_PULLS=1 on for every CTA, =0 off (only the
 // communication CTAs pull rows, the earlier design); unset: default_head_pulls (plan_order.h),
 // one per CTA that has no shared-expert tile to start on (every CTA without shared experts).
@@ -672,7 +676,14 @@ class CudaBackend final : public BackendImpl {
     // Qwen3-30B T=16384 2.59 vs 2.56/2.56-2.62/2.57, Qwen3.5 slice 1.132 vs 1.12/1.12/1.11,
     // DeepSeek-V4-Pro slice 3.37 vs -/3.28/3.31 (24).
     const int rate_comm_ctas = std::clamp(static_cast<int>(ceil_div(55LL * sms_, p.intermediate)), 2, 16);
-    comm_ctas_ = c.forward_comm_sms > 0 ? c.forward_comm_sms
+    // Gather mode: one rank whose every row is its own (EP = 1). Its compute CTAs read the
+    // routed rows from x as they load them (megakernel.cuh: producer_loop_gather), so no row
+    // is copied into the ring and every SM computes. Not with task pairs (their lockstep and
+    // multicast are TMA-only) nor when the config asks for communication SMs (which then pull
+    // as on any rank: the A/B in the tests, besides MOK_GATHER_LOCAL=0).
+    gather_local_ = gather_local_ && p.ep_size == 1 && !group_ && !c.task_pairs && c.forward_comm_sms == 0;
+    comm_ctas_ = gather_local_           ? 0
+                 : c.forward_comm_sms > 0 ? c.forward_comm_sms
                  : comm_join_            ? std::max(rate_comm_ctas, std::min(16, sms_ / 4))
                                          : rate_comm_ctas;
     MOK_CUDA_CHECK(cudaFuncSetAttribute(forward_megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
@@ -720,7 +731,7 @@ class CudaBackend final : public BackendImpl {
     config_.task_band_tiles = band_;
     // Head pulls only where none can wait for a ring slot (pull i's tile is at most i, so
     // i < ring_tiles never wraps) and outside pair mode (a pair starts in lockstep).
-    head_pulls_ = pairs_                     ? 0
+    head_pulls_ = pairs_ || gather_local_    ? 0
                   : head_pull_tiles_env_ > 0 ? std::min({head_pull_tiles_env_, grid_ctas_, ring_tiles_})
                   : head_pulls_env_ == 1     ? std::min(grid_ctas_, ring_tiles_)
                   : head_pulls_env_ == 0     ? 0
@@ -1017,6 +1028,7 @@ class CudaBackend final : public BackendImpl {
     fp.store_warp = store_warp_ ? 1 : 0;
     fp.half_tiles = half_tiles_ ? 1 : 0;
     fp.comm_join = comm_join_ ? 1 : 0;
+    fp.gather_local = gather_local_ ? 1 : 0;
     fp.test_fault = test_fault_;
     fp.phase_trap = phase_trap_.device();
     fp.phase_trap_claim = phase_trap_claim_.as<int>();
@@ -1576,6 +1588,7 @@ class CudaBackend final : public BackendImpl {
   bool store_warp_ = store_warp_from_env();
   bool half_tiles_ = half_tiles_from_env();
   bool comm_join_ = comm_join_from_env();
+  bool gather_local_ = gather_local_from_env();  // the environment's wish until the constructor decides
   int head_pulls_env_ = head_pulls_from_env();  // -1: unset (the default rule), 0 off, 1 on
   int head_pull_tiles_env_ = head_pull_tiles_from_env();  // > 0: that many head pulls (tuning)
   int head_pulls_ = 0;  // head pulls per forward: fixed by the shape, the grid and the ring

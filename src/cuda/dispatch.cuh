@@ -37,7 +37,7 @@ static_assert(kMaxPullGroups * kPullWarps * 32 <= kComputeThreads, "a pull warp 
 // CTA's dynamic shared memory, less alignment slack and the barriers, split among the
 // pipelines, in 128-byte units).
 __host__ __device__ constexpr std::size_t pull_pipeline_bytes(int groups) {
-  return ((kSmemBytes - 128 - kMaxPullGroups * kPullWarps * kMaxPullSlots * sizeof(std::uint64_t)) /
+  return ((kSmemBytes - kGatherTableBytes - 128 - kMaxPullGroups * kPullWarps * kMaxPullSlots * sizeof(std::uint64_t)) /
           (groups * kPullWarps)) &
          ~std::size_t(127);
 }

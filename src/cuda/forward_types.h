@@ -29,7 +29,10 @@ constexpr int kStageBBytes = kDownCols * kTileK * 2;  // 32 KiB (gate 128 rows +
 constexpr int kStageBytes = kStageABytes + kStageBBytes;
 constexpr int kStagingPitch = kDownCols + 8;          // bf16 per staging row (+16 B: no bank conflicts)
 constexpr int kStagingBytes = kTileM * kStagingPitch * 2;
-constexpr int kSmemBytes = 1024 /*align slack*/ + kStages * kStageBytes + kStagingBytes + 256 /*barriers, task ring*/;
+// Gather mode (ForwardParams::gather_local): the current routed gate/up tile's token per row.
+constexpr int kGatherTableBytes = kTileM * 4;
+constexpr int kSmemBytes =
+    1024 /*align slack*/ + kStages * kStageBytes + kStagingBytes + 256 /*barriers, task ring*/ + kGatherTableBytes;
 
 
 // A compute task, packed: kind 4 bits | rank 12 | shared index 8 | column tile 12 | row tile 28.
@@ -135,6 +138,9 @@ struct ForwardParams {
   int head_pulls;                          // pulls [0, head_pulls) are claimed by every CTA at its start (0: none)
   int* head_counter;                       // next head pull to claim (zeroed per forward)
   int half_tiles;                          // routed tiles with rows 64.. all padding: one consumer warpgroup computes
+  // One rank whose every row is local (EP = 1): routed gate/up tiles read their rows straight
+  // from x (the producer warp's cp.async copies), nothing is pulled and every CTA computes.
+  int gather_local;
   int test_fault;                          // TestFault: a deliberate bug for the timeout tests (0: none)
   PhaseWaitTrap* phase_trap;               // host-mapped record of a timed-out phase wait (nullptr: none)
   int* phase_trap_claim;                   // device flag: who writes that record

@@ -21,7 +21,7 @@ namespace mok::cuda {
 
 // Where one task's operand tiles come from, and what it waits for.
 struct TileJob {
-  const CUtensorMap* a;
+  const CUtensorMap* a;  // nullptr: the gather warps copy A (ForwardParams::gather_local)
   const CUtensorMap* b0;
   // B comes as two 128-row boxes: gate then up rows (gate/up tiles), or rows n*256 and
   // n*256 + 128 of the down weights (down tiles).
@@ -49,6 +49,10 @@ __device__ __forceinline__ TileJob describe_task(const ForwardParams& p, Task ta
       j.wait_flag = plan.rows_ready + tile;
       j.wait_target = 1;
       j.wait_site = kWaitRowsReady;
+      if (p.gather_local) {  // the gather warps copy A and wait for what it needs (gather_loop)
+        j.a = nullptr;
+        j.wait_flag = nullptr;
+      }
       break;
     }
     case kRoutedDown: {
@@ -133,6 +137,7 @@ struct ComputeSmem {
   // consumer warpgroup 2 skips its wgmmas and staging (ForwardParams::half_tiles). Written
   // by the producer before its arrival on the stage's full barrier, read after the wait.
   volatile int* stage_lower_half;
+  int* gather_tokens;  // [8][16] gather mode: the current gate/up tile's row tokens (gather_loop), -1 padding
 };
 
 // Named barriers of one consumer warpgroup each: kWarpgroupBarrier + 0 and + 1
@@ -155,6 +160,7 @@ __device__ __forceinline__ ComputeSmem carve_smem(std::uint8_t* raw) {
   s.store_job = s.staging_empty + 1;  // 8-byte aligned: it follows the 8-byte barriers
   s.task_ring = reinterpret_cast<volatile int*>(s.store_job + 1);
   s.stage_lower_half = s.task_ring + kTaskSlots;
+  s.gather_tokens = reinterpret_cast<int*>(base + kStages * kStageBytes + kStagingBytes + 256);
   return s;
 }
 
@@ -357,8 +363,9 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
       } else {
         // (A pair keeps loading after an abort, whatever the memory holds, so that its peer's
         // barriers still complete; the outputs are poisoned all the same.)
-        sm90::mbar_arrive_expect_tx(&sm.full[st], kStageBytes);
-        sm90::tma_load_2d(sm.a(st), job.a, &sm.full[st], kb * kTileK, job.a_row);
+        if (p.gather_local) sm90::fence_proxy_async_shared();  // (the stage may have held copied rows)
+        sm90::mbar_arrive_expect_tx(&sm.full[st], job.a != nullptr ? kStageBytes : kStageBBytes);
+        if (job.a != nullptr) sm90::tma_load_2d(sm.a(st), job.a, &sm.full[st], kb * kTileK, job.a_row);
         if (share_b) {
           const bool second = pr.me == 1;
           sm90::tma_load_2d_multicast(sm.b(st) + (second ? kBHalfRows * kTileK : 0), second ? job.b1 : job.b0,
@@ -368,6 +375,88 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
           sm90::tma_load_2d(sm.b(st) + kBHalfRows * kTileK, job.b1, &sm.full[st], kb * kTileK, job.b1_row);
         }
       }
+      stage.advance();
+    }
+  }
+}
+
+// Gather mode (ForwardParams::gather_local: one rank, every routed row local): warps 2 and 3
+// of warpgroup 0 (idle otherwise) copy each routed gate/up tile's A rows straight from x into
+// the stages with 16-byte cp.async copies, so nothing is pulled into the row ring and no SM
+// pulls; the producer loads only B for those tiles. (One TMA request per row costs ~20 SM
+// clocks, far too slow; cp.async copies fed the wgmmas as fast as one 128-row box:
+// mok_feed_rate, docs/PERFORMANCE.md.) The two warps follow every task, as the consumers do,
+// and arrive on every stage's full barrier (its count is 1 + kGatherThreads in this mode):
+// for a gathered tile once their own copies have landed (cp.async.mbarrier.arrive.noinc),
+// otherwise at once. Thread t copies chunk t % 8 (16 bytes) of rows t / 8 + 8i, i < 16, all
+// in the same swizzle row (r % 8 = t / 8: chunk c lands at r * 128 + ((c ^ r % 8) * 16)),
+// reading the rows' tokens four at a time from a table in shared memory (thread t's sixteen
+// side by side), written once per tile.
+constexpr int kGatherThreads = 64;
+constexpr int kGatherRows = kTileM * 8 / kGatherThreads;  // rows per thread (a chunk of each)
+constexpr int kGatherBarrier = 5;                          // named barrier of the two gather warps
+
+__device__ __forceinline__ void gather_loop(const ForwardParams& p, const ComputeSmem& sm) {
+  const int t = threadIdx.x - 64;
+  RingPosition<kStages> stage;
+  RingPosition<kTaskSlots> tslot;
+  for (;;) {
+    sm90::mbar_wait(&sm.task_full[tslot.slot], tslot.phase, kPhaseTaskClaimed, phase_limit(p));
+    const int idx = sm.task_ring[tslot.slot];
+    sm90::mbar_arrive(&sm.task_empty[tslot.slot]);
+    tslot.advance();
+    if (idx < 0) break;
+    const Task task = p.tasks[idx];
+    if (task.kind() != kRoutedGateUp) {  // nothing to copy: arrive on each of its stages
+      const int k_tiles = task.kind() == kRoutedDown ? p.inter / kTileK
+                          : task.kind() == kSharedDown ? p.plans[0].shared[task.shared()].width / kTileK
+                                                        : p.hidden / kTileK;
+      for (int kb = 0; kb < k_tiles; ++kb) {
+        sm90::mbar_wait(&sm.empty[stage.slot], stage.phase ^ 1, kPhaseStageFree, phase_limit(p));
+        sm90::mbar_arrive(&sm.full[stage.slot]);
+        stage.advance();
+      }
+      continue;
+    }
+    const int tile = task.row_tile();
+    if (t == 0 && p.ring_wraps && tile >= p.ring_tiles) {
+      // The SwiGLU ring slot this tile's epilogue writes must be free: every down tile of its
+      // previous occupant done (as a pull into a wrapping ring waits, dispatch.cuh). No stage
+      // of the tile completes before this thread's arrival, which comes after the wait. A
+      // timeout is recorded and the copies go on (the outputs are poisoned).
+      wait_at_least(p.plans[0].down_done + tile - p.ring_tiles, p.down_tiles, p.error, p.first_rank, kWaitRingFree,
+                    tile, p.timeout_ns);
+      fence_proxy_async_global();
+    }
+    // The table is rewritten once both warps have issued the last tile's copies (which read it).
+    sm90::named_barrier_sync(kGatherBarrier, kGatherThreads);
+    const int2* rows = p.plans[0].rows + static_cast<long long>(tile) * kTileM;
+    for (int r = t; r < kTileM; r += kGatherThreads) {  // row r at (r % 8) * 16 + r / 8
+      const int2 row = rows[r];
+      sm.gather_tokens[(r % 8) * kGatherRows + r / 8] = row.x < 0 ? -1 : row.y / p.top_k;
+    }
+    sm90::named_barrier_sync(kGatherBarrier, kGatherThreads);
+    const int chunk = t % 8, first = t / 8;
+    const int4* tokens = reinterpret_cast<const int4*>(sm.gather_tokens + first * kGatherRows);
+    for (int kb = 0; kb < p.hidden / kTileK; ++kb) {
+      const int st = stage.slot;
+      sm90::mbar_wait(&sm.empty[st], stage.phase ^ 1, kPhaseStageFree, phase_limit(p));
+      // (No proxy fence before these copies: the stage's earlier wgmma reads and TMA writes
+      // are complete, waited for by its consumers before they released it; a fence would
+      // also wait for this thread's copies still in flight.)
+      const std::uint32_t dst = sm90::smem_addr(sm.a(st)) + first * (kTileK * 2) + ((chunk ^ first) << 4);
+      const __nv_bfloat16* x_k = p.x_source[0] + kb * kTileK + chunk * 8;
+#pragma unroll
+      for (int q = 0; q < kGatherRows / 4; ++q) {
+        const int4 four = tokens[q];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int token = j == 0 ? four.x : j == 1 ? four.y : j == 2 ? four.z : four.w;
+          sm90::cp_async_16(dst + (4 * q + j) * 8 * (kTileK * 2),
+                            x_k + static_cast<long long>(token < 0 ? 0 : token) * p.hidden, token < 0 ? 0u : 16u);
+        }
+      }
+      sm90::cp_async_mbar_arrive_noinc(&sm.full[st]);
       stage.advance();
     }
   }
@@ -425,6 +514,9 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
       int prev = 0;
       for (int kb = 0; kb < job.k_tiles; ++kb) {
         sm90::mbar_wait(&sm.full[stage.slot], stage.phase, kPhaseStageLoaded, phase_limit(p));
+        // Gather mode: A may have come by the producer warp's cp.async copies (the generic
+        // proxy), which the wgmmas (the async proxy) read.
+        if (p.gather_local) sm90::fence_proxy_async_shared();
         sm90::wgmma_fence();
 #ifndef MOK_MEASURE_LEAVE_OUT_MMA  // (a measurement build, cmake/cuda.cmake)
 #pragma unroll
@@ -578,7 +670,7 @@ __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const _
   const PairRole pr = pair_role(p);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      sm90::mbar_init(&sm.full[s], 1);
+      sm90::mbar_init(&sm.full[s], p.gather_local ? 1 + kGatherThreads : 1);  // (gather_loop says why)
       // Released by both consumer warpgroups, of both CTAs in pair mode.
       sm90::mbar_init(&sm.empty[s], pr.on ? 4 : 2);
     }
@@ -586,7 +678,8 @@ __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const _
       sm90::mbar_init(&sm.task_full[s], 1);
       // Read by every consumer thread; in pair mode the leader's slot is also read by the
       // peer's consumers and producer (the peer's own task_empty is not used).
-      sm90::mbar_init(&sm.task_empty[s], pr.on ? 2 * kConsumerThreads + 1 : kConsumerThreads);
+      sm90::mbar_init(&sm.task_empty[s], pr.on ? 2 * kConsumerThreads + 1
+                                         : kConsumerThreads + (p.gather_local ? kGatherThreads : 0));
     }
     sm90::mbar_init(sm.staging_full, 1);   // consumer thread 0, after both warpgroups staged
     sm90::mbar_init(sm.staging_empty, 1);  // store warp lane 0, after every lane's reads
@@ -604,6 +697,8 @@ __global__ void __launch_bounds__(kComputeThreads, 1) forward_megakernel(const _
       producer_loop(p, sm, num_tasks);
     else if (threadIdx.x / 32 == 1 && p.store_warp)
       store_loop(p, sm);
+    else if (threadIdx.x >= 64 && p.gather_local)
+      gather_loop(p, sm);
   } else {
     sm90::setmaxnreg_inc<232>();
     consumer_loop(p, sm, p.swiglu_limit);

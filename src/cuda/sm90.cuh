@@ -136,6 +136,20 @@ __device__ __forceinline__ void tma_load_2d(void* smem_dst, const CUtensorMap* m
       : "memory");
 }
 
+// 16 bytes global -> shared through L2 (cp.async.cg), the bytes past `src_bytes` zero-filled
+// (0: all zeros, nothing read). No "memory" clobber: the copy's bytes are read only by other
+// threads after a barrier (whose own asm orders it), and without one the compiler may load
+// what the next copies need (their addresses) ahead of this one.
+__device__ __forceinline__ void cp_async_16(std::uint32_t smem_dst, const void* gmem_src, std::uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_dst), "l"(gmem_src), "r"(src_bytes));
+}
+
+// An arrival on `bar` once this thread's earlier cp.async copies have landed, one of those the
+// barrier's count expects (.noinc: it does not count itself in when issued).
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(std::uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
 // Shared -> global bulk copy (the TMA engine stores a whole row while threads move on).
 __device__ __forceinline__ void bulk_store_s2g(void* gmem_dst, const void* smem_src, std::uint32_t bytes) {
   asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(gmem_dst), "r"(smem_addr(smem_src)),

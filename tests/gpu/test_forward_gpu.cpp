@@ -720,6 +720,7 @@ TEST(GpuHeadPulls, HeadPullsAreBitwiseAlikeWithAndWithoutThem) {
 TEST(GpuHeadPulls, DefaultIsOnePerCtaWithoutASharedTileToStartOn) {
   MOK_REQUIRE_GPU();
   ScopedEnv unset("MOK_HEAD_PULLS", "");
+  ScopedEnv pulls("MOK_GATHER_LOCAL", "0");  // (one rank: its rows would be read in place, not pulled)
   int sms = 0, l2 = 0;  // the grid: one CTA per SM
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0), cudaSuccess);
@@ -840,6 +841,7 @@ TEST(GpuHalfTiles, BitwiseEqualToWholeTilesAndCountedExactly) {
 // of a communication cluster join as a pair (or neither does).
 TEST(GpuCommJoin, SameBitsAsSeparateRoles) {
   MOK_REQUIRE_GPU();
+  ScopedEnv pulls("MOK_GATHER_LOCAL", "0");  // (one rank: its rows would be read in place, not pulled)
   Config wraps;
   wraps.minibatch_rows = 128;
   wraps.macrobatch_rows = 512;
@@ -875,6 +877,56 @@ TEST(GpuCommJoin, SameBitsAsSeparateRoles) {
     if (config.forward_comm_sms > 0) {
       EXPECT_EQ(joined.stats.at(0).joined_comm_ctas, config.forward_comm_sms) << name;
     }
+  }
+}
+
+// Gather mode (one rank, EP = 1; the default there): the compute CTAs' gather warps copy each
+// routed gate/up tile's rows straight from x and nothing is pulled. Bit for bit the pulled
+// path's y (MOK_GATHER_LOCAL=0, and a config that asks for communication SMs, which pulls as
+// well), passing the reference check, with: padding rows (zero-filled copies) and half tiles,
+// skewed and one-expert routing, k = 1, a token count that is not a multiple of the tile, a
+// shared expert (its tiles come by TMA between gathered ones), gpt-oss-20b's H = 2880, and a
+// wrapping ring, where a gathered tile waits for the SwiGLU slot it reuses. No CTA pulls:
+// none joins from communication and no head pull is claimed. Two forwards per layer (the
+// second after the counters' reset).
+TEST(GpuGatherLocal, SameBitsAsPullsWithoutAnyPull) {
+  MOK_REQUIRE_GPU();
+  Config wraps;
+  wraps.minibatch_rows = 128;
+  wraps.macrobatch_rows = 512;
+  Config comm;
+  comm.forward_comm_sms = 4;
+  struct Case {
+    std::string name;
+    Problem problem;
+    std::string routing;
+    Config config;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"zipf_shared", make_problem(32, 512, 256, 4, {256}, 1, 500), "zipf:1.2", Config{}},
+           {"gaussian_k1", make_problem(16, 1024, 384, 1, {}, 1, 1000), "gaussian", Config{}},
+           {"one_expert", make_problem(8, 512, 256, 2, {}, 1, 700), "hot:1.0:3", Config{}},
+           {"ring_wraps", make_problem(16, 1024, 256, 4, {256}, 1, 1024), "zipf:1.2", wraps},
+           {"h2880", make_problem(8, 2880, 2880, 4, {}, 1, 384), "gaussian", Config{}}}) {
+    const LayerData host = make_data(c.problem, c.routing);
+    const LayerData ref = run_reference(host, c.config);
+    std::vector<std::uint16_t> first;
+    {
+      ScopedEnv on("MOK_GATHER_LOCAL", "1");
+      const GpuRun gathered = run_gpu_all_ranks(host, c.config, 2);
+      expect_close_and_same_bits(gathered, ref, first, c.name + " gathered");
+      EXPECT_EQ(gathered.stats.at(0).joined_comm_ctas, 0) << c.name;
+      EXPECT_EQ(gathered.stats.at(0).head_pull_claims, 0) << c.name;
+    }
+    {
+      ScopedEnv off("MOK_GATHER_LOCAL", "0");
+      expect_close_and_same_bits(run_gpu_all_ranks(host, c.config, 2), ref, first, c.name + " pulled");
+    }
+    Config asks_comm = c.config;
+    asks_comm.forward_comm_sms = comm.forward_comm_sms;
+    const GpuRun pulled = run_gpu_all_ranks(host, asks_comm, 2);
+    expect_close_and_same_bits(pulled, ref, first, c.name + " with communication SMs");
+    EXPECT_GT(pulled.stats.at(0).joined_comm_ctas, 0) << c.name << ": communication CTAs asked for, so rows are pulled";
   }
 }
 
@@ -1905,7 +1957,7 @@ TEST(GpuErrors, MalformedEnvironmentKnobIsAClearError) {
   LayerOptions o = cuda_layer_options();
   for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
            {"MOK_COOPERATIVE", "maybe"}, {"MOK_STORE_WARP", "yes"}, {"MOK_HALF_TILES", "2"}, {"MOK_COMM_JOIN", "2"}, {"MOK_HEAD_PULLS", "2"}, {"MOK_PULL_AHEAD", "-1"},
-           {"MOK_PULL_AHEAD", "4x"}, {"MOK_PULL_GROUPS", "4"}, {"MOK_TASK_LAG", "65"}, {"MOK_HEAD_PULL_TILES", "-3"}, {"MOK_WAIT_TIMEOUT_MS", "0"}, {"MOK_WAIT_TIMEOUT_MS", "nan"}, {"MOK_WAIT_TIMEOUT_MS", "0.5"}}) {
+           {"MOK_PULL_AHEAD", "4x"}, {"MOK_PULL_GROUPS", "4"}, {"MOK_TASK_LAG", "65"}, {"MOK_GATHER_LOCAL", "2"}, {"MOK_HEAD_PULL_TILES", "-3"}, {"MOK_WAIT_TIMEOUT_MS", "0"}, {"MOK_WAIT_TIMEOUT_MS", "nan"}, {"MOK_WAIT_TIMEOUT_MS", "0.5"}}) {
     ScopedEnv bad(name, value);
     try {
       Layer layer(p, Config{}, o);
