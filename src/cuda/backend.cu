@@ -681,7 +681,8 @@ class CudaBackend final : public BackendImpl {
     // is copied into the ring and every SM computes. Not with task pairs (their lockstep and
     // multicast are TMA-only) nor when the config asks for communication SMs (which then pull
     // as on any rank: the A/B in the tests, besides MOK_GATHER_LOCAL=0).
-    gather_local_ = gather_local_ && p.ep_size == 1 && !group_ && !c.task_pairs && c.forward_comm_sms == 0;
+    gather_local_ = gather_local_ && p.ep_size == 1 && !group_ && !c.task_pairs && c.forward_comm_sms == 0 &&
+                    static_cast<long long>(p.tokens_per_rank) * p.hidden * 2 < (1ll << 32);  // (32-bit row offsets)
     comm_ctas_ = gather_local_           ? 0
                  : c.forward_comm_sms > 0 ? c.forward_comm_sms
                  : comm_join_            ? std::max(rate_comm_ctas, std::min(16, sms_ / 4))

@@ -137,7 +137,7 @@ struct ComputeSmem {
   // consumer warpgroup 2 skips its wgmmas and staging (ForwardParams::half_tiles). Written
   // by the producer before its arrival on the stage's full barrier, read after the wait.
   volatile int* stage_lower_half;
-  int* gather_tokens;  // [8][16] gather mode: the current gate/up tile's row tokens (gather_loop), -1 padding
+  std::uint32_t* gather_offsets;  // [8][16] gather mode: the current gate/up tile's rows' byte offsets in x (gather_loop)
 };
 
 // Named barriers of one consumer warpgroup each: kWarpgroupBarrier + 0 and + 1
@@ -160,7 +160,7 @@ __device__ __forceinline__ ComputeSmem carve_smem(std::uint8_t* raw) {
   s.store_job = s.staging_empty + 1;  // 8-byte aligned: it follows the 8-byte barriers
   s.task_ring = reinterpret_cast<volatile int*>(s.store_job + 1);
   s.stage_lower_half = s.task_ring + kTaskSlots;
-  s.gather_tokens = reinterpret_cast<int*>(base + kStages * kStageBytes + kStagingBytes + 256);
+  s.gather_offsets = reinterpret_cast<std::uint32_t*>(base + kStages * kStageBytes + kStagingBytes + 256);
   return s;
 }
 
@@ -390,11 +390,13 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
 // for a gathered tile once their own copies have landed (cp.async.mbarrier.arrive.noinc),
 // otherwise at once. Thread t copies chunk t % 8 (16 bytes) of rows t / 8 + 8i, i < 16, all
 // in the same swizzle row (r % 8 = t / 8: chunk c lands at r * 128 + ((c ^ r % 8) * 16)),
-// reading the rows' tokens four at a time from a table in shared memory (thread t's sixteen
-// side by side), written once per tile.
+// reading the rows' byte offsets in x four at a time from a table in shared memory (thread
+// t's sixteen side by side; 32-bit: the backend asks T * H * 2 < 2^32; kGatherPadding marks
+// a padding row, copied as zeros), written once per tile.
 constexpr int kGatherThreads = 64;
 constexpr int kGatherRows = kTileM * 8 / kGatherThreads;  // rows per thread (a chunk of each)
 constexpr int kGatherBarrier = 5;                          // named barrier of the two gather warps
+constexpr std::uint32_t kGatherPadding = ~0u;              // the offset of a padding row
 
 __device__ __forceinline__ void gather_loop(const ForwardParams& p, const ComputeSmem& sm) {
   const int t = threadIdx.x - 64;
@@ -433,11 +435,13 @@ __device__ __forceinline__ void gather_loop(const ForwardParams& p, const Comput
     const int2* rows = p.plans[0].rows + static_cast<long long>(tile) * kTileM;
     for (int r = t; r < kTileM; r += kGatherThreads) {  // row r at (r % 8) * 16 + r / 8
       const int2 row = rows[r];
-      sm.gather_tokens[(r % 8) * kGatherRows + r / 8] = row.x < 0 ? -1 : row.y / p.top_k;
+      sm.gather_offsets[(r % 8) * kGatherRows + r / 8] =
+          row.x < 0 ? kGatherPadding
+                    : static_cast<std::uint32_t>(row.y / p.top_k) * static_cast<std::uint32_t>(p.hidden) * 2u;
     }
-    sm90::named_barrier_sync(kGatherBarrier, kGatherThreads);
     const int chunk = t % 8, first = t / 8;
-    const int4* tokens = reinterpret_cast<const int4*>(sm.gather_tokens + first * kGatherRows);
+    sm90::named_barrier_sync(kGatherBarrier, kGatherThreads);
+    const uint4* offsets = reinterpret_cast<const uint4*>(sm.gather_offsets + first * kGatherRows);
     for (int kb = 0; kb < p.hidden / kTileK; ++kb) {
       const int st = stage.slot;
       sm90::mbar_wait(&sm.empty[st], stage.phase ^ 1, kPhaseStageFree, phase_limit(p));
@@ -445,15 +449,15 @@ __device__ __forceinline__ void gather_loop(const ForwardParams& p, const Comput
       // are complete, waited for by its consumers before they released it; a fence would
       // also wait for this thread's copies still in flight.)
       const std::uint32_t dst = sm90::smem_addr(sm.a(st)) + first * (kTileK * 2) + ((chunk ^ first) << 4);
-      const __nv_bfloat16* x_k = p.x_source[0] + kb * kTileK + chunk * 8;
+      const char* x_k = reinterpret_cast<const char*>(p.x_source[0]) + kb * (kTileK * 2) + chunk * 16;
 #pragma unroll
       for (int q = 0; q < kGatherRows / 4; ++q) {
-        const int4 four = tokens[q];
+        const uint4 four = offsets[q];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const int token = j == 0 ? four.x : j == 1 ? four.y : j == 2 ? four.z : four.w;
-          sm90::cp_async_16(dst + (4 * q + j) * 8 * (kTileK * 2),
-                            x_k + static_cast<long long>(token < 0 ? 0 : token) * p.hidden, token < 0 ? 0u : 16u);
+          const std::uint32_t offset = j == 0 ? four.x : j == 1 ? four.y : j == 2 ? four.z : four.w;
+          const bool pad = offset == kGatherPadding;
+          sm90::cp_async_16(dst + (4 * q + j) * 8 * (kTileK * 2), x_k + (pad ? 0u : offset), pad ? 0u : 16u);
         }
       }
       sm90::cp_async_mbar_arrive_noinc(&sm.full[st]);
