@@ -387,13 +387,17 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
 // clocks, far too slow; cp.async copies fed the wgmmas as fast as one 128-row box:
 // mok_feed_rate, docs/PERFORMANCE.md.) The two warps follow every task, as the consumers do,
 // and arrive on every stage's full barrier (its count is 1 + kGatherThreads in this mode):
-// for a gathered tile once their own copies have landed (cp.async.mbarrier.arrive.noinc),
-// otherwise at once. Thread t copies chunk t % 8 (16 bytes) of rows t / 8 + 8i, i < 16, all
+// for a gathered tile once their own copies have landed, otherwise at once. A stage's copies
+// are waited for one stage later (cp.async.wait_group 1: two stages in flight per thread) and
+// fenced into the async proxy by the thread that copied them, which then arrives. Stage s
+// arrives only after stage s + 1's wait for a free slot, which needs kStages >= 3: that slot's
+// last stage, s + 1 - kStages <= s - 2, is freed once the consumers have stage s - 1, arrived. Thread t copies chunk t % 8 (16 bytes) of rows t / 8 + 8i, i < 16, all
 // in the same swizzle row (r % 8 = t / 8: chunk c lands at r * 128 + ((c ^ r % 8) * 16)),
 // reading the rows' byte offsets in x four at a time from a table in shared memory (thread
 // t's sixteen side by side; 32-bit: the backend asks T * H * 2 < 2^32; kGatherPadding marks
 // a padding row, copied as zeros), written once per tile.
 constexpr int kGatherThreads = 64;
+static_assert(kStages >= 3, "gather_loop arrives on a stage one stage late (see above)");
 constexpr int kGatherRows = kTileM * 8 / kGatherThreads;  // rows per thread (a chunk of each)
 constexpr int kGatherBarrier = 5;                          // named barrier of the two gather warps
 constexpr std::uint32_t kGatherPadding = ~0u;              // the offset of a padding row
@@ -442,6 +446,7 @@ __device__ __forceinline__ void gather_loop(const ForwardParams& p, const Comput
     const int chunk = t % 8, first = t / 8;
     sm90::named_barrier_sync(kGatherBarrier, kGatherThreads);
     const uint4* offsets = reinterpret_cast<const uint4*>(sm.gather_offsets + first * kGatherRows);
+    int pending_stage = -1;  // the stage whose copies are issued and not yet arrived on
     for (int kb = 0; kb < p.hidden / kTileK; ++kb) {
       const int st = stage.slot;
       sm90::mbar_wait(&sm.empty[st], stage.phase ^ 1, kPhaseStageFree, phase_limit(p));
@@ -460,9 +465,23 @@ __device__ __forceinline__ void gather_loop(const ForwardParams& p, const Comput
           sm90::cp_async_16(dst + (4 * q + j) * 8 * (kTileK * 2), x_k + (pad ? 0u : offset), pad ? 0u : 16u);
         }
       }
-      sm90::cp_async_mbar_arrive_noinc(&sm.full[st]);
+      sm90::cp_async_commit();
+      // The previous stage's copies (one group back) have landed: fenced into the async proxy
+      // here, by their writer, so the consumers' wgmmas read them with no fence of their own
+      // (a consumer's proxy fence also waited on its wgmmas in flight, review of 8481600).
+      if (pending_stage >= 0) {
+        sm90::cp_async_wait_group<1>();
+        sm90::fence_proxy_async_shared();
+        sm90::mbar_arrive(&sm.full[pending_stage]);
+      }
+      pending_stage = st;
       stage.advance();
     }
+    // The tile's last stage arrives before the next task's waits (the ring-free wait above may
+    // wait for down tiles this CTA's consumers run after this tile).
+    sm90::cp_async_wait_group<0>();
+    sm90::fence_proxy_async_shared();
+    sm90::mbar_arrive(&sm.full[pending_stage]);
   }
 }
 
@@ -518,9 +537,6 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
       int prev = 0;
       for (int kb = 0; kb < job.k_tiles; ++kb) {
         sm90::mbar_wait(&sm.full[stage.slot], stage.phase, kPhaseStageLoaded, phase_limit(p));
-        // Gather mode: A may have come by the producer warp's cp.async copies (the generic
-        // proxy), which the wgmmas (the async proxy) read.
-        if (p.gather_local) sm90::fence_proxy_async_shared();
         sm90::wgmma_fence();
 #ifndef MOK_MEASURE_LEAVE_OUT_MMA  // (a measurement build, cmake/cuda.cmake)
 #pragma unroll

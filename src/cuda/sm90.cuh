@@ -144,6 +144,15 @@ __device__ __forceinline__ void cp_async_16(std::uint32_t smem_dst, const void* 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_dst), "l"(gmem_src), "r"(src_bytes));
 }
 
+// Closes this thread's cp.async copies issued since the last commit into one group.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Waits until at most N of this thread's committed cp.async groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // An arrival on `bar` once this thread's earlier cp.async copies have landed, one of those the
 // barrier's count expects (.noinc: it does not count itself in when issued).
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(std::uint64_t* bar) {
