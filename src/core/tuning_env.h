@@ -17,7 +17,7 @@ enum class TuningEnv : int {
   kHeadPulls,        // MOK_HEAD_PULLS: head pulls on every CTA / none / the default rule
   kHeadPullTiles,    // MOK_HEAD_PULL_TILES: exactly this many head pulls
   kTaskLag,          // MOK_TASK_LAG: bands between a band's gate/up and its down tiles
-  kGatherLocal,      // MOK_GATHER_LOCAL: one rank's routed rows read in place, not pulled (default on)
+  kGatherLocal,      // MOK_GATHER_LOCAL: one rank's routed rows copied from x, not pulled (default: I <= 4096)
   kWaitTimeoutMs,    // MOK_WAIT_TIMEOUT_MS: the cross-CTA spin-wait limit
   kGroupStartMs,     // MOK_GROUP_START_TIMEOUT_MS: how long a rank waits for its NCCL group to form (and its peers' destroys)
   kTestFault,        // MOK_TEST_FAULT: lose_staging_read, abandoned_group or abandon_at_destroy, each for its test

@@ -147,9 +147,23 @@ bool half_tiles_from_env() { return switch_from_env(TuningEnv::kHalfTiles, true)
 // pair), so the SMs dispatch takes early compute the end of the layer.
 bool comm_join_from_env() { return switch_from_env(TuningEnv::kCommJoin, true); }
 
-// MOK_GATHER_LOCAL=0: a single rank (EP = 1) pulls its rows into the ring like any other,
-// instead of its compute CTAs reading them from x (ForwardParams::gather_local).
-bool gather_local_from_env() { return switch_from_env(TuningEnv::kGatherLocal, true); }
+// MOK_GATHER_LOCAL=1: a single rank (EP = 1) has its compute CTAs copy its routed rows from x
+// wherever gather mode can run (ForwardParams::gather_local); =0: it pulls them into the ring
+// like any other rank; unset (-1): the default rule (kGatherMaxIntermediate).
+int gather_local_from_env() {
+  const char* env = std::getenv(tuning_env_name(TuningEnv::kGatherLocal));
+  if (env == nullptr || *env == '\0') return -1;
+  return switch_from_env(TuningEnv::kGatherLocal, false) ? 1 : 0;
+}
+
+// Gather mode by default only up to this intermediate size: a routed row's copy costs the
+// same whatever I is, its gate/up/down work grows with I, and where the work dwarfs the copy
+// the pulls cost little while the gathered loads (16-byte copies by two warps) feed the wgmmas
+// a little slower than TMA boxes. Measured on the H100 (forward ms, gather vs pulls in the
+// same run, three rounds each, da05eee): Qwen3-30B (I = 768) T = 16384 2.41-2.54 vs
+// 2.59-2.62, T = 4096 0.78-0.79 vs 0.87; gpt-oss-20b (I = 2880) 1.62-1.67 vs 1.62-1.67;
+// Mixtral (I = 14336) T = 4096 4.70-4.73 vs 4.56-4.61.
+constexpr int kGatherMaxIntermediate = 4096;
 
 // Head pulls (dispatch_role says what): MOK_HEAD_PULLS=1 on for every CTA, =0 off (only the
 // communication CTAs pull rows, the earlier design); unset: default_head_pulls (plan_order.h),
@@ -676,12 +690,14 @@ class CudaBackend final : public BackendImpl {
     // Qwen3-30B T=16384 2.59 vs 2.56/2.56-2.62/2.57, Qwen3.5 slice 1.132 vs 1.12/1.12/1.11,
     // DeepSeek-V4-Pro slice 3.37 vs -/3.28/3.31 (24).
     const int rate_comm_ctas = std::clamp(static_cast<int>(ceil_div(55LL * sms_, p.intermediate)), 2, 16);
-    // Gather mode: one rank whose every row is its own (EP = 1). Its compute CTAs read the
-    // routed rows from x as they load them (megakernel.cuh: producer_loop_gather), so no row
-    // is copied into the ring and every SM computes. Not with task pairs (their lockstep and
-    // multicast are TMA-only) nor when the config asks for communication SMs (which then pull
-    // as on any rank: the A/B in the tests, besides MOK_GATHER_LOCAL=0).
-    gather_local_ = gather_local_ && p.ep_size == 1 && !group_ && !c.task_pairs && c.forward_comm_sms == 0 &&
+    // Gather mode: one rank whose every row is its own (EP = 1). Its compute CTAs copy the
+    // routed rows from x into their stages as they load them (megakernel.cuh: gather_loop), so
+    // no row is copied into the ring and every SM computes. Not with task pairs (their lockstep
+    // and multicast are TMA-only) nor when the config asks for communication SMs (which then
+    // pull as on any rank: the A/B in the tests, besides MOK_GATHER_LOCAL=0).
+    const bool gather_wanted =
+        gather_local_env_ == 1 || (gather_local_env_ < 0 && p.intermediate <= kGatherMaxIntermediate);
+    gather_local_ = gather_wanted && p.ep_size == 1 && !group_ && !c.task_pairs && c.forward_comm_sms == 0 &&
                     static_cast<long long>(p.tokens_per_rank) * p.hidden * 2 < (1ll << 32);  // (32-bit row offsets)
     comm_ctas_ = gather_local_           ? 0
                  : c.forward_comm_sms > 0 ? c.forward_comm_sms
@@ -1244,6 +1260,9 @@ class CudaBackend final : public BackendImpl {
     const Problem& p = problem_;
     const int R = p.ep_size, T = p.tokens_per_rank, H = p.hidden, I = p.intermediate;
     const std::size_t ring_rows = static_cast<std::size_t>(ring_tiles_) * kTileM;
+    // Gather mode pulls nothing, so the pulled-row ring is never read or written: one tile,
+    // only for its tensor map (Qwen3-30B at T = 16384 saves 0.54 GB).
+    const std::size_t pulled_ring_rows = gather_local_ ? kTileM : ring_rows;
     auto track = [&](DeviceBuffer b) {
       workspace_bytes_ += b.bytes();
       return b;
@@ -1343,7 +1362,7 @@ class CudaBackend final : public BackendImpl {
       plan.num_row_tiles = rank_buffers_.back().as<int>();
       plan.expert_counts = plan.num_row_tiles + 1;
       plan.expert_offsets = plan.expert_counts + static_cast<std::size_t>(p.local_experts()) * chunks_;
-      rank_buffers_.push_back(track(DeviceBuffer(ring_rows * H * 2)));
+      rank_buffers_.push_back(track(DeviceBuffer(pulled_ring_rows * H * 2)));
       plan.ring = rank_buffers_.back().as<__nv_bfloat16>();
       rank_buffers_.push_back(track(DeviceBuffer(ring_rows * I * 2)));
       plan.act = rank_buffers_.back().as<__nv_bfloat16>();
@@ -1352,7 +1371,7 @@ class CudaBackend final : public BackendImpl {
       plan.x_staged = group_ ? static_cast<__nv_bfloat16*>(x_sym_.local) : nullptr;
       plan.combine = combine_ptrs[first_rank_ + d];
       RankMaps& m = fixed_maps_[d];
-      m.ring = encode_2d(plan.ring, H, ring_rows, kTileM);
+      m.ring = encode_2d(plan.ring, H, pulled_ring_rows, kTileM);
       m.act = encode_2d(plan.act, I, ring_rows, kTileM);
       if (group_) m.x_staged = encode_2d(plan.x_staged, H, T, kTileM);
       for (int s = 0; s < p.num_shared(); ++s) {
@@ -1589,7 +1608,8 @@ class CudaBackend final : public BackendImpl {
   bool store_warp_ = store_warp_from_env();
   bool half_tiles_ = half_tiles_from_env();
   bool comm_join_ = comm_join_from_env();
-  bool gather_local_ = gather_local_from_env();  // the environment's wish until the constructor decides
+  int gather_local_env_ = gather_local_from_env();  // -1: unset (the default rule), 0 off, 1 on
+  bool gather_local_ = false;                       // decided by the constructor
   int head_pulls_env_ = head_pulls_from_env();  // -1: unset (the default rule), 0 off, 1 on
   int head_pull_tiles_env_ = head_pull_tiles_from_env();  // > 0: that many head pulls (tuning)
   int head_pulls_ = 0;  // head pulls per forward: fixed by the shape, the grid and the ring

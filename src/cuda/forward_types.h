@@ -29,7 +29,7 @@ constexpr int kStageBBytes = kDownCols * kTileK * 2;  // 32 KiB (gate 128 rows +
 constexpr int kStageBytes = kStageABytes + kStageBBytes;
 constexpr int kStagingPitch = kDownCols + 8;          // bf16 per staging row (+16 B: no bank conflicts)
 constexpr int kStagingBytes = kTileM * kStagingPitch * 2;
-// Gather mode (ForwardParams::gather_local): the current routed gate/up tile's token per row.
+// Gather mode (ForwardParams::gather_local): the current routed gate/up tile's rows' byte offsets in x.
 constexpr int kGatherTableBytes = kTileM * 4;
 constexpr int kSmemBytes =
     1024 /*align slack*/ + kStages * kStageBytes + kStagingBytes + 256 /*barriers, task ring*/ + kGatherTableBytes;
@@ -139,7 +139,7 @@ struct ForwardParams {
   int* head_counter;                       // next head pull to claim (zeroed per forward)
   int half_tiles;                          // routed tiles with rows 64.. all padding: one consumer warpgroup computes
   // One rank whose every row is local (EP = 1): routed gate/up tiles read their rows straight
-  // from x (the producer warp's cp.async copies), nothing is pulled and every CTA computes.
+  // from x (warps 2-3's cp.async copies, gather_loop), nothing is pulled and every CTA computes.
   int gather_local;
   int test_fault;                          // TestFault: a deliberate bug for the timeout tests (0: none)
   PhaseWaitTrap* phase_trap;               // host-mapped record of a timed-out phase wait (nullptr: none)

@@ -930,6 +930,36 @@ TEST(GpuGatherLocal, SameBitsAsPullsWithoutAnyPull) {
   }
 }
 
+// Unset, MOK_GATHER_LOCAL leaves the choice to the default rule: gather mode up to
+// I = kGatherMaxIntermediate (4096, backend.cu), pulls above it (where the pulls cost little
+// and the TMA-fed mainloop is a little faster); the same bits either way, and against the
+// reference. Both sides of the boundary and one shape at EP = 2 (never gather mode).
+TEST(GpuGatherLocal, DefaultRuleGathersUpToI4096) {
+  MOK_REQUIRE_GPU();
+  ScopedEnv unset("MOK_GATHER_LOCAL", "");
+  struct Case {
+    std::string name;
+    Problem problem;
+    bool gathers;
+  };
+  for (const Case& c : std::vector<Case>{{"I4096", make_problem(8, 512, 4096, 2, {}, 1, 256), true},
+                                         {"I4352", make_problem(8, 512, 4352, 2, {}, 1, 256), false},
+                                         {"ep2", make_problem(8, 512, 1024, 2, {}, 2, 256), false}}) {
+    const LayerData host = make_data(c.problem, "gaussian");
+    const LayerData ref = run_reference(host, Config{});
+    std::vector<std::uint16_t> first;
+    const GpuRun by_default = run_gpu_all_ranks(host, Config{}, 2);
+    expect_close_and_same_bits(by_default, ref, first, c.name + " default");
+    EXPECT_EQ(by_default.stats.at(0).joined_comm_ctas == 0, c.gathers)
+        << c.name << ": joined_comm_ctas " << by_default.stats.at(0).joined_comm_ctas;
+    ScopedEnv flipped("MOK_GATHER_LOCAL", c.gathers ? "0" : "1");
+    const GpuRun other = run_gpu_all_ranks(host, Config{}, 2);
+    expect_close_and_same_bits(other, ref, first, c.name + " flipped");
+    if (c.problem.ep_size == 1)
+      EXPECT_EQ(other.stats.at(0).joined_comm_ctas == 0, !c.gathers) << c.name << " flipped";
+  }
+}
+
 // The store warp (default) against consumer-issued stores (MOK_STORE_WARP=0, read when a
 // Layer is built): the same bits, with gate/up counters raised by either, a wrapping ring
 // (down_done), shared experts, pairs with phantoms, and a large single-GPU shape.
