@@ -262,9 +262,11 @@ if [ $RUN_SAN = 1 ] && ! command -v compute-sanitizer > /dev/null; then
 fi
 if [ $RUN_SAN = 1 ] && command -v compute-sanitizer > /dev/null; then
   # The default launch on virtual ranks (checked against the reference), then the paths it
-  # does not take: task pairs (2-CTA clusters, multicast) with a ring that wraps, and a rank
-  # slice (its own schedule and slots). Each log is appended to its tool's.
+  # does not take: one rank's gather mode (its rows copied from x, EP = 1) with a ring that
+  # wraps, task pairs (2-CTA clusters, multicast) with a ring that wraps, and a rank slice
+  # (its own schedule and slots). Each log is appended to its tool's.
   san_runs=("--shape tiny --check"
+            "--shape small --ep 1 --minibatch 128 --macrobatch 256 --check"
             "--shape small --pairs --minibatch 128 --macrobatch 128 --check"
             "--shape small --ep-mode slice")
   for tool in ${SANITIZERS:-memcheck racecheck}; do
