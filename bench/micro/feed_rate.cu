@@ -172,11 +172,9 @@ __global__ void __launch_bounds__(kThreads, 1) feed_kernel(const __grid_constant
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const int r = row0 + 16 * i;
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + r * 128 + ((chunk ^ (r % 8)) * 16)),
-                       "l"(src[i] + kb * kTileK)
-                       : "memory");
+          sm90::cp_async_16(dst + r * 128 + ((chunk ^ (r % 8)) * 16), src[i] + kb * kTileK, 16u);
         }
-        asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(sm90::smem_addr(bar)) : "memory");
+        sm90::cp_async_mbar_arrive_noinc(bar);
         stage.advance();
       }
     }
