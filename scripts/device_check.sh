@@ -91,7 +91,7 @@ if [ -z "$BIN" ]; then
   grep -E "registers|spill" "$OUT/build.log" > "$OUT/ptxas.txt" || true
 fi
 
-# wgmmas present, no spills, the producer's and store warp's code inside the setmaxnreg budget
+# wgmmas present, no spills, the producer's, store warp's and gather warps' code inside the setmaxnreg budget
 # (the same check CI runs through scripts/test.sh).
 sass_rc=0; sass=$(scripts/check_sass.sh "$BIN" "$OUT") || sass_rc=$?
 note "$sass"
