@@ -391,11 +391,12 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
 // are waited for one stage later (cp.async.wait_group 1: two stages in flight per thread) and
 // fenced into the async proxy by the thread that copied them, which then arrives. Stage s
 // arrives only after stage s + 1's wait for a free slot, which needs kStages >= 3: that slot's
-// last stage, s + 1 - kStages <= s - 2, is freed once the consumers have stage s - 1, arrived. Thread t copies chunk t % 8 (16 bytes) of rows t / 8 + 8i, i < 16, all
-// in the same swizzle row (r % 8 = t / 8: chunk c lands at r * 128 + ((c ^ r % 8) * 16)),
-// reading the rows' byte offsets in x four at a time from a table in shared memory (thread
-// t's sixteen side by side; 32-bit: the backend asks T * H * 2 < 2^32; kGatherPadding marks
-// a padding row, copied as zeros), written once per tile.
+// last stage, s + 1 - kStages <= s - 2, is freed once the consumers have stage s - 1, arrived.
+// Thread t copies chunk t % 8 (16 bytes) of rows t / 8 + 8i, i < 16, all in the same swizzle
+// row (r % 8 = t / 8: chunk c lands at r * 128 + ((c ^ r % 8) * 16)), reading the rows' byte
+// offsets in x four at a time from a table in shared memory (thread t's sixteen side by side;
+// 32-bit: the backend asks T * H * 2 < 2^32; kGatherPadding marks a padding row, copied as
+// zeros), written once per tile.
 constexpr int kGatherThreads = 64;
 static_assert(kStages >= 3, "gather_loop arrives on a stage one stage late (see above)");
 constexpr int kGatherRows = kTileM * 8 / kGatherThreads;  // rows per thread (a chunk of each)
@@ -468,7 +469,8 @@ __device__ __forceinline__ void gather_loop(const ForwardParams& p, const Comput
       sm90::cp_async_commit();
       // The previous stage's copies (one group back) have landed: fenced into the async proxy
       // here, by their writer, so the consumers' wgmmas read them with no fence of their own
-      // (a consumer's proxy fence also waited on its wgmmas in flight, review of 8481600).
+      // (64 threads fence instead of 256, off the consumers' path; the consumer-side fence of
+      // 90d2b1c measured the same, docs/PERFORMANCE.md).
       if (pending_stage >= 0) {
         sm90::cp_async_wait_group<1>();
         sm90::fence_proxy_async_shared();
