@@ -134,6 +134,13 @@ bool switch_from_env(TuningEnv knob, bool default_on) {
   throw Error(std::string(name) + " = '" + v + "': must be 0/off/false or 1/on/true (or unset)");
 }
 
+// An on/off switch whose default is a rule of the shape: -1 unset (the rule decides), 0 off, 1 on.
+int rule_switch_from_env(TuningEnv knob) {
+  const char* env = std::getenv(tuning_env_name(knob));
+  if (env == nullptr || *env == '\0') return -1;
+  return switch_from_env(knob, false) ? 1 : 0;
+}
+
 // MOK_STORE_WARP=0 turns the megakernel's store warp off (the consumers then send their
 // tiles' rows themselves, as before it existed).
 bool store_warp_from_env() { return switch_from_env(TuningEnv::kStoreWarp, true); }
@@ -150,11 +157,7 @@ bool comm_join_from_env() { return switch_from_env(TuningEnv::kCommJoin, true); 
 // MOK_GATHER_LOCAL=1: a single rank (EP = 1) has its compute CTAs copy its routed rows from x
 // wherever gather mode can run (ForwardParams::gather_local); =0: it pulls them into the ring
 // like any other rank; unset (-1): the default rule (kGatherMaxIntermediate).
-int gather_local_from_env() {
-  const char* env = std::getenv(tuning_env_name(TuningEnv::kGatherLocal));
-  if (env == nullptr || *env == '\0') return -1;
-  return switch_from_env(TuningEnv::kGatherLocal, false) ? 1 : 0;
-}
+int gather_local_from_env() { return rule_switch_from_env(TuningEnv::kGatherLocal); }
 
 // Gather mode by default only up to this intermediate size: a routed row's copy costs the
 // same whatever I is, its gate/up/down work grows with I, and where the work dwarfs the copy
@@ -173,11 +176,7 @@ constexpr int kGatherMaxIntermediate = 4096;
 // where the compute CTAs start on the shared tiles while the first pulls land and a head on
 // every CTA only delays them, Qwen3.5 slice 1.107/1.110 vs 1.112/1.114, DeepSeek-V4-Pro slice
 // 3.258/3.264 vs 3.281/3.283.
-int head_pulls_from_env() {
-  const char* env = std::getenv(tuning_env_name(TuningEnv::kHeadPulls));
-  if (env == nullptr || *env == '\0') return -1;
-  return switch_from_env(TuningEnv::kHeadPulls, false) ? 1 : 0;
-}
+int head_pulls_from_env() { return rule_switch_from_env(TuningEnv::kHeadPulls); }
 
 // MOK_COOPERATIVE=1 launches the megakernel cooperatively: the driver starts it only when
 // every CTA can be resident at once. Off by default: a partial grid is safe and overlaps a
