@@ -119,6 +119,19 @@ __device__ __forceinline__ void pull_rows(const ForwardParams& p, PullPipeline& 
 // compute. (With shared experts the compute CTAs start on shared tiles meanwhile, and a head
 // only delays those: by default there are as many head pulls as CTAs that find no shared
 // gate/up tile in the first group, plan_order.h: default_head_pulls.)
+// Waits until row tile `tile`'s ring slot is free, when the ring wraps (tile >= ring_tiles):
+// every down tile of its previous occupant, tile - ring_tiles, done. Those tiles read the slot
+// by TMA (async proxy) on other SMs; the fence orders their reads, acquired here, before this
+// CTA's writes into it. False after a timeout (recorded in p.error). Both writers of a slot
+// wait here: the pulls (its rows) and the gather warps (megakernel.cuh: the SwiGLU rows their
+// tile's epilogue writes, ForwardParams::gather_local).
+__device__ __forceinline__ bool wait_ring_slot_free(const ForwardParams& p, const RankPlan& plan, int rank, int tile) {
+  const bool ok = wait_at_least(plan.down_done + tile - p.ring_tiles, p.down_tiles, p.error, rank, kWaitRingFree,
+                                tile, p.timeout_ns);
+  fence_proxy_async_global();
+  return ok;
+}
+
 __device__ void dispatch_role(const ForwardParams& p, std::uint8_t* smem_raw, bool communication) {
   __shared__ int s_ok[kMaxPullGroups];
   __shared__ int s_head;
@@ -190,14 +203,7 @@ __device__ void dispatch_role(const ForwardParams& p, std::uint8_t* smem_raw, bo
       const int tile = pull.y;
       const int rank = p.first_rank + pull.x;
       if (leader) {
-        s_ok[group] = 1;
-        if (tile >= p.ring_tiles) {
-          s_ok[group] = wait_at_least(plan.down_done + tile - p.ring_tiles, p.down_tiles, p.error, rank,
-                                      kWaitRingFree, tile, p.timeout_ns);
-          // The slot's previous rows were read by TMA (async proxy) on other SMs; order those
-          // reads, acquired above, before this CTA's bulk writes into the slot.
-          fence_proxy_async_global();
-        }
+        s_ok[group] = tile < p.ring_tiles || wait_ring_slot_free(p, plan, rank, tile);
       }
       group_sync();
       if (s_ok[group]) pull_my_rows(plan, tile, pipe, kPullWarps);

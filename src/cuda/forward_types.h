@@ -31,8 +31,9 @@ constexpr int kStagingPitch = kDownCols + 8;          // bf16 per staging row (+
 constexpr int kStagingBytes = kTileM * kStagingPitch * 2;
 // Gather mode (ForwardParams::gather_local): the current routed gate/up tile's rows' byte offsets in x.
 constexpr int kGatherTableBytes = kTileM * 4;
+constexpr int kBarrierAreaBytes = 256;  // the compute CTA's barriers, task ring and store job (megakernel.cuh)
 constexpr int kSmemBytes =
-    1024 /*align slack*/ + kStages * kStageBytes + kStagingBytes + 256 /*barriers, task ring*/ + kGatherTableBytes;
+    1024 /*align slack*/ + kStages * kStageBytes + kStagingBytes + kBarrierAreaBytes + kGatherTableBytes;
 
 
 // A compute task, packed: kind 4 bits | rank 12 | shared index 8 | column tile 12 | row tile 28.

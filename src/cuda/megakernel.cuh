@@ -95,8 +95,9 @@ __device__ __forceinline__ TileJob describe_task(const ForwardParams& p, Task ta
 
 constexpr int kTaskSlots = 4;
 
-// The barriers, the task ring and the store job fit the 256 bytes kSmemBytes keeps for them.
-static_assert((2 * kStages + 2 * kTaskSlots + 2) * 8 + 8 + (kTaskSlots + kStages) * 4 <= 256, "megakernel smem: barrier area");
+// The barriers, the task ring and the store job fit the bytes kSmemBytes keeps for them.
+static_assert((2 * kStages + 2 * kTaskSlots + 2) * 8 + 8 + (kTaskSlots + kStages) * 4 <= kBarrierAreaBytes,
+              "megakernel smem: barrier area");
 
 // A position in a ring of N mbarrier-guarded slots: the slot index and the parity of the
 // barrier phase to wait for. Producer and consumers walk the same sequence.
@@ -160,7 +161,7 @@ __device__ __forceinline__ ComputeSmem carve_smem(std::uint8_t* raw) {
   s.store_job = s.staging_empty + 1;  // 8-byte aligned: it follows the 8-byte barriers
   s.task_ring = reinterpret_cast<volatile int*>(s.store_job + 1);
   s.stage_lower_half = s.task_ring + kTaskSlots;
-  s.gather_offsets = reinterpret_cast<std::uint32_t*>(base + kStages * kStageBytes + kStagingBytes + 256);
+  s.gather_offsets = reinterpret_cast<std::uint32_t*>(reinterpret_cast<std::uint8_t*>(s.full) + kBarrierAreaBytes);
   return s;
 }
 
@@ -414,11 +415,9 @@ __device__ __forceinline__ void gather_loop(const ForwardParams& p, const Comput
     tslot.advance();
     if (idx < 0) break;
     const Task task = p.tasks[idx];
-    if (task.kind() != kRoutedGateUp) {  // nothing to copy: arrive on each of its stages
-      const int k_tiles = task.kind() == kRoutedDown ? p.inter / kTileK
-                          : task.kind() == kSharedDown ? p.plans[0].shared[task.shared()].width / kTileK
-                                                        : p.hidden / kTileK;
-      for (int kb = 0; kb < k_tiles; ++kb) {
+    const TileJob job = describe_task(p, task);
+    if (job.a != nullptr) {  // A comes by TMA: nothing to copy, an arrival on each of its stages
+      for (int kb = 0; kb < job.k_tiles; ++kb) {
         sm90::mbar_wait(&sm.empty[stage.slot], stage.phase ^ 1, kPhaseStageFree, phase_limit(p));
         sm90::mbar_arrive(&sm.full[stage.slot]);
         stage.advance();
@@ -426,14 +425,12 @@ __device__ __forceinline__ void gather_loop(const ForwardParams& p, const Comput
       continue;
     }
     const int tile = task.row_tile();
-    if (t == 0 && p.ring_wraps && tile >= p.ring_tiles) {
-      // The SwiGLU ring slot this tile's epilogue writes must be free: every down tile of its
-      // previous occupant done (as a pull into a wrapping ring waits, dispatch.cuh). No stage
-      // of the tile completes before this thread's arrival, which comes after the wait. A
-      // timeout is recorded and the copies go on (the outputs are poisoned).
-      wait_at_least(p.plans[0].down_done + tile - p.ring_tiles, p.down_tiles, p.error, p.first_rank, kWaitRingFree,
-                    tile, p.timeout_ns);
-      fence_proxy_async_global();
+    if (t == 0 && tile >= p.ring_tiles) {
+      // The SwiGLU ring slot this tile's epilogue writes must be free, as a pull into a
+      // wrapping ring waits. No stage of the tile completes before this thread's arrival, which
+      // comes after the wait. A timeout is recorded and the copies go on (the outputs are
+      // poisoned).
+      wait_ring_slot_free(p, p.plans[0], p.first_rank, tile);
     }
     // The table is rewritten once both warps have issued the last tile's copies (which read it).
     sm90::named_barrier_sync(kGatherBarrier, kGatherThreads);
@@ -448,7 +445,7 @@ __device__ __forceinline__ void gather_loop(const ForwardParams& p, const Comput
     sm90::named_barrier_sync(kGatherBarrier, kGatherThreads);
     const uint4* offsets = reinterpret_cast<const uint4*>(sm.gather_offsets + first * kGatherRows);
     int pending_stage = -1;  // the stage whose copies are issued and not yet arrived on
-    for (int kb = 0; kb < p.hidden / kTileK; ++kb) {
+    for (int kb = 0; kb < job.k_tiles; ++kb) {
       const int st = stage.slot;
       sm90::mbar_wait(&sm.empty[st], stage.phase ^ 1, kPhaseStageFree, phase_limit(p));
       // (No proxy fence before these copies: the stage's earlier wgmma reads and TMA writes
