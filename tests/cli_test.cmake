@@ -217,6 +217,8 @@ elseif(MODE STREQUAL "bad_input")
                  run ${small} --comm-sms 2147483647 --pairs)
   expect_refused("option -n: needs a value" launch -n -- true)
   expect_refused("option -n: given twice" launch -n 2 -n 3 -- true)
+  expect_refused("mok launch: option --n: the number of ranks is spelled -n (one dash)" launch --n 2 -- true)
+  expect_refused("mok launch: option --n: the number of ranks is spelled -n (one dash)" launch --n=2 -- true)
   # Empty fields are errors, not defaults; so is an empty value, and a value given to a flag.
   foreach(bad "256," ",256")
     expect_refused("option --shared (a comma list or 'none')" run --shape tiny "--shared=${bad}")

@@ -433,8 +433,13 @@ int launch_command(const std::vector<std::string>& argv) {
   }
   if (dash == argv.end() || dash + 1 == argv.end()) throw Error(std::string("mok launch: ") + usage);
   std::vector<std::string> opts(argv.begin(), dash), command(dash + 1, argv.end());
-  for (auto& o : opts)
+  for (auto& o : opts) {
+    // The parser reads options as --name, so -n becomes --n; a --n the user typed would then
+    // pass as -n unnoticed, which the launcher's usage never promised: refused, naming the spelling.
+    if (o == "--n" || o.rfind("--n=", 0) == 0)
+      throw Error("mok launch: option " + o.substr(0, 3) + ": the number of ranks is spelled -n (one dash)");
     if (o == "-n" || o.rfind("-n=", 0) == 0) o = "-" + o;
+  }
   // (The option is spelled -n: the parser's messages about it say so.)
   const auto spelled = [](const Error& e) {
     std::string m = e.what();
