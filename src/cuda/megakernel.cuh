@@ -8,7 +8,9 @@
 // the pull list, claimed from a counter, and only then takes its role (dispatch.cuh).
 // Both roles walk one task order built on the device (schedule.cuh: plan). A task only
 // waits for work earlier in that order, and a compute CTA claims a task only once it runs,
-// so the lowest unfinished item can always progress: no deadlock, whatever the routing.
+// at most one beyond the task it is loading, and takes its claims in order, so the lowest
+// unfinished item can always progress (its CTA's earlier claim, if any, is finished or
+// needs nothing unfinished): no deadlock, whatever the routing.
 // The launch is not cooperative: when another kernel holds SMs, part of the grid starts
 // (the communication CTAs first: lowest indices) and works on while the rest waits for SMs.
 #pragma once
@@ -96,7 +98,8 @@ __device__ __forceinline__ TileJob describe_task(const ForwardParams& p, Task ta
 constexpr int kTaskSlots = 4;
 
 // The barriers, the task ring and the store job fit the bytes kSmemBytes keeps for them.
-static_assert((2 * kStages + 2 * kTaskSlots + 2) * 8 + 8 + (kTaskSlots + kStages) * 4 <= kBarrierAreaBytes,
+static_assert((2 * kStages + 2 * kTaskSlots + 2) * 8 + 8 + kTaskSlots * 8 + (kTaskSlots + kStages) * 4 <=
+                  kBarrierAreaBytes,
               "megakernel smem: barrier area");
 
 // A position in a ring of N mbarrier-guarded slots: the slot index and the parity of the
@@ -133,6 +136,10 @@ struct ComputeSmem {
   std::uint64_t* staging_full;   // [1] ...the staging tile holds store_job's rows
   std::uint64_t* staging_empty;  // [1] ...the store warp has read them (staging reusable)
   volatile std::uint64_t* store_job;  // [1] Task::bits of the staged tile, kNoStoreJob = stop
+  // [kTaskSlots] outside pair mode, the claimed task itself (Task::bits), written with its
+  // index by the producer, which has read it already: its readers need not fetch it from
+  // global memory between two tiles.
+  volatile std::uint64_t* task_bits;
   volatile int* task_ring;    // [kTaskSlots] claimed task index, -1 = no more tasks
   // [kStages] 1: the stage's task is a routed tile whose rows 64..127 are all padding, so
   // consumer warpgroup 2 skips its wgmmas and staging (ForwardParams::half_tiles). Written
@@ -159,7 +166,8 @@ __device__ __forceinline__ ComputeSmem carve_smem(std::uint8_t* raw) {
   s.staging_full = s.task_empty + kTaskSlots;
   s.staging_empty = s.staging_full + 1;
   s.store_job = s.staging_empty + 1;  // 8-byte aligned: it follows the 8-byte barriers
-  s.task_ring = reinterpret_cast<volatile int*>(s.store_job + 1);
+  s.task_bits = s.store_job + 1;
+  s.task_ring = reinterpret_cast<volatile int*>(s.task_bits + kTaskSlots);
   s.stage_lower_half = s.task_ring + kTaskSlots;
   s.gather_offsets = reinterpret_cast<std::uint32_t*>(reinterpret_cast<std::uint8_t*>(s.full) + kBarrierAreaBytes);
   return s;
@@ -318,7 +326,9 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
   RingPosition<kStages> stage;
   RingPosition<kTaskSlots> tslot;
   bool aborted = false;
-  for (;;) {
+  // Claims the next item and hands it to the task ring's readers (-1: no more). Outside pair
+  // mode the task itself goes into the ring too (and into `claimed`, the producer's own copy).
+  auto claim = [&](Task& claimed) {
     int idx;
     if (!pr.on || pr.me == 0) {
       if (pr.on)  // (the peer's readers arrive too, from the other CTA)
@@ -327,6 +337,10 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
         sm90::mbar_wait(&sm.task_empty[tslot.slot], tslot.phase ^ 1, kPhaseTaskSlotFree, phase_limit(p));
       idx = atomicAdd(p.task_counter, 1);
       if (idx >= num_items) idx = -1;
+      if (!pr.on) {
+        claimed = idx >= 0 ? p.tasks[idx] : Task{0};
+        sm.task_bits[tslot.slot] = claimed.bits;
+      }
       sm.task_ring[tslot.slot] = idx;
       if (pr.on) {
         sm90::st_cluster_u32(&sm.task_ring[tslot.slot], pr.peer, idx);
@@ -339,8 +353,11 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
       sm90::mbar_arrive_cluster(&sm.task_empty[tslot.slot], 0);  // the leader reuses the slot after this
     }
     tslot.advance();
-    if (idx < 0) break;
-    const Task task = item_task(p, pr, idx);
+    return idx;
+  };
+  Task claimed{0};
+  for (int idx = claim(claimed); idx >= 0;) {
+    const Task task = pr.on ? item_task(p, pr, idx) : claimed;
     // Padding sits at the end of each expert's rows: if row 64 of a routed tile is padding,
     // so are rows 65..127, and the tile's lower half is all the work there is. (Loaded
     // before the task's other reads and waits, so its latency overlaps theirs: the producer
@@ -355,6 +372,7 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
                                task.row_tile(), p.timeout_ns);
     // Rows written by other SMs (generic stores or bulk copies) are about to be read by TMA.
     if (!aborted) fence_proxy_async_global();
+    int next_idx = -1;  // (every task has k_tiles >= 1: claimed after its first stage, below)
     for (int kb = 0; kb < job.k_tiles; ++kb) {
       const int st = stage.slot;
       sm90::mbar_wait(&sm.empty[st], stage.phase ^ 1, kPhaseStageFree, phase_limit(p));
@@ -380,7 +398,13 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
         }
       }
       stage.advance();
+      // Outside pair mode the next task is claimed (and read) once this task's first stage is
+      // on its way, while the producer would wait for free stages anyway, so that the claim's
+      // atomic and the task's read are not between this task's last load and the next one's
+      // first. (One claim ahead keeps the order's progress argument, at the top of this file.)
+      if (kb == 0 && !pr.on) next_idx = claim(claimed);
     }
+    idx = pr.on ? claim(claimed) : next_idx;
   }
 }
 
@@ -414,10 +438,10 @@ __device__ __forceinline__ void gather_loop(const ForwardParams& p, const Comput
   for (;;) {
     sm90::mbar_wait(&sm.task_full[tslot.slot], tslot.phase, kPhaseTaskClaimed, phase_limit(p));
     const int idx = sm.task_ring[tslot.slot];
+    const Task task{sm.task_bits[tslot.slot]};  // (gather mode is never pair mode)
     sm90::mbar_arrive(&sm.task_empty[tslot.slot]);
     tslot.advance();
     if (idx < 0) break;
-    const Task task = p.tasks[idx];
     const TileJob job = describe_task(p, task);
     if (job.a != nullptr) {  // A comes by TMA: nothing to copy, an arrival on each of its stages
       for (int kb = 0; kb < job.k_tiles; ++kb) {
@@ -507,6 +531,7 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
   for (;;) {
     wait_task_full(p, pair_role(p), &sm.task_full[tslot.slot], tslot.phase);
     const int idx = sm.task_ring[tslot.slot];
+    const std::uint64_t bits = p.pairs ? 0 : sm.task_bits[tslot.slot];  // (read before the slot is given back)
     // The slot is reused by the claiming producer: the leader's, in pair mode, which rewrites
     // this CTA's copy through distributed shared memory once every reader arrived (a release
     // and an acquire at cluster scope order this read before that write; once per task).
@@ -516,7 +541,7 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
       sm90::mbar_arrive(&sm.task_empty[tslot.slot]);
     tslot.advance();
     if (idx < 0) break;
-    const Task task = item_task(p, pair_role(p), idx);
+    const Task task = p.pairs ? item_task(p, pair_role(p), idx) : Task{bits};
     const TileJob job = describe_task(p, task);
 #ifdef MOK_MEASURE_LEAVE_OUT_MMA  // (no wgmma writes them: zeroed as before, so the build reads no garbage)
 #pragma unroll
