@@ -8,9 +8,7 @@
 // the pull list, claimed from a counter, and only then takes its role (dispatch.cuh).
 // Both roles walk one task order built on the device (schedule.cuh: plan). A task only
 // waits for work earlier in that order, and a compute CTA claims a task only once it runs,
-// at most one beyond the task it is loading, and takes its claims in order, so the lowest
-// unfinished item can always progress (its CTA's earlier claim, if any, is finished or
-// needs nothing unfinished): no deadlock, whatever the routing.
+// so the lowest unfinished item can always progress: no deadlock, whatever the routing.
 // The launch is not cooperative: when another kernel holds SMs, part of the grid starts
 // (the communication CTAs first: lowest indices) and works on while the rest waits for SMs.
 #pragma once
@@ -327,7 +325,10 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
   RingPosition<kTaskSlots> tslot;
   bool aborted = false;
   // Claims the next item and hands it to the task ring's readers (-1: no more). Outside pair
-  // mode the task itself goes into the ring too (and into `claimed`, the producer's own copy).
+  // mode the task itself goes into the ring too (and into `claimed`, the producer's own copy),
+  // so that the consumers, between two tiles, need not read it from global memory. (Claiming
+  // one task ahead, during the current task's first stage, was slower: a claimed task waits
+  // for the CTA to finish its current one, and the tasks that depend on it wait too.)
   auto claim = [&](Task& claimed) {
     int idx;
     if (!pr.on || pr.me == 0) {
@@ -372,7 +373,6 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
                                task.row_tile(), p.timeout_ns);
     // Rows written by other SMs (generic stores or bulk copies) are about to be read by TMA.
     if (!aborted) fence_proxy_async_global();
-    int next_idx = -1;  // (every task has k_tiles >= 1: claimed after its first stage, below)
     for (int kb = 0; kb < job.k_tiles; ++kb) {
       const int st = stage.slot;
       sm90::mbar_wait(&sm.empty[st], stage.phase ^ 1, kPhaseStageFree, phase_limit(p));
@@ -398,13 +398,8 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
         }
       }
       stage.advance();
-      // Outside pair mode the next task is claimed (and read) once this task's first stage is
-      // on its way, while the producer would wait for free stages anyway, so that the claim's
-      // atomic and the task's read are not between this task's last load and the next one's
-      // first. (One claim ahead keeps the order's progress argument, at the top of this file.)
-      if (kb == 0 && !pr.on) next_idx = claim(claimed);
     }
-    idx = pr.on ? claim(claimed) : next_idx;
+    idx = claim(claimed);
   }
 }
 
