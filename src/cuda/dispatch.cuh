@@ -106,19 +106,6 @@ __device__ __forceinline__ void pull_rows(const ForwardParams& p, PullPipeline& 
   sm90::bulk_wait_all();
 }
 
-// Pulls row tiles into the ring. Every CTA runs this at its start: first the head of the
-// pull list (ForwardParams::head_pulls), claimed one tile at a time from a counter, each
-// tile by all of the CTA's pipelines; then, communication CTAs only (`communication`), the
-// rest of the list, each tile group its own tiles, statically. Compute CTAs return after
-// the head and reuse this shared memory.
-// Why a head: with the pulls shared among the communication CTAs alone, their first G*C
-// tiles land together, 30-35 us into the forward (a group moves ~15 GB/s), and every compute
-// CTA waits for them (Qwen3-30B: 2.9% of the megakernel's time in its producers' input
-// waits). All CTAs together land one tile each (132 on the H200) in about that time, ~31 us,
-// and the communication CTAs have that many tiles fewer to pull before they join the
-// compute. (With shared experts the compute CTAs start on shared tiles meanwhile, and a head
-// only delays those: by default there are as many head pulls as CTAs that find no shared
-// gate/up tile in the first group, plan_order.h: default_head_pulls.)
 // Waits until row tile `tile`'s ring slot is free, when the ring wraps (tile >= ring_tiles):
 // every down tile of its previous occupant, tile - ring_tiles, done. Those tiles read the slot
 // by TMA (async proxy) on other SMs; the fence orders their reads, acquired here, before this
@@ -132,6 +119,19 @@ __device__ __forceinline__ bool wait_ring_slot_free(const ForwardParams& p, cons
   return ok;
 }
 
+// Pulls row tiles into the ring. Every CTA runs this at its start: first the head of the
+// pull list (ForwardParams::head_pulls), claimed one tile at a time from a counter, each
+// tile by all of the CTA's pipelines; then, communication CTAs only (`communication`), the
+// rest of the list, each tile group its own tiles, statically. Compute CTAs return after
+// the head and reuse this shared memory.
+// Why a head: with the pulls shared among the communication CTAs alone, their first G*C
+// tiles land together, 30-35 us into the forward (a group moves ~15 GB/s), and every compute
+// CTA waits for them (Qwen3-30B: 2.9% of the megakernel's time in its producers' input
+// waits). All CTAs together land one tile each (132 on the H200) in about that time, ~31 us,
+// and the communication CTAs have that many tiles fewer to pull before they join the
+// compute. (With shared experts the compute CTAs start on shared tiles meanwhile, and a head
+// only delays those: by default there are as many head pulls as CTAs that find no shared
+// gate/up tile in the first group, plan_order.h: default_head_pulls.)
 __device__ void dispatch_role(const ForwardParams& p, std::uint8_t* smem_raw, bool communication) {
   __shared__ int s_ok[kMaxPullGroups];
   __shared__ int s_head;
