@@ -767,7 +767,10 @@ TEST(GpuHeadPulls, DefaultIsOnePerCtaWithoutASharedTileToStartOn) {
 // kernel's own count of such tasks (ScheduleStats::half_tile_tasks) is exactly the number
 // the schedule implies, so the test fails if the path never runs or runs on a wrong tile:
 // one and two ranks, a wrapping ring, shared experts beside them, and expert counts at the
-// edges (1, 63, 64, 65, 127, 128, 129, 0 rows mod 128).
+// edges (1, 63, 64, 65, 127, 128, 129, 0 rows mod 128). The random cases must end some expert
+// in a half tile whatever the seed: two ranks of 120 tokens give each of the 16 experts ~30
+// rows (Gaussian routing, k = 2; none of 2000 seeds left every expert over 64 rows), where
+// 300 tokens (~75 rows each) left every expert in 65..127 rows on 281 of those 2000 seeds.
 std::int64_t expected_half_tile_tasks(const Problem& p, const ScheduleStats& s) {
   const std::int64_t tasks_per_tile = (p.intermediate + 127) / 128 + (p.hidden + 255) / 256;  // gate/up + down
   std::int64_t n = 0;
@@ -811,10 +814,10 @@ TEST(GpuHalfTiles, BitwiseEqualToWholeTilesAndCountedExactly) {
   for (const auto& [name, problem, routing, config] : std::vector<std::tuple<std::string, Problem, std::string, Config>>{
            {"one_rank_zipf", make_problem(32, 512, 256, 4, {256}, 1, 500), "zipf:1.2", Config{}},
            {"one_rank_gaussian", make_problem(64, 1024, 512, 2, {}, 1, 700), "gaussian", Config{}},
-           {"two_ranks", make_problem(16, 512, 384, 2, {128}, 2, 300), "gaussian", Config{}},
+           {"two_ranks", make_problem(16, 512, 384, 2, {128}, 2, 120), "gaussian", Config{}},
            {"ring_wraps", make_problem(16, 1024, 256, 4, {256}, 1, 1024), "zipf:1.2", wraps},
            {"pairs_one_rank", make_problem(32, 512, 256, 4, {256}, 1, 500), "zipf:1.2", pairs},
-           {"pairs_two_ranks", make_problem(16, 512, 384, 2, {128}, 2, 300), "gaussian", pairs}})
+           {"pairs_two_ranks", make_problem(16, 512, 384, 2, {128}, 2, 120), "gaussian", pairs}})
     expect_half_tiles_match_whole(name, make_data(problem, routing), config);
 
   // k = 1 and expert e receiving exactly counts[e] tokens: tiles whose row 64 is padding
