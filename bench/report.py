@@ -525,7 +525,9 @@ def phase_names(recs):
 def phase_pass(rec):
     """How a record's phase pass ran its forwards (from the method mok bench wrote)."""
     method = _get(rec, "mok", "forward_phases", "method") or ""
-    return "back to back" if "back to back" in method else "one at a time"
+    if "right after the timed run" in method:
+        return "right after the timed run"
+    return "back to back, after the check" if "back to back" in method else "one at a time"
 
 
 def phase_lines(recs):
@@ -535,11 +537,14 @@ def phase_lines(recs):
         return []
     names = phase_names(with_phases)
     lines = ["## Where mok's forward time goes", "",
-             "Medians of a separate pass with CUDA events between the phases (the events serialise "
-             "what runs overlapped in the timed run, so the phases add up to a little more than the "
-             "timed median). pass: how that pass ran its forwards, back to back as in the timed run, "
-             "or (older records) one at a time with a host wait after each. The pass follows the "
-             "timed run (500 warm-up and 100 timed forwards, an untimed one between them); ncu's per-kernel times after 10 (scripts/device_perf.sh) "
+             "Medians of a separate pass of 20 forwards with CUDA events between the phases (the "
+             "events serialise what runs overlapped in the timed run). pass: how that pass ran its "
+             "forwards: back to back right after the timed run (500 warm-up and 100 timed "
+             "forwards), in the state the timed run left the GPU in; or (older records) back to "
+             "back after the check, which follows up to seconds of host copies with the GPU idle "
+             "(those passes' phases sum to 5-13% less than the timed median: a cooler GPU clocks "
+             "higher under the power cap, the likely cause); or one at a time with a host wait "
+             "after each. ncu's per-kernel times after 10 (scripts/device_perf.sh) "
              "put the megakernel ~10% lower. setup = counter "
              "reset (and in a real group: staging x, gathering the ids), schedule = the schedule and "
              "plan kernels, megakernel = dispatch, every expert FFN and the combine push, epilogue = "

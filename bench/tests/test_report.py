@@ -139,10 +139,15 @@ class Report(unittest.TestCase):
             self.assertIn("## Where mok's forward time goes", text)
             self.assertIn("| setup ms | schedule ms | megakernel ms | epilogue ms | sum ms |", text)
             self.assertIn("| 0.010 | 0.060 | 0.850 | 0.080 | 1.000 | 1.000 | 85.0% | one at a time |", text)
-            # mok bench's method string says when the pass ran its forwards back to back.
+            # mok bench's method string says how and when the pass ran its forwards: back to back
+            # after the check (records before 2026-12-06), or right after the timed run.
             mok["forward_phases"]["method"] = "cuda events between the forward's phases, forwards back to back"
             report.generate([records.write_record(records.make_record(mok, qwen[1], env()), d)], out, plots)
-            self.assertIn("| 85.0% | back to back |", read_text(out))
+            self.assertIn("| 85.0% | back to back, after the check |", read_text(out))
+            mok["forward_phases"]["method"] = ("cuda events between the forward's phases, forwards back to back, "
+                                               "right after the timed run")
+            report.generate([records.write_record(records.make_record(mok, qwen[1], env()), d)], out, plots)
+            self.assertIn("| 85.0% | right after the timed run |", read_text(out))
             assert_png(self, os.path.join(plots, "forward_phases.png"))
             self.assertIn("(plots/forward_phases.png)", text)
         with tempfile.TemporaryDirectory() as d:  # records without the split: no section, no plot
