@@ -25,12 +25,22 @@ if(MOK_BUILD_NCCL_LIBRARY)
                MOK_BUILD_NCCL_LIBRARY="${MOK_BUILD_NCCL_LIBRARY}")
 endif()
 
-# MOK_MEASURE_LEAVE_OUT=staging|stores|mma: a measurement build whose megakernel leaves one part
-# of every compute tile out (the staging math, the store warp's row stores, or the wgmmas), to
-# time what that part costs (docs/PERFORMANCE.md, "What each part of a compute tile costs"). Its outputs
-# are wrong: every layer says so on stderr and `mok bench` refuses to write records with it.
+# Measurement builds (docs/PERFORMANCE.md): each defines MOK_MEASUREMENT_BUILD, a line saying
+# what it changes, which every layer prints on stderr and which makes `mok bench` refuse to
+# write records (time them with mok run or scripts/device_ab.sh).
+# MOK_MEASURE_LEAVE_OUT=staging|stores|mma: the megakernel leaves one part of every compute tile
+# out (the staging math, the store warp's row stores, or the wgmmas), to time what that part
+# costs ("What each part of a compute tile costs"). Its outputs are wrong.
 set(MOK_MEASURE_LEAVE_OUT "" CACHE STRING
     "measurement build: staging, stores or mma left out of the megakernel (wrong outputs)")
+# MOK_MEASURE_PRODUCER_DELAY=<SM clocks>: the producer spins that long after each claim, before
+# it reads the task's inputs, to measure what its chain between two tasks costs the forward
+# ("Between two tiles"). Outputs are right; only the time is not the library's.
+set(MOK_MEASURE_PRODUCER_DELAY "0" CACHE STRING
+    "measurement build: SM clocks the producer waits after each claim (0: off)")
+if(MOK_MEASURE_LEAVE_OUT AND NOT MOK_MEASURE_PRODUCER_DELAY STREQUAL "0")
+  message(FATAL_ERROR "MOK_MEASURE_LEAVE_OUT and MOK_MEASURE_PRODUCER_DELAY: one measurement per build")
+endif()
 if(MOK_MEASURE_LEAVE_OUT)
   if(NOT MOK_MEASURE_LEAVE_OUT MATCHES "^(staging|stores|mma)$")
     message(FATAL_ERROR "MOK_MEASURE_LEAVE_OUT must be staging, stores or mma (got '${MOK_MEASURE_LEAVE_OUT}')")
@@ -38,7 +48,15 @@ if(MOK_MEASURE_LEAVE_OUT)
   message(WARNING "mok: MEASUREMENT BUILD: the megakernel leaves out its ${MOK_MEASURE_LEAVE_OUT}; outputs are wrong")
   string(TOUPPER "${MOK_MEASURE_LEAVE_OUT}" leave_out)
   target_compile_definitions(mok_core PUBLIC MOK_MEASURE_LEAVE_OUT_${leave_out}=1
-                             MOK_MEASURE_LEAVE_OUT="${MOK_MEASURE_LEAVE_OUT}")
+                             "MOK_MEASUREMENT_BUILD=\"MOK_MEASURE_LEAVE_OUT=${MOK_MEASURE_LEAVE_OUT}: the CUDA forward's outputs are wrong\"")
+endif()
+if(NOT MOK_MEASURE_PRODUCER_DELAY STREQUAL "0")
+  if(NOT MOK_MEASURE_PRODUCER_DELAY MATCHES "^[1-9][0-9]*$")
+    message(FATAL_ERROR "MOK_MEASURE_PRODUCER_DELAY must be a count of SM clocks (got '${MOK_MEASURE_PRODUCER_DELAY}')")
+  endif()
+  message(WARNING "mok: MEASUREMENT BUILD: the producer waits ${MOK_MEASURE_PRODUCER_DELAY} SM clocks after each claim")
+  target_compile_definitions(mok_core PUBLIC MOK_MEASURE_PRODUCER_DELAY=${MOK_MEASURE_PRODUCER_DELAY}
+                             "MOK_MEASUREMENT_BUILD=\"MOK_MEASURE_PRODUCER_DELAY=${MOK_MEASURE_PRODUCER_DELAY}: the producer waits that many SM clocks after each claim, so the timings are not the library's\"")
 endif()
 
 # mok_pull_rate (bench/micro/pull_rate.cu): the dispatch mover's copy alone, by 1, 16 and

@@ -358,6 +358,10 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
   };
   Task claimed{0};
   for (int idx = claim(claimed); idx >= 0;) {
+#ifdef MOK_MEASURE_PRODUCER_DELAY  // (a measurement build, cmake/cuda.cmake)
+    for (const long long start = clock64(); clock64() - start < MOK_MEASURE_PRODUCER_DELAY;) {
+    }
+#endif
     const Task task = pr.on ? item_task(p, pr, idx) : claimed;
     // Padding sits at the end of each expert's rows: if row 64 of a routed tile is padding,
     // so are rows 65..127, and the tile's lower half is all the work there is. (Loaded

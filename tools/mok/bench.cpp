@@ -194,9 +194,9 @@ int bench_command(const std::vector<std::string>& argv) {
     std::fputs(kBenchHelp, stdout);
     return 0;
   }
-#ifdef MOK_MEASURE_LEAVE_OUT
-  throw Error(std::string("mok bench: this is a measurement build (MOK_MEASURE_LEAVE_OUT=") + MOK_MEASURE_LEAVE_OUT +
-              ") whose forward computes wrong outputs; it writes no records (use mok run to time it)");
+#ifdef MOK_MEASUREMENT_BUILD
+  throw Error(std::string("mok bench: this is a measurement build (") + MOK_MEASUREMENT_BUILD +
+              "); it writes no records (use mok run to time it)");
 #endif
   Args args(argv, {"pairs", "no-peer-inputs"});
   const std::string work_dir = args.take_or("work-dir", "");
