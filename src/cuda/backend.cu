@@ -998,6 +998,7 @@ class CudaBackend final : public BackendImpl {
     spp.plan_blocks = plan_blocks;
     spp.plan.plans = plans_dev_.as<RankPlan>();
     spp.plan.shape = plan_shape_;
+    spp.plan.chunks = chunks_;
     spp.plan.tasks = tasks_.as<Task>();
     spp.plan.num_tasks = task_counts_.as<int>();
     spp.plan.pulls = pulls_.as<int2>();

@@ -39,7 +39,7 @@ __device__ __forceinline__ TileJob describe_task(const ForwardParams& p, Task ta
   TileJob j{};
   switch (task.kind()) {
     case kRoutedGateUp: {
-      const int e = plan.block_expert[tile];
+      const int e = task.expert();
       j.a = &m.ring;
       j.a_row = (tile % p.ring_tiles) * kTileM;
       j.b0 = &m.w_gate;
@@ -56,7 +56,7 @@ __device__ __forceinline__ TileJob describe_task(const ForwardParams& p, Task ta
       break;
     }
     case kRoutedDown: {
-      const int e = plan.block_expert[tile];
+      const int e = task.expert();
       j.a = &m.act;
       j.a_row = (tile % p.ring_tiles) * kTileM;
       j.b0 = j.b1 = &m.w_down;
@@ -96,7 +96,7 @@ __device__ __forceinline__ TileJob describe_task(const ForwardParams& p, Task ta
 constexpr int kTaskSlots = 4;
 
 // The barriers, the task ring and the store job fit the bytes kSmemBytes keeps for them.
-static_assert((2 * kStages + 2 * kTaskSlots + 2) * 8 + 8 + kTaskSlots * 8 + (kTaskSlots + kStages) * 4 <=
+static_assert((2 * kStages + 2 * kTaskSlots + 2) * 8 + 8 + kTaskSlots * 8 + kTaskSlots * 4 <=
                   kBarrierAreaBytes,
               "megakernel smem: barrier area");
 
@@ -139,16 +139,8 @@ struct ComputeSmem {
   // global memory between two tiles.
   volatile std::uint64_t* task_bits;
   volatile int* task_ring;    // [kTaskSlots] claimed task index, -1 = no more tasks
-  // [kStages] 1: the stage's task is a routed tile whose rows 64..127 are all padding, so
-  // consumer warpgroup 2 skips its wgmmas and staging (ForwardParams::half_tiles). Written
-  // by the producer before its arrival on the stage's full barrier, read after the wait.
-  volatile int* stage_lower_half;
   std::uint32_t* gather_offsets;  // [8][16] gather mode: the current gate/up tile's rows' byte offsets in x (gather_loop)
 };
-
-// Named barriers of one consumer warpgroup each: kWarpgroupBarrier + 0 and + 1
-// (kConsumerBarrier is both warpgroups).
-constexpr int kWarpgroupBarrier = 2;
 
 constexpr std::uint64_t kNoStoreJob = ~std::uint64_t(0);
 
@@ -166,7 +158,6 @@ __device__ __forceinline__ ComputeSmem carve_smem(std::uint8_t* raw) {
   s.store_job = s.staging_empty + 1;  // 8-byte aligned: it follows the 8-byte barriers
   s.task_bits = s.store_job + 1;
   s.task_ring = reinterpret_cast<volatile int*>(s.task_bits + kTaskSlots);
-  s.stage_lower_half = s.task_ring + kTaskSlots;
   s.gather_offsets = reinterpret_cast<std::uint32_t*>(reinterpret_cast<std::uint8_t*>(s.full) + kBarrierAreaBytes);
   return s;
 }
@@ -200,15 +191,10 @@ __device__ __forceinline__ void wait_task_full(const ForwardParams& p, const Pai
     sm90::mbar_wait(bar, phase, kPhaseTaskClaimed, phase_limit(p));
 }
 
-// Whether two tasks read the same B tile (weights): same kind, rank, shared expert and
-// column, and for routed tiles the same expert. (Cheap on purpose: the producer runs in 40
-// registers.)
-__device__ __forceinline__ bool same_weight_tile(const ForwardParams& p, Task a, Task b) {
-  constexpr std::uint64_t kAllButRow = ((std::uint64_t(1) << 36) - 1) & ~std::uint64_t(kPhantom);
-  if ((a.bits & kAllButRow) != (b.bits & kAllButRow)) return false;
-  if (a.kind() == kSharedGateUp || a.kind() == kSharedDown) return true;
-  const int* expert = p.plans[a.rank()].block_expert;
-  return expert[a.row_tile()] == expert[b.row_tile()];
+// Whether two tasks read the same B tile (weights): same kind, rank, expert (routed or
+// shared) and column.
+__device__ __forceinline__ bool same_weight_tile(Task a, Task b) {
+  return (a.bits & Task::kWeightTileBits) == (b.bits & Task::kWeightTileBits);
 }
 
 // The task of this CTA for claimed item `idx` (a task, or in pair mode a pair).
@@ -363,15 +349,8 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
     }
 #endif
     const Task task = pr.on ? item_task(p, pr, idx) : claimed;
-    // Padding sits at the end of each expert's rows: if row 64 of a routed tile is padding,
-    // so are rows 65..127, and the tile's lower half is all the work there is. (Loaded
-    // before the task's other reads and waits, so its latency overlaps theirs: the producer
-    // must issue the task's first loads before the consumers finish the previous task.)
-    const bool probe = p.half_tiles && (task.kind() == kRoutedGateUp || task.kind() == kRoutedDown);
-    const int row64_source =
-        probe ? p.plans[task.rank()].rows[static_cast<long long>(task.row_tile()) * kTileM + kTileM / 2].x : 0;
     const TileJob job = describe_task(p, task);
-    const bool share_b = pr.on && same_weight_tile(p, task, p.tasks[2 * idx + static_cast<int>(pr.peer)]);
+    const bool share_b = pr.on && same_weight_tile(task, p.tasks[2 * idx + static_cast<int>(pr.peer)]);
     if (!aborted && job.wait_flag != nullptr)
       aborted = !wait_at_least(job.wait_flag, job.wait_target, p.error, p.first_rank + task.rank(), job.wait_site,
                                task.row_tile(), p.timeout_ns);
@@ -380,7 +359,6 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
     for (int kb = 0; kb < job.k_tiles; ++kb) {
       const int st = stage.slot;
       sm90::mbar_wait(&sm.empty[st], stage.phase ^ 1, kPhaseStageFree, phase_limit(p));
-      sm.stage_lower_half[st] = row64_source < 0 ? 1 : 0;
       if (aborted && !pr.on) {
         sm90::mbar_arrive(&sm.full[st]);  // keep the consumers moving; outputs are poisoned
       } else {
@@ -546,18 +524,13 @@ __device__ __forceinline__ void consumer_loop(const ForwardParams& p, const Comp
 #pragma unroll
     for (int r = 0; r < 128; ++r) acc[r] = 0.0f;
 #endif
-    // The first stage's flag says whether this warpgroup computes the task at all (a vote,
-    // so the branch is warp-uniform to the compiler: wgmma must not sit on a divergent path).
-    sm90::mbar_wait(&sm.full[stage.slot], stage.phase, kPhaseStageLoaded, phase_limit(p));
-    // Only the leader reads the flag: its own arrival frees the stage (and lets the producer
-    // rewrite the flag), so no other thread's read may be outstanding then; the warpgroup's
-    // named barrier hands the value to the others.
-    const bool lower_half = sm90::named_barrier_or(kWarpgroupBarrier + wg_idx, 128,
-                                                   wg_leader && sm.stage_lower_half[stage.slot] != 0);
-    const bool idle = __all_sync(0xffffffffu, wg_idx == 1 && lower_half);
-    if (idle) {  // rows 64..127 are padding: hand every stage straight back
+    // Rows 64..127 all padding (the plan's bit, ForwardParams::half_tiles): warpgroup 2 has
+    // nothing to compute. (A vote, so the branch is warp-uniform to the compiler: wgmma must
+    // not sit on a divergent path.)
+    const bool idle = __all_sync(0xffffffffu, wg_idx == 1 && p.half_tiles && task.upper_half_padding());
+    if (idle) {  // hand every stage straight back, once loaded (the producer may then reuse it)
       for (int kb = 0; kb < job.k_tiles; ++kb) {
-        if (kb > 0) sm90::mbar_wait(&sm.full[stage.slot], stage.phase, kPhaseStageLoaded, phase_limit(p));
+        sm90::mbar_wait(&sm.full[stage.slot], stage.phase, kPhaseStageLoaded, phase_limit(p));
         release_stage(stage.slot);
         stage.advance();
       }

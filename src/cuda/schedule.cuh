@@ -34,6 +34,7 @@ constexpr int kScheduleWarps = kScheduleThreads / 32;
 constexpr int kScheduleChunkLarge = 512;
 constexpr int kScheduleChunkSmall = 128;
 constexpr int kScheduleMaxExperts = 4096;   // destination experts one forward builds (smem histograms)
+static_assert(kScheduleMaxExperts <= kMaxTaskExperts, "a task names its local expert in Task's expert field");
 // Blocks per SM in count's and scatter's launch bounds (registers: 64 per thread at 4, 80 at
 // 3). With the bound from the thread count alone ptxas 13 capped them at 32 registers and
 // spilled; large chunks hold 16 ids and their loads in flight per lane and spilled at 64.
@@ -550,6 +551,7 @@ __device__ __forceinline__ void scatter_block(const ScheduleParams& p, int block
 struct PlanParams {
   RankPlan* plans;
   PlanShape shape;  // row tiles per rank come from plans[d].num_row_tiles
+  int chunks;       // (expert, chunk) entries per expert in RankPlan::expert_offsets
   Task* tasks;
   int* num_tasks;
   int2* pulls;
@@ -563,6 +565,17 @@ struct PlanParams {
 // (Every lane walking every item of the group, storing its own, took ~30k cycles on the
 // slice: the scatter+plan kernel's long pole.)
 constexpr int kPlanGroupsPerBlock = 256 / 32;
+
+// A routed task with its tile's local expert and whether its rows 64..127 are all padding
+// (Task): the offsets kernel wrote block_expert and the expert's first row, the count kernel
+// its rows (an expert's padding follows its rows, so row 64 past them means rows 64..127).
+__device__ __forceinline__ Task routed_task(const PlanParams& p, std::uint32_t kind, int rank, int col, int tile) {
+  const RankPlan& plan = p.plans[rank];
+  const int e = plan.block_expert[tile];
+  const int rows_end = plan.expert_offsets[e * p.chunks] + plan.expert_rows[e];
+  if (tile * kTileM + kTileM / 2 >= rows_end) kind |= kUpperHalfPadding;
+  return Task::make(kind, rank, e, col, tile);
+}
 
 // `error`: what the schedule's earlier kernels recorded. After any error (a rank over its
 // capacity, a bad id, segments that disagree with their counts) the plan lists no routed
@@ -588,7 +601,9 @@ __device__ __forceinline__ void plan_block(const PlanParams& p, int block, const
         const int items = run_tasks(p.shape, cols, hi - lo);
         for (int i = lane; i < items; i += 32)
           run_item(kind, d, s, cols, lo, hi, i, [&](std::uint32_t k, int rank, int sh, int n, int t) {
-            tasks[i] = Task::make(k, rank, sh, n, t);
+            const std::uint32_t base_kind = k & 3;  // (without kPhantom)
+            tasks[i] = base_kind == kRoutedGateUp || base_kind == kRoutedDown ? routed_task(p, k, rank, n, t)
+                                                                              : Task::make(k, rank, sh, n, t);
           });
         tasks += items;
       },

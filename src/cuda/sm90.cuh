@@ -280,23 +280,6 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Regs));
 }
 
-// Named barrier that also ORs a predicate over the `threads` participants: every one gets
-// whether any passed true.
-__device__ __forceinline__ bool named_barrier_or(int id, int threads, bool value) {
-  std::uint32_t any;
-  asm volatile(
-      "{\n"
-      ".reg .pred in, out;\n"
-      "setp.ne.u32 in, %1, 0;\n"
-      "bar.red.or.pred out, %2, %3, in;\n"
-      "selp.u32 %0, 1, 0, out;\n"
-      "}"
-      : "=r"(any)
-      : "r"(static_cast<std::uint32_t>(value)), "r"(id), "r"(threads)
-      : "memory");
-  return any != 0;
-}
-
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
