@@ -273,5 +273,38 @@ TEST(PlanOrder, BandsAreColumnMajorWithinTheBand) {
   EXPECT_EQ(seen, want);
 }
 
+// A task's packed fields (Task) come back as written, each at its largest value beside the
+// others' (a field that overlapped another would change it), and two tasks name the same
+// weight tile exactly when all but their row tile, phantom and padding bits agree.
+TEST(PlanOrder, TaskFieldsRoundTripAtTheirLimits) {
+  std::mt19937 gen(7);
+  const std::uint32_t max_rank = 4095, max_expert = kMaxTaskExperts - 1, max_col = kMaxColumnTiles - 1,
+                      max_row = (1u << 24) - 1;  // capacity rows < 2^31, so row tiles < 2^24
+  for (int trial = 0; trial < 2000; ++trial) {
+    const std::uint32_t kind = gen() % 4, rank = trial == 0 ? max_rank : gen() % (max_rank + 1),
+                        expert = trial == 0 ? max_expert : gen() % (max_expert + 1),
+                        col = trial == 0 ? max_col : gen() % (max_col + 1),
+                        row = trial == 0 ? max_row : gen() % (max_row + 1);
+    const bool phantom = trial == 0 || gen() % 2, padding = trial == 0 || gen() % 2;
+    const Task t = Task::make(kind | (phantom ? kPhantom : 0) | (padding ? kUpperHalfPadding : 0), rank, expert,
+                              col, row);
+    ASSERT_EQ(t.kind(), kind) << "trial " << trial;
+    ASSERT_EQ(t.phantom(), phantom) << "trial " << trial;
+    ASSERT_EQ(t.upper_half_padding(), padding) << "trial " << trial;
+    ASSERT_EQ(t.rank(), rank) << "trial " << trial;
+    ASSERT_EQ(t.expert(), expert) << "trial " << trial;
+    ASSERT_EQ(t.shared(), expert) << "trial " << trial;  // the same field for shared kinds
+    ASSERT_EQ(t.col_tile(), col) << "trial " << trial;
+    ASSERT_EQ(t.row_tile(), row) << "trial " << trial;
+    // Another row tile, phantom or padding: the same weight tile; another expert or column: not.
+    const Task other_row = Task::make(kind, rank, expert, col, (row + 1) % (max_row + 1));
+    EXPECT_EQ(t.bits & Task::kWeightTileBits, other_row.bits & Task::kWeightTileBits) << "trial " << trial;
+    const Task other_expert = Task::make(kind, rank, (expert + 1) % (max_expert + 1), col, row);
+    EXPECT_NE(t.bits & Task::kWeightTileBits, other_expert.bits & Task::kWeightTileBits) << "trial " << trial;
+    const Task other_col = Task::make(kind, rank, expert, (col + 1) % (max_col + 1), row);
+    EXPECT_NE(t.bits & Task::kWeightTileBits, other_col.bits & Task::kWeightTileBits) << "trial " << trial;
+  }
+}
+
 }  // namespace
 }  // namespace mok::cuda

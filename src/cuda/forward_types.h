@@ -36,41 +36,6 @@ constexpr int kSmemBytes =
     1024 /*align slack*/ + kStages * kStageBytes + kStagingBytes + kBarrierAreaBytes + kGatherTableBytes;
 
 
-// A compute task, packed: kind 2 bits | upper-half padding 1 | phantom 1 | rank 12 | expert
-// 12 | column tile 12 | row tile 24. The expert field holds a routed tile's local expert (the
-// plan kernel copies it from RankPlan::block_expert) or a shared tile's shared expert, and
-// the padding bit says that rows 64..127 of a routed tile are all padding (half tiles): the
-// producer reads neither from global memory between two tasks. (The backend refuses shapes
-// with more column tiles than the field holds; local experts are at most kScheduleMaxExperts
-// = 4096 and row tiles fewer than 2^24, the capacity being fewer than 2^31 rows.)
-constexpr int kMaxColumnTiles = 1 << 12;
-constexpr int kMaxTaskExperts = 1 << 12;
-constexpr std::uint32_t kUpperHalfPadding = 4;  // (or-ed into a kind, as kPhantom)
-static_assert((kPhantom & kUpperHalfPadding) == 0 && (kPhantom | kUpperHalfPadding) < 16 && kSharedDown < 4,
-              "Task: kind, padding and phantom bits share the low 4 bits");
-static_assert(kMaxShared <= kMaxTaskExperts, "Task: a shared index fits the expert field");
-struct Task {
-  std::uint64_t bits;
-  // `kind` may carry kPhantom and kUpperHalfPadding; `expert`: local expert (routed kinds) or
-  // shared expert index (shared kinds).
-  __host__ __device__ static Task make(std::uint32_t kind, std::uint32_t rank, std::uint32_t expert,
-                                       std::uint32_t col_tile, std::uint32_t row_tile) {
-    return Task{std::uint64_t(kind) | (std::uint64_t(rank) << 4) | (std::uint64_t(expert) << 16) |
-                (std::uint64_t(col_tile) << 28) | (std::uint64_t(row_tile) << 40)};
-  }
-  __host__ __device__ std::uint32_t kind() const { return bits & 0x3; }
-  __host__ __device__ bool phantom() const { return (bits & kPhantom) != 0; }  // pair mode: compute, store nothing
-  __host__ __device__ bool upper_half_padding() const { return (bits & kUpperHalfPadding) != 0; }
-  __host__ __device__ std::uint32_t rank() const { return (bits >> 4) & 0xfff; }
-  __host__ __device__ std::uint32_t expert() const { return (bits >> 16) & 0xfff; }  // routed kinds
-  __host__ __device__ std::uint32_t shared() const { return (bits >> 16) & 0xfff; }  // shared kinds
-  __host__ __device__ std::uint32_t col_tile() const { return (bits >> 28) & 0xfff; }
-  __host__ __device__ std::uint32_t row_tile() const { return static_cast<std::uint32_t>(bits >> 40); }
-  // The bits that name a task's weight tile: all but the row tile, phantom and padding bits.
-  static constexpr std::uint64_t kWeightTileBits =
-      ((std::uint64_t(1) << 40) - 1) & ~std::uint64_t(kPhantom | kUpperHalfPadding);
-};
-
 // One shared expert of one rank.
 struct SharedPlan {
   __nv_bfloat16* act;   // [T, I_s] SwiGLU output

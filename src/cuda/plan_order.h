@@ -1,7 +1,7 @@
-// mok: the order of the megakernel's work (compute tasks and row pulls), as plain integer
-// logic shared by the device (the plan blocks of schedule_scatter_plan_kernel) and the host
-// (choosing band and lag, and the CPU tests that check the order's counts, coverage and
-// dependencies).
+// mok: the order of the megakernel's work (compute tasks and row pulls) and a task's packed
+// encoding (Task), as plain integer logic shared by the device (the plan blocks of
+// schedule_scatter_plan_kernel, the megakernel) and the host (choosing band and lag, and the
+// CPU tests that check the order's counts, coverage and dependencies, and the encoding).
 //
 // Groups g = 0, 1, ... each cover the band of row tiles [g*band, (g+1)*band). In a group,
 // for each computed rank d: the shared experts' gate/up tiles of the band, the pulls of the
@@ -32,6 +32,41 @@ enum TaskKind : std::uint32_t { kRoutedGateUp = 0, kRoutedDown = 1, kSharedGateU
 constexpr std::uint32_t kPhantom = 8;
 
 constexpr int kMaxShared = 8;
+
+// A compute task, packed: kind 2 bits | upper-half padding 1 | phantom 1 | rank 12 | expert
+// 12 | column tile 12 | row tile 24. The expert field holds a routed tile's local expert (the
+// plan kernel copies it from RankPlan::block_expert) or a shared tile's shared expert, and
+// the padding bit says that rows 64..127 of a routed tile are all padding (half tiles): the
+// producer reads neither from global memory between two tasks. (The backend refuses shapes
+// with more column tiles than the field holds; local experts are at most kScheduleMaxExperts
+// = 4096 and row tiles fewer than 2^24, the capacity being fewer than 2^31 rows.)
+constexpr int kMaxColumnTiles = 1 << 12;
+constexpr int kMaxTaskExperts = 1 << 12;
+constexpr std::uint32_t kUpperHalfPadding = 4;  // (or-ed into a kind, as kPhantom)
+static_assert((kPhantom & kUpperHalfPadding) == 0 && (kPhantom | kUpperHalfPadding) < 16 && kSharedDown < 4,
+              "Task: kind, padding and phantom bits share the low 4 bits");
+static_assert(kMaxShared <= kMaxTaskExperts, "Task: a shared index fits the expert field");
+struct Task {
+  std::uint64_t bits;
+  // `kind` may carry kPhantom and kUpperHalfPadding; `expert`: local expert (routed kinds) or
+  // shared expert index (shared kinds).
+  MOK_PLAN_HD static Task make(std::uint32_t kind, std::uint32_t rank, std::uint32_t expert,
+                                       std::uint32_t col_tile, std::uint32_t row_tile) {
+    return Task{std::uint64_t(kind) | (std::uint64_t(rank) << 4) | (std::uint64_t(expert) << 16) |
+                (std::uint64_t(col_tile) << 28) | (std::uint64_t(row_tile) << 40)};
+  }
+  MOK_PLAN_HD std::uint32_t kind() const { return bits & 0x3; }
+  MOK_PLAN_HD bool phantom() const { return (bits & kPhantom) != 0; }  // pair mode: compute, store nothing
+  MOK_PLAN_HD bool upper_half_padding() const { return (bits & kUpperHalfPadding) != 0; }
+  MOK_PLAN_HD std::uint32_t rank() const { return (bits >> 4) & 0xfff; }
+  MOK_PLAN_HD std::uint32_t expert() const { return (bits >> 16) & 0xfff; }  // routed kinds
+  MOK_PLAN_HD std::uint32_t shared() const { return (bits >> 16) & 0xfff; }  // shared kinds
+  MOK_PLAN_HD std::uint32_t col_tile() const { return (bits >> 28) & 0xfff; }
+  MOK_PLAN_HD std::uint32_t row_tile() const { return static_cast<std::uint32_t>(bits >> 40); }
+  // The bits that name a task's weight tile: all but the row tile, phantom and padding bits.
+  static constexpr std::uint64_t kWeightTileBits =
+      ((std::uint64_t(1) << 40) - 1) & ~std::uint64_t(kPhantom | kUpperHalfPadding);
+};
 
 // What the order depends on. Row tiles of computed rank d: row_tiles[d] (device-built).
 struct PlanShape {
