@@ -191,8 +191,10 @@ PHASE_ORDER = ("setup", "schedule", "megakernel", "group_barrier", "epilogue")
 
 
 def forward_phases(mok):
-    """mok.json's forward_phases as {"iters", "method", "median_ms": {phase: ms}}, or None
-    when the run did not measure them (older binaries) or the entry is malformed."""
+    """mok.json's forward_phases as {"iters", "method", "median_ms": {phase: ms}} and, from
+    binaries that time forwards right after the pass, "timed_after_ms" (their median: PDL on,
+    no events between the phases), or None when the run did not measure them (older binaries)
+    or the entry is malformed."""
     ph = mok.get("forward_phases")
     if not isinstance(ph, dict) or not isinstance(ph.get("median_ms"), dict):
         return None
@@ -201,7 +203,13 @@ def forward_phases(mok):
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
             return None
         med[str(name)] = float(v)
-    return {"iters": ph.get("iters"), "method": ph.get("method"), "median_ms": med}
+    out = {"iters": ph.get("iters"), "method": ph.get("method"), "median_ms": med}
+    after = ph.get("timed_after_ms")
+    if after is not None:
+        if not isinstance(after, (int, float)) or isinstance(after, bool) or not after >= 0:
+            return None
+        out["timed_after_ms"] = float(after)
+    return out
 
 
 def merge_group(moks):
@@ -234,6 +242,11 @@ def merge_group(moks):
         # Per phase the slowest rank's median (each rank measured its own split).
         out["forward_phases"] = dict(phases[0], median_ms={
             name: max(p["median_ms"][name] for p in phases) for name in phases[0]["median_ms"]})
+        afters = [p.get("timed_after_ms") for p in phases]
+        if all(a is not None for a in afters):
+            out["forward_phases"]["timed_after_ms"] = max(afters)  # (the ranks ran in lockstep)
+        else:
+            out["forward_phases"].pop("timed_after_ms", None)
     else:
         out.pop("forward_phases", None)
     out["ranks"] = [{"rank": r, "forward": m.get("forward"), "rows": m.get("rows"),
@@ -868,6 +881,10 @@ def structure_errors(rec):
                 if not _number(ms) or not math.isfinite(ms) or ms < 0:
                     errors.append(f"'mok.forward_phases.median_ms.{name}' must be a finite number >= 0 "
                                   f"(got {json.dumps(ms)[:40]})")
+        after = mok["forward_phases"].get("timed_after_ms")
+        if after is not None and (not _number(after) or not math.isfinite(after) or after < 0):
+            errors.append(f"'mok.forward_phases.timed_after_ms' must be a finite number >= 0 "
+                          f"(got {json.dumps(after)[:40]})")
     clocks = rec.get("clocks")
     if want(clocks, dict, "clocks", "an object"):
         want(clocks.get("error"), str, "clocks.error", "a string")

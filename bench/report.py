@@ -548,17 +548,21 @@ def phase_lines(recs):
              "put the megakernel ~10% lower. setup = counter "
              "reset (and in a real group: staging x, gathering the ids), schedule = the schedule and "
              "plan kernels, megakernel = dispatch, every expert FFN and the combine push, epilogue = "
-             "the fixed-order sum into y.", "",
+             "the fixed-order sum into y. timed after ms: the median of as many forwards timed as the "
+             "timed run times them (PDL on, no events between the phases) right after the pass (newer "
+             "records): the sum minus it is what the pass's own way of running costs, it minus the "
+             "timed median how far the GPU's state moved since the timed run.", "",
              "| shape | EP mode | tokens | " + " | ".join(f"{n} ms" for n in names)
-             + " | sum ms | timed median ms | megakernel share | pass | run |",
-             "|" + "---|" * (len(names) + 8)]
+             + " | sum ms | timed after ms | timed median ms | megakernel share | pass | run |",
+             "|" + "---|" * (len(names) + 9)]
     for rec in with_phases:
         med = _get(rec, "mok", "forward_phases", "median_ms")
         total = sum(med.values())
         mega = med.get("megakernel")
         cells = [rec["shape"], ep_text(rec), rec["tokens_per_rank"]] + \
                 [fmt(med.get(n), ".3f") for n in names] + \
-                [fmt(total, ".3f"), fmt(values(rec)["mok_ms"], ".3f"),
+                [fmt(total, ".3f"), fmt(_get(rec, "mok", "forward_phases", "timed_after_ms"), ".3f"),
+                 fmt(values(rec)["mok_ms"], ".3f"),
                  fmt(None if mega is None or total <= 0 else 100 * mega / total, ".1f", "%"),
                  phase_pass(rec), run_text(rec)]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")

@@ -617,12 +617,17 @@ class Phases(unittest.TestCase):
         self.assertEqual(rec["mok"]["forward_phases"]["median_ms"],
                          {"setup": 0.01, "schedule": 0.06, "megakernel": 1.0, "epilogue": 0.05})
         self.assertEqual(rec["mok"]["forward_phases"]["iters"], 20)
+        self.assertNotIn("timed_after_ms", rec["mok"]["forward_phases"])  # (older binaries)
+        mok["forward_phases"]["timed_after_ms"] = 1.04
+        self.assertEqual(records.make_record(mok, None, env())["mok"]["forward_phases"]["timed_after_ms"], 1.04)
 
     def test_missing_or_malformed_phases_are_none(self):
         mok = fixture("fixture_mok_qwen35_slice.json")
         self.assertIsNone(records.make_record(mok, None, env())["mok"]["forward_phases"])
         for bad in ({"median_ms": {"setup": "fast"}}, {"median_ms": {"setup": -1.0}}, {"median_ms": [1.0]},
-                    {"median_ms": {"setup": True}}, "x"):
+                    {"median_ms": {"setup": True}}, "x", {"median_ms": {"setup": 1.0}, "timed_after_ms": "1"},
+                    {"median_ms": {"setup": 1.0}, "timed_after_ms": -1.0},
+                    {"median_ms": {"setup": 1.0}, "timed_after_ms": float("nan")}):
             m = copy.deepcopy(mok)
             m["forward_phases"] = bad
             self.assertIsNone(records.forward_phases(m), bad)
@@ -633,6 +638,12 @@ class Phases(unittest.TestCase):
         b = with_phases(g.rank([1.0], 1), schedule=0.07, megakernel=1.1, epilogue=0.06)
         merged = records.merge_group([a, b])
         self.assertEqual(merged["forward_phases"]["median_ms"], {"schedule": 0.07, "megakernel": 1.2, "epilogue": 0.06})
+        self.assertNotIn("timed_after_ms", merged["forward_phases"])
+        # The forwards timed after the pass: the slowest rank's, when every rank has them.
+        a["forward_phases"]["timed_after_ms"], b["forward_phases"]["timed_after_ms"] = 1.3, 1.25
+        self.assertEqual(records.merge_group([a, b])["forward_phases"]["timed_after_ms"], 1.3)
+        del b["forward_phases"]["timed_after_ms"]
+        self.assertNotIn("timed_after_ms", records.merge_group([a, b])["forward_phases"])
         # A rank without the split (or with other phases): no group split at all.
         self.assertNotIn("forward_phases", records.merge_group([a, g.rank([1.0], 1)]))
 
@@ -921,6 +932,8 @@ class RecordFigures(unittest.TestCase):
                                   "'peers.pytorch_pipeline.code' must be a string or null"),
                                  (("mok", "forward_phases"), {"median_ms": {"megakernel": "x"}},
                                   "'mok.forward_phases.median_ms.megakernel' must be a finite number >= 0"),
+                                 (("mok", "forward_phases"), {"median_ms": {}, "timed_after_ms": "x"},
+                                  "'mok.forward_phases.timed_after_ms' must be a finite number >= 0"),
                                  (("clocks",), {"mok_forward": "x"}, "'clocks.mok_forward' must be an object or null"),
                                  (("clocks",), {"mok_forward": {"sm_mhz_median": "x"}},
                                   "'clocks.mok_forward.sm_mhz_median' must be a finite number or null")):

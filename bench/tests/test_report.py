@@ -138,7 +138,12 @@ class Report(unittest.TestCase):
             text = read_text(out)
             self.assertIn("## Where mok's forward time goes", text)
             self.assertIn("| setup ms | schedule ms | megakernel ms | epilogue ms | sum ms |", text)
-            self.assertIn("| 0.010 | 0.060 | 0.850 | 0.080 | 1.000 | 1.000 | 85.0% | one at a time |", text)
+            self.assertIn("| 0.010 | 0.060 | 0.850 | 0.080 | 1.000 | – | 1.000 | 85.0% | one at a time |", text)
+            # Newer records time forwards right after the pass too.
+            mok["forward_phases"]["timed_after_ms"] = 0.975
+            report.generate([records.write_record(records.make_record(mok, qwen[1], env()), d)], out, plots)
+            self.assertIn("| sum ms | timed after ms | timed median ms |", read_text(out))
+            self.assertIn("| 0.080 | 1.000 | 0.975 | 1.000 | 85.0% |", read_text(out))
             # mok bench's method string says how and when the pass ran its forwards: back to back
             # after the check (records before 2026-12-06), or right after the timed run.
             mok["forward_phases"]["method"] = "cuda events between the forward's phases, forwards back to back"
