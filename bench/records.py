@@ -206,7 +206,7 @@ def forward_phases(mok):
     out = {"iters": ph.get("iters"), "method": ph.get("method"), "median_ms": med}
     after = ph.get("timed_after_ms")
     if after is not None:
-        if not isinstance(after, (int, float)) or isinstance(after, bool) or not after >= 0:
+        if not isinstance(after, (int, float)) or isinstance(after, bool) or not math.isfinite(after) or after < 0:
             return None
         out["timed_after_ms"] = float(after)
     return out

@@ -548,8 +548,8 @@ def phase_lines(recs):
              "put the megakernel ~10% lower. setup = counter "
              "reset (and in a real group: staging x, gathering the ids), schedule = the schedule and "
              "plan kernels, megakernel = dispatch, every expert FFN and the combine push, epilogue = "
-             "the fixed-order sum into y. timed after ms: the median of as many forwards timed as the "
-             "timed run times them (PDL on, no events between the phases) right after the pass (newer "
+             "the fixed-order sum into y. timed after ms: the median of 20 more forwards, timed the way "
+             "the timed run times them (PDL on, no events between the phases), right after the pass (newer "
              "records): the sum minus it is what the pass's own way of running costs, it minus the "
              "timed median how far the GPU's state moved since the timed run.", "",
              "| shape | EP mode | tokens | " + " | ".join(f"{n} ms" for n in names)

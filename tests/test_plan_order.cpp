@@ -303,6 +303,10 @@ TEST(PlanOrder, TaskFieldsRoundTripAtTheirLimits) {
     EXPECT_NE(t.bits & Task::kWeightTileBits, other_expert.bits & Task::kWeightTileBits) << "trial " << trial;
     const Task other_col = Task::make(kind, rank, expert, (col + 1) % (max_col + 1), row);
     EXPECT_NE(t.bits & Task::kWeightTileBits, other_col.bits & Task::kWeightTileBits) << "trial " << trial;
+    const Task other_kind = Task::make((kind + 1) % 4, rank, expert, col, row);
+    EXPECT_NE(t.bits & Task::kWeightTileBits, other_kind.bits & Task::kWeightTileBits) << "trial " << trial;
+    const Task other_rank = Task::make(kind, (rank + 1) % (max_rank + 1), expert, col, row);
+    EXPECT_NE(t.bits & Task::kWeightTileBits, other_rank.bits & Task::kWeightTileBits) << "trial " << trial;
   }
 }
 

@@ -627,7 +627,8 @@ class Phases(unittest.TestCase):
         for bad in ({"median_ms": {"setup": "fast"}}, {"median_ms": {"setup": -1.0}}, {"median_ms": [1.0]},
                     {"median_ms": {"setup": True}}, "x", {"median_ms": {"setup": 1.0}, "timed_after_ms": "1"},
                     {"median_ms": {"setup": 1.0}, "timed_after_ms": -1.0},
-                    {"median_ms": {"setup": 1.0}, "timed_after_ms": float("nan")}):
+                    {"median_ms": {"setup": 1.0}, "timed_after_ms": float("nan")},
+                    {"median_ms": {"setup": 1.0}, "timed_after_ms": float("inf")}):
             m = copy.deepcopy(mok)
             m["forward_phases"] = bad
             self.assertIsNone(records.forward_phases(m), bad)

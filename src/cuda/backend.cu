@@ -658,7 +658,7 @@ class CudaBackend final : public BackendImpl {
     schedule_scatter_smem_ = static_cast<int>(kScheduleWarps * dest_experts * sizeof(int));
     gateup_tiles_ = ceil_div(p.intermediate, kGateUpCols);
     down_tiles_ = ceil_div(p.hidden, kDownCols);
-    // A task names its column tile in 12 bits (forward_types.h: Task), and the TMA coordinate
+    // A task names its column tile in 12 bits (plan_order.h: Task), and the TMA coordinate
     // of an expert's weight rows (e * I + column) is a signed 32-bit integer.
     const auto width_rule = [&](const std::string& name, int width) {
       require(ceil_div(width, kGateUpCols) <= kMaxColumnTiles,
@@ -998,7 +998,6 @@ class CudaBackend final : public BackendImpl {
     spp.plan_blocks = plan_blocks;
     spp.plan.plans = plans_dev_.as<RankPlan>();
     spp.plan.shape = plan_shape_;
-    spp.plan.chunks = chunks_;
     spp.plan.tasks = tasks_.as<Task>();
     spp.plan.num_tasks = task_counts_.as<int>();
     spp.plan.pulls = pulls_.as<int2>();

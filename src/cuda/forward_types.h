@@ -64,7 +64,7 @@ struct RankMaps {
 struct RankPlan {
   // Schedule (device-built): rows in MoK's order, padded per expert to 128.
   int2* rows;              // [capacity] (src_rank, slot = t*k + j); (-1, -1) for padding
-  int* block_expert;       // [capacity / 128] local expert of each row tile
+  int* block_expert;       // [capacity / 128] local expert of each row tile, | kTileUpperHalfPadding
   int* num_row_tiles;      // [1] padded rows / 128 (0 after a capacity error)
   int* expert_counts;      // [E_loc * chunks] rows per (expert, source chunk)
   int* expert_offsets;     // [E_loc * chunks] first row of each (expert, source chunk)

@@ -43,6 +43,10 @@ constexpr int kMaxShared = 8;
 constexpr int kMaxColumnTiles = 1 << 12;
 constexpr int kMaxTaskExperts = 1 << 12;
 constexpr std::uint32_t kUpperHalfPadding = 4;  // (or-ed into a kind, as kPhantom)
+// Or-ed into RankPlan::block_expert[tile] by the offsets kernel: the tile's rows 64..127 are
+// all padding (the plan kernel turns it into kUpperHalfPadding).
+constexpr int kTileUpperHalfPadding = 1 << 30;
+static_assert(kTileUpperHalfPadding >= kMaxTaskExperts, "block_expert: the flag is above every expert");
 static_assert((kPhantom & kUpperHalfPadding) == 0 && (kPhantom | kUpperHalfPadding) < 16 && kSharedDown < 4,
               "Task: kind, padding and phantom bits share the low 4 bits");
 static_assert(kMaxShared <= kMaxTaskExperts, "Task: a shared index fits the expert field");

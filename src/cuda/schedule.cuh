@@ -7,10 +7,12 @@
 //             destination, so counting needs no order);
 //   offsets:  one block per destination expert: its segment (experts in order, each padded
 //             to 128 rows) from its rank's totals, the capacity check, the first row of each
-//             of its (expert, chunk)s by a block scan, its padding rows and row tiles' expert;
+//             of its (expert, chunk)s by a block scan, its padding rows and row tiles' expert
+//             (and whether a tile's rows 64..127 are padding);
 //   scatter:  each chunk's warp writes its rows in stream order from those offsets;
 //   plan:     the compute task list and the pull list, in dependency order (in the
-//             scatter's launch, on blocks of its own: it needs only the row-tile counts).
+//             scatter's launch, on blocks of its own: it needs the row-tile counts and the
+//             tiles' experts, not the rows).
 // Every pass is spread over many warps with its loads issued together: these kernels are
 // latency-bound (a few microseconds of work each), and a chain of dependent loads, or one
 // block doing a whole pass, is what made them slow.
@@ -492,8 +494,9 @@ __global__ void __launch_bounds__(kOffsetsThreads) schedule_offsets_kernel(const
   // the error is the news, not a write past the buffers.)
   const int padded_end = min(seg + padded(real_end - seg), p.capacity_rows);
   for (int r = real_end + threadIdx.x; r < padded_end; r += kOffsetsThreads) plan.rows[r] = make_int2(-1, -1);
+  // (Padding follows the expert's rows: row 64 past them means rows 64..127 are padding.)
   for (int tile = seg / kTileM + threadIdx.x; tile < padded_end / kTileM; tile += kOffsetsThreads)
-    plan.block_expert[tile] = e;
+    plan.block_expert[tile] = e | (tile * kTileM + kTileM / 2 >= real_end ? kTileUpperHalfPadding : 0);
 }
 
 // Scatter block `block` of ceil(chunks / kScheduleWarps); `next_all`: per warp, Q ints.
@@ -551,7 +554,6 @@ __device__ __forceinline__ void scatter_block(const ScheduleParams& p, int block
 struct PlanParams {
   RankPlan* plans;
   PlanShape shape;  // row tiles per rank come from plans[d].num_row_tiles
-  int chunks;       // (expert, chunk) entries per expert in RankPlan::expert_offsets
   Task* tasks;
   int* num_tasks;
   int2* pulls;
@@ -567,14 +569,11 @@ struct PlanParams {
 constexpr int kPlanGroupsPerBlock = 256 / 32;
 
 // A routed task with its tile's local expert and whether its rows 64..127 are all padding
-// (Task): the offsets kernel wrote block_expert and the expert's first row, the count kernel
-// its rows (an expert's padding follows its rows, so row 64 past them means rows 64..127).
+// (Task), both from the word the offsets kernel wrote for the tile (block_expert).
 __device__ __forceinline__ Task routed_task(const PlanParams& p, std::uint32_t kind, int rank, int col, int tile) {
-  const RankPlan& plan = p.plans[rank];
-  const int e = plan.block_expert[tile];
-  const int rows_end = plan.expert_offsets[e * p.chunks] + plan.expert_rows[e];
-  if (tile * kTileM + kTileM / 2 >= rows_end) kind |= kUpperHalfPadding;
-  return Task::make(kind, rank, e, col, tile);
+  const int word = p.plans[rank].block_expert[tile];
+  if (word & kTileUpperHalfPadding) kind |= kUpperHalfPadding;
+  return Task::make(kind, rank, word & ~kTileUpperHalfPadding, col, tile);
 }
 
 // `error`: what the schedule's earlier kernels recorded. After any error (a rank over its
@@ -614,8 +613,8 @@ __device__ __forceinline__ void plan_block(const PlanParams& p, int block, const
 }
 
 // grid plan_blocks + the scatter's blocks, kScheduleThreads: blocks below plan_blocks write the
-// task and pull lists, the rest scatter the rows. The plan needs only the row-tile counts
-// (written by the offsets kernel), not the rows, so it runs beside the scatter instead of
+// task and pull lists, the rest scatter the rows. The plan needs only the row-tile counts and
+// the tiles' experts (written by the offsets kernel), not the rows, so it runs beside the scatter instead of
 // after it: one launch and the plan's time off the chain before the megakernel. (Plan
 // blocks first, so they start in the first wave even when the scatter's shared memory
 // takes more than one.) Dynamic smem: per scatter warp, its next row per destination expert.

@@ -958,8 +958,9 @@ TEST(GpuGatherLocal, DefaultRuleGathersUpToI4096) {
     ScopedEnv flipped("MOK_GATHER_LOCAL", c.gathers ? "0" : "1");
     const GpuRun other = run_gpu_all_ranks(host, Config{}, 2);
     expect_close_and_same_bits(other, ref, first, c.name + " flipped");
-    if (c.problem.ep_size == 1)
+    if (c.problem.ep_size == 1) {  // (braces: EXPECT_EQ expands to an if/else)
       EXPECT_EQ(other.stats.at(0).joined_comm_ctas == 0, !c.gathers) << c.name << " flipped";
+    }
   }
 }
 

@@ -375,8 +375,8 @@ int bench_command(const std::vector<std::string>& argv) {
       }
     backend.record_phases(0);
   }
-  // The same number of forwards timed as the timed run times them (PDL on, no events between
-  // the phases), right after the pass: against the pass's sum, what the pass's own way of
+  // As many forwards as the pass, timed the way the timed run times them (PDL on, no events
+  // between the phases), right after it: against the pass's sum, what the pass's own way of
   // running costs; against the timed median, how far the GPU's state moved (docs/PERFORMANCE.md).
   const Timing after_phases = summarize(device_times_ms(
       stream, 0, kPhaseIters, {[&] { layer.forward(args_dev); }, [&] { layer.synchronize(); }, distributed ? 50 : 0}));
