@@ -200,13 +200,13 @@ def forward_phases(mok):
         return None
     med = {}
     for name, v in ph["median_ms"].items():
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+        if not _number(v) or v < 0:
             return None
         med[str(name)] = float(v)
     out = {"iters": ph.get("iters"), "method": ph.get("method"), "median_ms": med}
     after = ph.get("timed_after_ms")
     if after is not None:
-        if not isinstance(after, (int, float)) or isinstance(after, bool) or not math.isfinite(after) or after < 0:
+        if not _number(after) or not math.isfinite(after) or after < 0:
             return None
         out["timed_after_ms"] = float(after)
     return out

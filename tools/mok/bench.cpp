@@ -347,9 +347,9 @@ int bench_command(const std::vector<std::string>& argv) {
   // synchronising every 50 calls keeps its bounded wait (MOK_WAIT_TIMEOUT_MS) about
   // progress, not the whole queue. `ms` is in iteration order (a group's record takes the
   // slowest rank per iteration).
-  const std::vector<double> ms =
-      device_times_ms(stream, warmup, iters,
-                      {[&] { layer.forward(args_dev); }, [&] { layer.synchronize(); }, distributed ? 50 : 0});
+  const DeviceTimerCalls forward_calls{[&] { layer.forward(args_dev); }, [&] { layer.synchronize(); },
+                                       distributed ? 50 : 0};
+  const std::vector<double> ms = device_times_ms(stream, warmup, iters, forward_calls);
   const double timed_end_unix_s = unix_seconds_now();
   const Timing fwd_time = summarize(ms);
 
@@ -378,22 +378,17 @@ int bench_command(const std::vector<std::string>& argv) {
   // As many forwards as the pass, timed the way the timed run times them (PDL on, no events
   // between the phases), right after it: against the pass's sum, what the pass's own way of
   // running costs; against the timed median, how far the GPU's state moved (docs/PERFORMANCE.md).
-  const Timing after_phases = summarize(device_times_ms(
-      stream, 0, kPhaseIters, {[&] { layer.forward(args_dev); }, [&] { layer.synchronize(); }, distributed ? 50 : 0}));
-  std::ostringstream after_text;
-  after_text.precision(8);
-  after_text << after_phases.median;
-  std::string phases_json = "{\"iters\": " + std::to_string(kPhaseIters) +
-                            ", \"method\": \"cuda events between the forward's phases, forwards back to back, "
-                            "right after the timed run\", \"timed_after_ms\": " + after_text.str() +
-                            ", \"median_ms\": {";
-  for (std::size_t i = 0; i < phase_order.size(); ++i) {
-    std::ostringstream v;
-    v.precision(8);
-    v << summarize(phase_ms[phase_order[i]]).median;
-    phases_json += (i ? ", \"" : "\"") + json_text(phase_order[i]) + "\": " + v.str();
-  }
-  phases_json += "}}";
+  const Timing after_phases = summarize(device_times_ms(stream, 0, kPhaseIters, forward_calls));
+  std::ostringstream phases;
+  phases.precision(8);
+  phases << "{\"iters\": " << kPhaseIters
+         << ", \"method\": \"cuda events between the forward's phases, forwards back to back, "
+            "right after the timed run\", \"timed_after_ms\": "
+         << after_phases.median << ", \"median_ms\": {";
+  for (std::size_t i = 0; i < phase_order.size(); ++i)
+    phases << (i ? ", \"" : "\"") << json_text(phase_order[i]) << "\": " << summarize(phase_ms[phase_order[i]]).median;
+  phases << "}}";
+  const std::string phases_json = phases.str();
 
   // ---- the checked forward: queued right behind a forward of other inputs (every x
   // negated, so every pulled row, SwiGLU row, pushed row and y differs), as each timed
