@@ -38,7 +38,13 @@ set(MOK_MEASURE_LEAVE_OUT "" CACHE STRING
 # ("Between two tiles"). Outputs are right; only the time is not the library's.
 set(MOK_MEASURE_PRODUCER_DELAY "0" CACHE STRING
     "measurement build: SM clocks the producer waits after each claim (0: off)")
-if(MOK_MEASURE_LEAVE_OUT AND MOK_MEASURE_PRODUCER_DELAY)
+# Off only as "" or "0": any other value must be a count (CMake's if() would also read "OFF",
+# "NO" or "FALSE" as off without a word, and "ON" as on with no count).
+set(mok_producer_delay_on FALSE)
+if(NOT "${MOK_MEASURE_PRODUCER_DELAY}" STREQUAL "" AND NOT "${MOK_MEASURE_PRODUCER_DELAY}" STREQUAL "0")
+  set(mok_producer_delay_on TRUE)
+endif()
+if(MOK_MEASURE_LEAVE_OUT AND mok_producer_delay_on)
   message(FATAL_ERROR "MOK_MEASURE_LEAVE_OUT and MOK_MEASURE_PRODUCER_DELAY: one measurement per build")
 endif()
 if(MOK_MEASURE_LEAVE_OUT)
@@ -50,9 +56,9 @@ if(MOK_MEASURE_LEAVE_OUT)
   target_compile_definitions(mok_core PUBLIC MOK_MEASURE_LEAVE_OUT_${leave_out}=1
                              "MOK_MEASUREMENT_BUILD=\"MOK_MEASURE_LEAVE_OUT=${MOK_MEASURE_LEAVE_OUT}: the CUDA forward's outputs are wrong\"")
 endif()
-if(MOK_MEASURE_PRODUCER_DELAY)  # ("" and "0" are off)
+if(mok_producer_delay_on)
   if(NOT MOK_MEASURE_PRODUCER_DELAY MATCHES "^[1-9][0-9]?[0-9]?[0-9]?[0-9]?[0-9]?$")
-    message(FATAL_ERROR "MOK_MEASURE_PRODUCER_DELAY must be a count of SM clocks from 1 to 999999 (got '${MOK_MEASURE_PRODUCER_DELAY}')")
+    message(FATAL_ERROR "MOK_MEASURE_PRODUCER_DELAY must be a count of SM clocks from 1 to 999999, or 0 or empty for off (got '${MOK_MEASURE_PRODUCER_DELAY}')")
   endif()
   message(WARNING "mok: MEASUREMENT BUILD: the producer waits ${MOK_MEASURE_PRODUCER_DELAY} SM clocks after each claim")
   target_compile_definitions(mok_core PUBLIC MOK_MEASURE_PRODUCER_DELAY=${MOK_MEASURE_PRODUCER_DELAY}
