@@ -210,7 +210,7 @@ def _int32(value, name):
     """`value` (an int, or an integer scalar such as numpy's) as a C int32, or MokError naming
     `name` (ctypes would wrap it silently)."""
     try:
-        if isinstance(value, bool):
+        if _is_bool(value):
             raise TypeError
         value = operator.index(value)
     except TypeError:
@@ -295,7 +295,7 @@ class Problem:
             p.shared_intermediate[s] = _int32(w, f"Problem.shared_intermediate[{s}]")
         if self.swiglu_limit is not None:
             try:
-                if isinstance(self.swiglu_limit, (bool, str, bytes)):
+                if _is_bool(self.swiglu_limit) or isinstance(self.swiglu_limit, (str, bytes)):
                     raise TypeError
                 limit = float(self.swiglu_limit)
             except (TypeError, ValueError, OverflowError):
@@ -496,9 +496,10 @@ def _fill_common(c, rank, n):
     c.num_shared, c.shared = _shared(rank.get("shared"), n + ".shared")
 
 
-def _rank_dicts(ranks, keys):
+def _rank_dicts(ranks, keys, num_shared=None):
     """`ranks` as a list of dicts (a fresh one each) whose keys are all among `keys`, their
-    shared experts as lists of (w_gate, w_up, w_down) tuples (_shared_list); else MokError
+    shared experts as lists of (w_gate, w_up, w_down) tuples (_shared_list), each list empty or
+    of `num_shared` entries (the layer's problem's count; None: not checked); else MokError
     naming the rank and key."""
     if isinstance(ranks, Mapping) or not hasattr(ranks, "__iter__"):
         raise MokTypeError(f"ranks: a list of dicts, one per rank held here; got a {type(ranks).__name__}")
@@ -518,17 +519,22 @@ def _rank_dicts(ranks, keys):
         for key in ("shared", "d_shared"):
             if rank.get(key) is not None:
                 fresh[key] = _shared_list(rank[key], f"ranks[{r}].{key}")
+                # (Empty is as if left out: the layer names the missing tensors. Checked here,
+                # by the Python names, before the C interface's limit or forward_op's lists.)
+                if num_shared is not None and len(fresh[key]) not in (0, num_shared):
+                    raise MokError(f"ranks[{r}].{key}: {len(fresh[key])} shared expert(s), the layer's problem has "
+                                   f"{num_shared} (Problem.shared_intermediate)")
         out.append(fresh)
     return out
 
 
-def _ranks(ranks, struct, keys, fill):
+def _ranks(ranks, struct, keys, fill, num_shared):
     """The ctypes array for `ranks`, and the list of rank dicts, which the caller keeps until
     the C call returns: the array holds raw pointers only (tensors made on the fly, in a
     generator say, live as long as that list). That is long enough on the cpu backend only: a
     cuda call returns with its work queued: Layer._used_on_stream marks PyTorch's tensors as
     used there (the module's notes)."""
-    ranks = _rank_dicts(ranks, keys)
+    ranks = _rank_dicts(ranks, keys, num_shared)
     array = (struct * max(1, len(ranks)))()
     for r, rank in enumerate(ranks):
         n = f"ranks[{r}]"
@@ -633,8 +639,10 @@ def _define_forward_op():
 def _op_places(ranks):
     """The flat argument lists of torch.ops.mok.forward for `ranks` (dicts of tensors): the
     inputs present, in rank order; their places: the rank count, then per rank its number of
-    inputs, a (key, shared index) pair for each (key 6 + i: a shared expert's i-th tensor) and
-    1 if it has a y, else 0; and the y tensors present."""
+    inputs, its number of shared experts, a (key, shared index) pair for each input (key 6 + i:
+    a shared expert's i-th tensor) and 1 if it has a y, else 0; and the y tensors present. (The
+    shared count travels: a shared expert given with no tensor at all is forward()'s to name,
+    not the operator's to drop.)"""
     inputs, places, y = [], [len(ranks)], []
     for rank in ranks:
         pairs = []
@@ -647,7 +655,7 @@ def _op_places(ranks):
                 if w is not None:  # (a missing one is forward()'s to name, when the operator runs)
                     inputs.append(w)
                     pairs += [len(_OP_INPUT_KEYS) + i, s]
-        places += [len(pairs) // 2] + pairs + [int(rank.get("y") is not None)]
+        places += [len(pairs) // 2, len(rank.get("shared") or [])] + pairs + [int(rank.get("y") is not None)]
         if rank.get("y") is not None:
             y.append(rank["y"])
     return inputs, places, y
@@ -685,13 +693,15 @@ def _op_ranks(inputs, places, y):
 
     n_keys = len(_OP_INPUT_KEYS)
     ranks, pos, used_inputs, used_y = [], 1, 0, 0
-    for r in range(take(0, "the rank count", 1, max(1, (len(places) - 1) // 2))):  # (a rank: 2 entries at least)
+    for r in range(take(0, "the rank count", 1, max(1, (len(places) - 1) // 3))):  # (a rank: 3 entries at least)
         rank, shared = {}, []
         count = take(pos, f"rank {r}'s input count", 0, len(inputs) - used_inputs)
-        pos += 1
+        n_shared = take(pos + 1, f"rank {r}'s shared expert count", 0, _MAX_SHARED)
+        shared = [[None] * 3 for _ in range(n_shared)]
+        pos += 2
         for _ in range(count):
-            key = take(pos, f"rank {r}'s input key", 0, n_keys + 2)
-            s = take(pos + 1, f"rank {r}'s shared index", 0, _MAX_SHARED - 1 if key >= n_keys else 0)
+            key = take(pos, f"rank {r}'s input key", 0, n_keys + 2 if n_shared else n_keys - 1)
+            s = take(pos + 1, f"rank {r}'s shared index", 0, n_shared - 1 if key >= n_keys else 0)
             pos += 2
             tensor, used_inputs = inputs[used_inputs], used_inputs + 1
             if key < n_keys:
@@ -699,7 +709,6 @@ def _op_ranks(inputs, places, y):
                     raise bad(f"rank {r} names {_OP_INPUT_KEYS[key]} twice")
                 rank[_OP_INPUT_KEYS[key]] = tensor
             else:
-                shared += [[None] * 3 for _ in range(s + 1 - len(shared))]
                 if shared[s][key - n_keys] is not None:
                     raise bad(f"rank {r} names shared[{s}][{key - n_keys}] twice")
                 shared[s][key - n_keys] = tensor
@@ -792,7 +801,7 @@ class Layer:
                 value = _int32(value, f"config.{key}")
             else:
                 try:
-                    if isinstance(value, (bool, str, bytes)):  # (as the int fields and swiglu_limit refuse them)
+                    if _is_bool(value) or isinstance(value, (str, bytes)):  # (as the int fields, swiglu_limit)
                         raise TypeError
                     value = float(value)
                 except (TypeError, ValueError, OverflowError):
@@ -821,6 +830,9 @@ class Layer:
             except Exception:
                 pass
 
+    def _num_shared(self):
+        return len(self._problem.shared_intermediate)
+
     def _live(self):
         _drain_parked()
         if self._native is None:
@@ -837,7 +849,7 @@ class Layer:
                 written = self._ep_mode != "rank_slice" or r == self._active_rank
                 c.y = _tensor(rank.get("y"), name + ".y", written)
                 _refuse_inputs_that_require_grad(rank, name, "forward()")
-            array, n, kept = _ranks(ranks, _RankForward, _FORWARD_KEYS, fill)
+            array, n, kept = _ranks(ranks, _RankForward, _FORWARD_KEYS, fill, self._num_shared())
             _check(_lib().mok_layer_forward(self._live(), array, n))
             self._used_on_stream(kept)
             _written(rank.get("y") for rank in self._written_ranks(kept))
@@ -855,7 +867,7 @@ class Layer:
             _register_forward_op()
         # (forward()'s checks of the containers and keys first: the operator's arguments carry
         # only the tensors, so an unknown key would otherwise be dropped without a word.)
-        ranks = _rank_dicts(ranks, _FORWARD_KEYS)
+        ranks = _rank_dicts(ranks, _FORWARD_KEYS, self._num_shared())
         _op_tensors_only(ranks)
         # (Here, not in the operator: autograd runs an operator's body with grad mode off.)
         for r, rank in enumerate(ranks):
@@ -871,10 +883,10 @@ class Layer:
                 c.dy = _tensor(rank.get("dy"), name + ".dy")
                 for key in _GRADIENT_KEYS:
                     setattr(c, key, _tensor(rank.get(key), f"{name}.{key}", True))
-                count, c.d_shared = _shared(rank.get("d_shared"), name + ".d_shared", True)
-                if count != c.num_shared:
-                    raise MokError(f"{name}.d_shared: {count} entries for {c.num_shared} shared experts")
-            array, n, kept = _ranks(ranks, _RankBackward, _BACKWARD_KEYS, fill)
+                # (Its count, empty or the problem's, checked by _rank_dicts; empty: the layer
+                # names the missing gradients.)
+                _, c.d_shared = _shared(rank.get("d_shared"), name + ".d_shared", True)
+            array, n, kept = _ranks(ranks, _RankBackward, _BACKWARD_KEYS, fill, self._num_shared())
             _check(_lib().mok_layer_backward(self._live(), array, n))
             self._used_on_stream(kept)
             _written(t for rank in self._written_ranks(kept) for t in [rank.get(key) for key in _GRADIENT_KEYS] +

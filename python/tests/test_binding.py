@@ -408,12 +408,31 @@ class Errors(SeededTest):
         self.assertEqual(mok.Layer(SMALL, config={"task_pairs": np.False_}).config["task_pairs"], 0)
         with self.assertRaisesRegex(mok.MokError, r"Problem.top_k = True: must be an int32"):
             mok.Layer(mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=True, tokens_per_rank=16))
+        # numpy's bools are no numbers either (float(np.True_) would read as 1.0).
+        with self.assertRaisesRegex(mok.MokError, r"config.schedule_capacity_factor = (np.)?True_?: must be a number"):
+            mok.Layer(SMALL, config={"schedule_capacity_factor": np.True_})
+        with self.assertRaisesRegex(mok.MokError, r"Problem.swiglu_limit = (np.)?True_?: must be a number or None"):
+            mok.Layer(mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=2, tokens_per_rank=16,
+                                  swiglu_limit=np.True_))
+        with self.assertRaisesRegex(mok.MokError, r"Problem.top_k = (np.)?True_?: must be an int32"):
+            mok.Layer(mok.Problem(num_experts=8, hidden=128, intermediate=64, top_k=np.True_, tokens_per_rank=16))
         ranks = make_inputs(SMALL, 10)
         b = {key: ranks[0][key] for key in ("x", "top_experts", "router_weights", "w_gate", "w_up", "w_down",
                                             "shared")}
         with mok.Layer(SMALL) as layer:
-            with self.assertRaisesRegex(mok.MokError, r"ranks\[0\]\.d_shared: 0 entries for 1 shared experts"):
-                layer.backward([dict(b, d_shared=[])])
+            # A count of shared experts (or of their gradients) other than the problem's is
+            # refused by the Python name, before the C interface's limit of 8 could blame a field
+            # the caller never set; an empty list is as if left out (the layer names what is missing).
+            d_one = tuple(np.zeros(w.shape, np.float32) for w in b["shared"][0])
+            with self.assertRaisesRegex(mok.MokError, r"ranks\[0\]\.d_shared: 2 shared expert\(s\), the layer's "
+                                                      r"problem has 1 \(Problem.shared_intermediate\)"):
+                layer.backward([dict(b, d_shared=[d_one, d_one])])
+            for count in (2, 9):
+                with self.assertRaisesRegex(mok.MokError, rf"ranks\[1\]\.shared: {count} shared expert\(s\), the "
+                                                          r"layer's problem has 1"):
+                    layer.forward([ranks[0], dict(ranks[1], shared=ranks[1]["shared"] * count)])
+            with self.assertRaisesRegex(mok.MokError, r"weights.shared\[rank 0\]: holds 0 shared experts"):
+                layer.forward([dict(ranks[0], shared=[]), ranks[1]])
             # A shared expert's dict with a key it does not know (misspelt, say) is refused, not
             # read for its three known keys with the rest dropped.
             g, u, d = ranks[0]["shared"][0]
@@ -665,11 +684,15 @@ class Errors(SeededTest):
 
     def test_the_operators_flat_arguments_give_back_the_rank_dicts(self):
         # Layer.forward_op's encoding (tensors and ints only) loses no tensor and no place: a
-        # rank slice's other ranks without weights or y, two shared experts, an empty one.
+        # rank slice's other ranks without weights or y, two shared experts, an empty one, and
+        # a shared expert given with no tensor at all (forward() names it; dropping it would
+        # hand forward() one expert fewer than given).
         ranks = [{"x": "x0", "top_experts": "t0", "router_weights": "w0", "shared": []},
                  {"x": "x1", "top_experts": "t1", "router_weights": "w1", "w_gate": "g1", "w_up": "u1",
                   "w_down": "d1", "shared": [("sg0", "su0", "sd0"), ("sg1", "su1", "sd1")], "y": "y1"},
-                 {"x": "x2", "top_experts": "t2", "router_weights": "w2", "y": "y2", "w_gate": None}]
+                 {"x": "x2", "top_experts": "t2", "router_weights": "w2", "y": "y2", "w_gate": None},
+                 {"x": "x3", "top_experts": "t3", "router_weights": "w3",
+                  "shared": [(None, "su0", None), (None, None, None)]}]
         inputs, places, y = mok._op_places(ranks)
         self.assertEqual(y, ["y1", "y2"])
         self.assertTrue(all(isinstance(v, int) for v in places))

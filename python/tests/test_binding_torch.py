@@ -168,6 +168,13 @@ class TorchCpu(SeededTest):
             holed = [ranks[0], dict(ranks[1], shared=[(ranks[1]["shared"][0][0], None, ranks[1]["shared"][0][2])])]
             with self.assertRaisesRegex(mok.MokError, r"w_up"):
                 layer.forward_op(holed)
+            # A shared expert more than the problem's, even one with no tensor at all (once
+            # dropped on the way to the operator), or more than the C interface's 8: named.
+            for extra in ([(None, None, None)], ranks[1]["shared"] * 8):
+                for call in (layer.forward, layer.forward_op):
+                    with self.assertRaisesRegex(mok.MokError, r"ranks\[1\]\.shared: \d+ shared expert\(s\), the "
+                                                              r"layer's problem has 1"):
+                        call([ranks[0], dict(ranks[1], shared=ranks[1]["shared"] + extra)])
             # A numpy array (forward() takes it; the operator's schema does not) is named.
             with self.assertRaisesRegex(mok.MokTypeError, r"ranks\[0\]\.router_weights: forward_op takes PyTorch"):
                 layer.forward_op([dict(ranks[0], router_weights=ranks[0]["router_weights"].numpy()), ranks[1]])
@@ -196,11 +203,13 @@ class TorchCpu(SeededTest):
             op = torch.ops.mok.forward
             x = ranks[0]["x"]
             for args, message in (
-                    (([x], [1, 1, 6, 2**31 - 1, 0], []), r"entry 3, rank 0's shared index, is 2147483647: must be in \[0, 7\]"),
-                    (([], [5, 3], []), r"rank count, is 5: must be in \[1, 1\]"),
-                    (([x], [1, 1, 99, 0, 0], []), r"entry 2, rank 0's input key, is 99"),
-                    (([x], [1, 1, 0, 0, 1], []), r"entry 4, rank 0's y flag, is 1: must be in \[0, 0\]"),
-                    (([x, x], [1, 2, 0, 0, 0, 0, 0], []), r"rank 0 names x twice"),
+                    (([x], [1, 1, 1, 6, 2**31 - 1, 0], []), r"entry 4, rank 0's shared index, is 2147483647: must be in \[0, 0\]"),
+                    (([x], [1, 1, 9, 6, 0, 0], []), r"entry 2, rank 0's shared expert count, is 9: must be in \[0, 8\]"),
+                    (([x], [1, 1, 0, 6, 0, 0], []), r"entry 3, rank 0's input key, is 6: must be in \[0, 5\]"),
+                    (([], [5, 3, 0], []), r"rank count, is 5: must be in \[1, 1\]"),
+                    (([x], [1, 1, 0, 99, 0, 0], []), r"entry 3, rank 0's input key, is 99"),
+                    (([x], [1, 1, 0, 0, 0, 1], []), r"entry 5, rank 0's y flag, is 1: must be in \[0, 0\]"),
+                    (([x, x], [1, 2, 0, 0, 0, 0, 0, 0], []), r"rank 0 names x twice"),
                     ((inputs + [x], places, y), r"0 entries, 1 inputs and 0 y left over"),
                     ((inputs, places, y + [ranks[0]["y"]]), r"0 entries, 0 inputs and 1 y left over"),
                     ((inputs, places + [0], y), r"1 entries, 0 inputs and 0 y left over")):
