@@ -422,6 +422,16 @@ TEST(BadOptions, RankSliceActiveRankAndThreadsOnCpu) {
   o.active_rank = -1;
   o.ep_mode = EpMode::all_ranks;
   EXPECT_THAT(error_message([&] { o.validate(); }), HasSubstr("active_rank = -1"));
+  // An active rank outside a rank slice would be ignored: refused, on either backend.
+  o.active_rank = 1;
+  EXPECT_THAT(error_message([&] { Layer l(p, Config{}, o); }),
+              AllOf(HasSubstr("LayerOptions.active_rank = 1"), HasSubstr("only a rank slice"),
+                    HasSubstr("leave it 0 in all_ranks")));
+  o.backend = Backend::cuda;
+  o.ep_mode = EpMode::distributed;
+  EXPECT_THAT(error_message([&] { o.validate(); }), AllOf(HasSubstr("active_rank = 1"), HasSubstr("distributed")));
+  o.ep_mode = EpMode::rank_slice;
+  EXPECT_NO_THROW(o.validate());
   EXPECT_NO_THROW(LayerOptions{}.validate());
 }
 

@@ -110,7 +110,7 @@ struct RankBackward {
 struct LayerOptions {
   Backend backend = Backend::cpu;
   EpMode ep_mode = EpMode::all_ranks;
-  int active_rank = 0;        // rank_slice: the rank that does its work
+  int active_rank = 0;        // rank_slice: the rank that does its work (0 in the other modes)
   int cpu_threads = 0;        // cpu backend: 0 = hardware concurrency
   // cuda backend: the layer's GPU (distributed: instead the launcher's local rank, or device 0
   // where the process sees one GPU, its own). Every call
@@ -122,7 +122,8 @@ struct LayerOptions {
   void* cuda_stream = nullptr;
 
   // The rules of these fields that hold whatever the problem (the Layer constructor also
-  // bounds active_rank by ep_size): cpu_threads in range, cuda_device >= 0, and on the cpu
+  // bounds active_rank by ep_size): active_rank >= 0, and 0 outside a rank slice (it would be
+  // ignored), cpu_threads in range, cuda_device >= 0, and on the cpu
   // backend, which holds every rank on the host, ep_mode all_ranks and no CUDA device or
   // stream (a value there would be ignored). Throws mok::Error naming the field; for callers
   // that check before any work (mok run).

@@ -42,6 +42,10 @@ void LayerOptions::validate() const {
           "LayerOptions.cpu_threads = " + std::to_string(cpu_threads) + ": must be in [0, " +
               std::to_string(max_threads) + "] (0 = all cores; at most 4 per core)");
   require(active_rank >= 0, "LayerOptions.active_rank = " + std::to_string(active_rank) + ": must be >= 0");
+  // (Elsewhere it would be ignored: every rank is held here, or a group's rank is the process's.)
+  require(ep_mode == EpMode::rank_slice || active_rank == 0,
+          "LayerOptions.active_rank = " + std::to_string(active_rank) + ": only a rank slice (ep_mode rank_slice) " +
+              "has an active rank; leave it 0 in " + to_string(ep_mode));
   require(cuda_device >= 0, "LayerOptions.cuda_device = " + std::to_string(cuda_device) + ": must be >= 0");
   if (backend != Backend::cpu) return;
   require(ep_mode == EpMode::all_ranks,

@@ -623,24 +623,6 @@ class CudaBackend final : public BackendImpl {
             "problem: ep_size * tokens_per_rank * top_k = " + std::to_string(stream_ids) + " routed ids, plus " +
                 std::to_string(padding_rows) + " rows of padding (127 per local expert); the cuda backend's "
                 "schedule takes fewer than 2^31 - 1024 in all");
-    const std::size_t row_bytes = static_cast<std::size_t>(p.hidden) * 2;
-    require(pull_pipeline_bytes(1) / row_bytes >= 2,
-            "problem: hidden = " + std::to_string(p.hidden) + " is too wide for the cuda backend's row pulls (at most " +
-                std::to_string(pull_pipeline_bytes(1) / 4) + ")");
-    // Tile groups per communication CTA: as many as keep kMinGroupSlots row slots per
-    // pipeline (fewer slots and each pipeline has too few loads in flight).
-    constexpr int kMinGroupSlots = 4;
-    if (pull_groups_ == 0) {
-      pull_groups_ = 1;
-      while (pull_groups_ < kDefaultPullGroups &&
-             pull_pipeline_bytes(pull_groups_ + 1) / row_bytes >= static_cast<std::size_t>(kMinGroupSlots))
-        ++pull_groups_;
-    } else {
-      require(pull_pipeline_bytes(pull_groups_) / row_bytes >= 2,
-              std::string(tuning_env_name(TuningEnv::kPullGroups)) + " = " + std::to_string(pull_groups_) + ": leaves fewer than 2 row slots per pull pipeline "
-              "at hidden = " + std::to_string(p.hidden) + " (at most " +
-                  std::to_string(pull_pipeline_bytes(pull_groups_) / 4) + ")");
-    }
     const int dest_experts = num_ranks_ * p.local_experts();
     require(dest_experts <= kScheduleMaxExperts,
             "problem: " + std::to_string(dest_experts) + " experts computed on this GPU; the cuda backend's schedule "
@@ -697,6 +679,31 @@ class CudaBackend final : public BackendImpl {
         gather_local_env_ == 1 || (gather_local_env_ < 0 && p.intermediate <= kGatherMaxIntermediate);
     gather_local_ = gather_wanted && p.ep_size == 1 && !group_ && !c.task_pairs && c.forward_comm_sms == 0 &&
                     static_cast<long long>(p.tokens_per_rank) * p.hidden * 2 < (1ll << 32);  // (32-bit row offsets)
+    if (!gather_local_) {
+      // Rows are pulled (gather mode pulls none, so it takes any width): a pull pipeline holds
+      // two rows at least. The largest such hidden, a multiple of the 64-column rule.
+      const std::size_t row_bytes = static_cast<std::size_t>(p.hidden) * 2;
+      const auto widest = [&](int groups) { return std::to_string(pull_pipeline_bytes(groups) / 4 / 64 * 64); };
+      require(pull_pipeline_bytes(1) / row_bytes >= 2,
+              "problem: hidden = " + std::to_string(p.hidden) + " is too wide for the cuda backend's row pulls (at most " +
+                  widest(1) + "; one rank (ep_size 1) whose rows are gathered where they lie takes any width)");
+      // Tile groups per communication CTA: as many as keep kMinGroupSlots row slots per
+      // pipeline (fewer slots and each pipeline has too few loads in flight).
+      constexpr int kMinGroupSlots = 4;
+      if (pull_groups_ == 0) {
+        pull_groups_ = 1;
+        while (pull_groups_ < kDefaultPullGroups &&
+               pull_pipeline_bytes(pull_groups_ + 1) / row_bytes >= static_cast<std::size_t>(kMinGroupSlots))
+          ++pull_groups_;
+      } else {
+        require(pull_pipeline_bytes(pull_groups_) / row_bytes >= 2,
+                std::string(tuning_env_name(TuningEnv::kPullGroups)) + " = " + std::to_string(pull_groups_) +
+                    ": leaves fewer than 2 row slots per pull pipeline at hidden = " + std::to_string(p.hidden) +
+                    " (at most " + widest(pull_groups_) + ")");
+      }
+    } else if (pull_groups_ == 0) {
+      pull_groups_ = 1;  // (nothing is pulled)
+    }
     comm_ctas_ = gather_local_           ? 0
                  : c.forward_comm_sms > 0 ? c.forward_comm_sms
                  : comm_join_            ? std::max(rate_comm_ctas, std::min(16, sms_ / 4))
@@ -772,8 +779,9 @@ class CudaBackend final : public BackendImpl {
     on_device_.leave();  // (the caller's current device, as it was)
   }
 
-  // cudaFree waits for the device, so buffers in use by queued work are released safely;
-  // the caller's stream may already be destroyed here and is not touched (destructor below).
+  // cudaFree waits for the device, so buffers in use by queued work are released safely.
+  // The caller's stream must outlive the layer (layer.h): a group's destructor waits on it
+  // and meets its peers there (destructor below).
 
   // A kernel that trapped on a phase wait left its site in host memory: every later CUDA
   // call fails with a sticky error that says nothing, so the entry points look here first.

@@ -933,6 +933,28 @@ TEST(GpuGatherLocal, SameBitsAsPullsWithoutAnyPull) {
   }
 }
 
+// A hidden width too wide for the pull pipelines (two rows of 2H bytes each) runs in gather
+// mode, which pulls nothing, against the reference; where rows would be pulled (gather mode
+// off, or EP = 2) the same width is refused naming the limit and the way out.
+TEST(GpuGatherLocal, HiddenTooWideToPullIsGathered) {
+  MOK_REQUIRE_GPU();
+  ScopedEnv unset("MOK_GATHER_LOCAL", "");
+  const Problem p = make_problem(8, 16384, 256, 2, {256}, 1, 256);
+  const LayerData host = make_data(p, "gaussian");
+  const GpuRun gathered = run_gpu_all_ranks(host, Config{}, 2);
+  expect_close(gathered.data, run_reference(host, Config{}), Precision::bf16, "H=16384 gathered");
+  EXPECT_EQ(gathered.stats.at(0).joined_comm_ctas, 0);
+  const std::string says = "hidden = 16384 is too wide for the cuda backend's row pulls (at most 13376; one rank";
+  LayerOptions o = cuda_layer_options();
+  {
+    ScopedEnv off("MOK_GATHER_LOCAL", "0");
+    EXPECT_THAT([&] { Layer layer(p, Config{}, o); }, ::testing::ThrowsMessage<Error>(::testing::HasSubstr(says)));
+  }
+  Problem two = p;
+  two.ep_size = 2;
+  EXPECT_THAT([&] { Layer layer(two, Config{}, o); }, ::testing::ThrowsMessage<Error>(::testing::HasSubstr(says)));
+}
+
 // Unset, MOK_GATHER_LOCAL leaves the choice to the default rule: gather mode up to
 // I = kGatherMaxIntermediate (4096, backend.cu), pulls above it (where the pulls cost little
 // and the TMA-fed mainloop is a little faster); the same bits either way, and against the

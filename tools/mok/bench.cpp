@@ -288,7 +288,7 @@ int bench_command(const std::vector<std::string>& argv) {
   LayerOptions o;
   o.backend = Backend::cuda;
   o.ep_mode = distributed ? EpMode::distributed : slice ? EpMode::rank_slice : EpMode::all_ranks;
-  o.active_rank = me;
+  o.active_rank = slice ? me : 0;  // (a group's rank is the process's own, not an option)
   o.cuda_device = device;
   o.cuda_stream = stream;
   Layer layer = naming_options([&] { return Layer(p, config, o); }, kNotTaken);
