@@ -360,6 +360,9 @@ class Errors(SeededTest):
             mok.Layer(mok.Problem(num_experts=8, hidden=2**32 + 256, intermediate=64, top_k=2, tokens_per_rank=16))
         with self.assertRaisesRegex(mok.MokError, "active_rank"):
             mok.Layer(SMALL, active_rank=2**40)
+        # (Outside a rank slice an active rank would be ignored: both ranks' y written.)
+        with self.assertRaisesRegex(mok.MokError, r"LayerOptions.active_rank = 1: only a rank slice"):
+            mok.Layer(SMALL, active_rank=1)
         with self.assertRaisesRegex(mok.MokError, r"ep_size = 4294967298: must be an int32"):
             mok.Problem.from_shape("qwen3-30b-a3b", ep_size=2**32 + 2)
         with self.assertRaisesRegex(mok.MokError, r"config.minibatch_rows = 4294967552: must be an int32"):
