@@ -1248,7 +1248,8 @@ class CudaBackend final : public BackendImpl {
             "Problem.precision = mxfp8: the cuda backend runs bf16 so far (the CPU reference has mxfp8)");
     require(config_.tile_rows == kTileM, "Config.tile_rows = " + std::to_string(config_.tile_rows) +
                                              ": the cuda backend's GEMM tile is 128 rows; use 128");
-    require(p.ep_size <= 4095, "Problem.ep_size: at most 4095 ranks");
+    // (A task names its computed rank d < num_ranks_ <= ep_size in 12 bits: plan_order.h.)
+    static_assert(kMaxEpSize <= 1 << 12, "Task's rank field holds every computed rank");
   }
 
   // The most compute tasks a forward can list: every shared tile, and every row tile the

@@ -314,10 +314,9 @@ void PrintTo(const SliceCase& c, std::ostream* os) {
 
 class GpuRankSlice : public ::testing::TestWithParam<SliceCase> {};
 
-TEST_P(GpuRankSlice, RowsAndOutputMatchReference) {
-  MOK_REQUIRE_GPU();
-  const auto& c = GetParam();
-  const Problem p = problem_from_shape(find_shape(c.shape), 64, c.tokens);
+// One rank slice of `p` (its rank `c.active`, or the busiest) against the reference: the
+// schedule bit for bit, the rows it pushes, no stray write, and y. (c.shape names the case.)
+void check_rank_slice(const Problem& p, const SliceCase& c) {
   const int R = p.ep_size, T = p.tokens_per_rank, H = p.hidden, k = p.top_k;
   const Routing routing = generate_routing(p, RoutingSpec::parse(c.routing), test_seed());
   const RoutingBalance balance = routing_balance(p, routing);
@@ -417,6 +416,23 @@ TEST_P(GpuRankSlice, RowsAndOutputMatchReference) {
   const Comparison y = compare(gpu.ranks[active].y, y_expected);
   std::printf("[check] slice %s y: %s\n", c.shape.c_str(), y.describe().c_str());
   EXPECT_TRUE(y.passes(tol.max_abs, tol.rel)) << y.describe();
+}
+
+TEST_P(GpuRankSlice, RowsAndOutputMatchReference) {
+  MOK_REQUIRE_GPU();
+  const auto& c = GetParam();
+  check_rank_slice(problem_from_shape(find_shape(c.shape), 64, c.tokens), c);
+}
+
+// The largest EP group the problem allows (kMaxEpSize = 4096 ranks, one expert each), as one
+// rank slice: the last rank and the busiest, whose rows come from thousands of source ranks.
+TEST(GpuRankSliceLimits, EpSize4096) {
+  MOK_REQUIRE_GPU();
+  const Problem p = make_problem(kMaxEpSize, 256, 128, 2, {128}, kMaxEpSize, 16);
+  for (const int active : {kMaxEpSize - 1, kBusiestRank}) {
+    SCOPED_TRACE(active);
+    check_rank_slice(p, SliceCase{"ep4096", 16, "zipf:1.2", active});
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(MokShapes, GpuRankSlice,
