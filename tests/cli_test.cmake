@@ -388,6 +388,34 @@ elseif(MODE STREQUAL "bad_input")
   if(rc STREQUAL "0" OR NOT se MATCHES "is removed" OR left)
     message(FATAL_ERROR "a save that failed part way: exit '${rc}', left '${left}'\n${se}")
   endif()
+  # A dangling symbolic link on --save's path is named as such, and left as it was (it was
+  # taken for a directory this run made, and removed on the way out).
+  file(CREATE_LINK "${WORK}/no/such/target" "${WORK}/dangling" SYMBOLIC)
+  foreach(target "${WORK}/dangling" "${WORK}/dangling/out")
+    expect_refused("${WORK}/dangling is a symbolic link to a missing target" run ${small} --backend cpu
+                   --pass forward --save "${target}")
+    if(NOT IS_SYMLINK "${WORK}/dangling")
+      message(FATAL_ERROR "--save ${target}: the run removed a symbolic link it did not make")
+    endif()
+  endforeach()
+  # A directory another run has claimed for its save (its claim file there) is refused, and
+  # the claim left alone: two runs started on one empty directory cannot both save into it.
+  file(WRITE "${WORK}/claimed/.mok_save_claim" "")
+  expect_refused("another mok run is saving there" run ${small} --backend cpu --pass forward --save "${WORK}/claimed")
+  if(NOT EXISTS "${WORK}/claimed/.mok_save_claim")
+    message(FATAL_ERROR "a refused --save removed another run's claim")
+  endif()
+  # A successful save leaves no claim behind.
+  if(EXISTS "${WORK}/fwd/.mok_save_claim")
+    message(FATAL_ERROR "a finished --save left its claim file")
+  endif()
+  # --load: a problem.json far larger than any save writes is refused before it is read, and a
+  # distributed run's save (each rank's y alone) is named as such.
+  file(COPY "${WORK}/fwd/problem.json" DESTINATION "${WORK}/huge")
+  execute_process(COMMAND truncate -s 2M "${WORK}/huge/problem.json")
+  expect_refused("problem.json holds 2097152 bytes" run --load "${WORK}/huge" --backend cpu)
+  file(COPY "${WORK}/fwd/rank0/y.npy" DESTINATION "${WORK}/ysave/rank0")
+  expect_refused("a distributed run's --save" run --load "${WORK}/ysave" --backend cpu)
   file(REMOVE_RECURSE "${WORK}")
 elseif(MODE STREQUAL "bad_active_rank")
   # Out of range and not a number: each must fail normally, naming the option and its rule.

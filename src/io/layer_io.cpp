@@ -235,7 +235,10 @@ void save_layer_data(const std::string& dir, const LayerData& data) {
   auto make_directory = [&](const fs::path& d, const char* what) {
     std::vector<fs::path> missing;  // (d and its missing parents, innermost first)
     std::error_code ec;
-    for (fs::path q = d; !q.empty() && !fs::exists(q, ec) && !ec; q = q.parent_path()) {
+    // (symlink_status: a dangling link is there, not this save's to remove on failure; only a
+    // path not found is missing.)
+    for (fs::path q = d; !q.empty() && fs::symlink_status(q, ec).type() == fs::file_type::not_found;
+         q = q.parent_path()) {
       missing.push_back(q);
       if (q == q.parent_path()) break;
     }
@@ -289,6 +292,14 @@ void require_directory(const std::string& dir, const std::string& context) {
 std::optional<Problem> read_problem_json(const std::string& dir, const std::string& context) {
   const fs::path pj = fs::path(dir) / "problem.json";
   if (!npy::regular_file_at(pj.string(), context)) return std::nullopt;
+  // (A save writes a few hundred bytes: a file far larger is no save's, and read whole it
+  // could take the host's memory.)
+  constexpr std::uintmax_t kMaxProblemJsonBytes = 1 << 20;
+  std::error_code size_ec;
+  const std::uintmax_t size = fs::file_size(pj, size_ec);
+  if (!size_ec && size > kMaxProblemJsonBytes)
+    throw Error(context + ": " + pj.string() + " holds " + std::to_string(size) + " bytes; a problem.json a save " +
+                "writes is under 1 KiB (at most " + std::to_string(kMaxProblemJsonBytes) + " bytes are read)");
   std::ifstream in(pj);
   if (!in) throw Error(context + ": " + pj.string() + " cannot be read (permissions?)");
   std::stringstream text;
@@ -307,8 +318,15 @@ LayerData load_layer_data_named_by_caller(const std::string& dir, const bool wit
                                           const std::string& context) {
   require_directory(dir, context);
   const std::optional<Problem> problem = read_problem_json(dir, context);
-  if (!problem)
+  if (!problem) {
+    // A distributed run's save holds each rank's y alone (rank<r>/y.npy), for --expect.
+    std::error_code ec;
+    if (fs::is_regular_file(fs::path(dir) / "rank0" / "y.npy", ec) &&
+        !fs::exists(fs::path(dir) / "rank0" / "x.npy", ec))
+      throw Error(context + ": no problem.json in that directory, and rank0/ holds y.npy without x.npy: a "
+                  "distributed run's --save (each rank's y alone, for --expect), not a layer to load");
     throw Error(context + ": no problem.json in that directory (a --save writes it last: one cut short leaves none)");
+  }
   const Problem& p = *problem;
 
   // A rank's file, which must be there. dy is only in a save that ran a backward.

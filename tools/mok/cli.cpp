@@ -170,6 +170,7 @@ std::string with_option_names(const std::string& message, std::span<const std::s
       {"tokens_per_rank", "--tokens"},
       {"shared_intermediate", "--shared"},
       {"swiglu_limit", "--swiglu-limit"},
+      {"precision", "--dtype"},
       {"minibatch_rows", "--minibatch"},
       {"macrobatch_rows", "--macrobatch"},
       {"schedule_capacity_factor", "--capacity"},

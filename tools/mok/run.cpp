@@ -86,7 +86,11 @@ class CreatedDirectories {
     std::error_code ec;
     for (std::filesystem::path d = std::filesystem::absolute(dir, ec); !ec && !d.empty() && d != d.root_path();
          d = d.parent_path()) {
-      if (std::filesystem::exists(d, ec) || ec) break;
+      // (symlink_status: a link is there even when its target is not; exists() follows it,
+      // and a dangling link counted as missing would be removed as this run's own. Missing
+      // only when not found: any other answer, an error say, is left alone.)
+      std::error_code status_ec;
+      if (std::filesystem::symlink_status(d, status_ec).type() != std::filesystem::file_type::not_found) break;
       created_.push_back(d);  // (deepest first)
       if (parents_shared) break;
     }
@@ -96,6 +100,44 @@ class CreatedDirectories {
 
  private:
   std::vector<std::filesystem::path> created_;
+};
+
+// The --save directory's claim: a file made with O_EXCL when the run claims the directory and
+// removed once its save is written (or the run fails), so that two runs started on one empty
+// directory cannot both save there: the second is refused at its claim. A run killed
+// outright leaves the file, and the directory then holds files, which the next claim refuses.
+class SaveClaim {
+ public:
+  static constexpr const char* kFileName = ".mok_save_claim";
+  SaveClaim() = default;
+  SaveClaim(const SaveClaim&) = delete;
+  SaveClaim& operator=(const SaveClaim&) = delete;
+  ~SaveClaim() { release(); }
+  void claim(const std::filesystem::path& dir) {
+    const std::filesystem::path file = dir / kFileName;
+    const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) {
+      const int err = errno;
+      if (err == EEXIST) throw held_elsewhere(dir);
+      throw Error("option --save " + dir.string() + ": cannot write there: " + std::strerror(err));
+    }
+    ::close(fd);
+    file_ = file;
+  }
+  // The error for a directory another run has claimed.
+  static Error held_elsewhere(const std::filesystem::path& dir) {
+    return Error("option --save " + dir.string() + ": another mok run is saving there (its claim " +
+                 (dir / kFileName).string() + " is there; remove it if that run was killed)");
+  }
+  void release() {
+    if (file_.empty()) return;
+    std::error_code ignored;
+    std::filesystem::remove(file_, ignored);
+    file_.clear();
+  }
+
+ private:
+  std::filesystem::path file_;
 };
 
 double median(std::vector<double> v) {
@@ -220,10 +262,13 @@ int run_command(const std::vector<std::string>& argv) {
       : my_rank >= 0 ? std::filesystem::path(*save_dir) / ("rank" + std::to_string(my_rank))
                      : std::filesystem::path(*save_dir);
   CreatedDirectories created_for_save;
+  SaveClaim save_claim;  // (after created_for_save: gone before a directory it leaves is removed)
   auto claim_save_dir = [&] {
     if (!save_dir) return;
     std::error_code ec;
     if (std::filesystem::is_directory(save_target, ec)) {
+      if (std::filesystem::exists(std::filesystem::symlink_status(save_target / SaveClaim::kFileName, ec)))
+        throw SaveClaim::held_elsewhere(save_target);
       const bool empty = std::filesystem::is_empty(save_target, ec);
       if (ec)
         throw Error("option --save " + save_target.string() + ": cannot read the directory: " + ec.message());
@@ -233,14 +278,9 @@ int run_command(const std::vector<std::string>& argv) {
                     "empty directory");
     }
     created_for_save.create(save_target, "--save", my_rank >= 0);
-    // A directory that exists but this process may not write to is found now, not after the run.
-    const std::filesystem::path probe = save_target / (".mok_write_probe." + std::to_string(getpid()));
-    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
-    if (fd < 0)
-      throw Error("option --save " + save_target.string() + ": cannot write there: " + std::strerror(errno));
-    ::close(fd);
-    std::error_code ignored;
-    std::filesystem::remove(probe, ignored);
+    // Held until the save is written; a directory this process may not write to is found now,
+    // not after the run.
+    save_claim.claim(save_target);
   };
 
   // The options that depend on the EP mode, checked once it is settled and before any work
@@ -251,17 +291,19 @@ int run_command(const std::vector<std::string>& argv) {
   auto check_mode_options = [&](const Problem& problem) {
     const int ep_size = problem.ep_size;
     const char* mode = options.ep_mode == EpMode::rank_slice ? "slice" : "distributed";
+    // (The EP mode named as the user gave it, or as the default chose it.)
+    const std::string by_default =
+        ep_mode == "auto" && options.ep_mode == EpMode::rank_slice ? " (the default on the GPU for EP > 8)" : "";
     if (check && on_cuda && options.ep_mode != EpMode::all_ranks)
-      throw Error(std::string("option --check with --ep-mode ") + mode +
+      throw Error(std::string("option --check with --ep-mode ") + mode + by_default +
                   ": the comparison needs every rank's y here (--ep-mode all); the GPU test suite (tests/gpu) "
                   "checks a slice's rows");
     if (save_dir && options.ep_mode == EpMode::rank_slice)
-      throw Error(std::string("option --save with --ep-mode slice") +
-                  (ep_mode == "auto" ? " (the default on the GPU for EP > 8)" : "") +
+      throw Error(std::string("option --save with --ep-mode slice") + by_default +
                   ": a slice makes only its active rank's weights and its y is not the layer's, so the save "
                   "could not be loaded (--load needs every rank's weights): save with --ep-mode all");
     if (expect_dir && options.ep_mode == EpMode::rank_slice)
-      throw Error("option --expect with --ep-mode slice: a slice's y depends on combine slots mok run does not "
+      throw Error("option --expect with --ep-mode slice" + by_default + ": a slice's y depends on combine slots mok run does not "
                   "fill, so it is not the layer's y (use --ep-mode all or distributed)");
     if (expect_dir) {
       // (Loaded before the run's own memory check, which then sees them as used.)
@@ -348,7 +390,21 @@ int run_command(const std::vector<std::string>& argv) {
   }
   const Problem& p = data.problem;
 
-  Layer layer = naming_options([&] { return Layer(p, config, options); });
+  // A loaded problem's fields come from --load's problem.json, not from options (which --load
+  // refuses): an error about them says so instead of naming those options.
+  static constexpr std::string_view kProblemOptions[] = {
+      "--experts or --shape", "--hidden or --shape", "--intermediate or --shape", "--topk or --shape", "--ep",
+      "--tokens", "--shared", "--swiglu-limit", "--dtype"};
+  Layer layer = [&] {
+    if (!load_dir) return naming_options([&] { return Layer(p, config, options); });
+    try {
+      return naming_options([&] { return Layer(p, config, options); }, kProblemOptions);
+    } catch (const PeerWaitError&) {
+      throw;
+    } catch (const Error& e) {
+      throw Error(std::string(e.what()) + " (the problem is the one --load's " + *load_dir + "/problem.json holds)");
+    }
+  }();
   // TFLOP/s counts the work of every rank this run computes (MoK's per-rank formula).
   const double ranks_computed = options.ep_mode == EpMode::all_ranks ? p.ep_size : 1;
   // The ranks' arguments this process passes: all of them, or its own (distributed).
@@ -453,6 +509,7 @@ int run_command(const std::vector<std::string>& argv) {
     } else {
       io::save_layer_data(*save_dir, data);
     }
+    save_claim.release();
     created_for_save.keep();
   }
   bool expected = true;

@@ -50,6 +50,13 @@ void make_option_directory(const std::filesystem::path& dir, const std::string& 
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
     throw Error("option " + option + " " + dir.string() + ": is not a directory");
+  // A dangling symbolic link on the way would fail the creation as "File exists": say what it is.
+  for (fs::path d = fs::absolute(dir, ec); !ec && !d.empty() && d != d.root_path(); d = d.parent_path()) {
+    std::error_code link_ec, target_ec;
+    if (fs::is_symlink(fs::symlink_status(d, link_ec)) && !fs::exists(d, target_ec) && !target_ec)
+      throw Error("option " + option + " " + dir.string() + ": " + d.string() +
+                  " is a symbolic link to a missing target (" + fs::read_symlink(d, link_ec).string() + ")");
+  }
   fs::create_directories(dir, ec);
   if (ec) throw Error("option " + option + " " + dir.string() + ": cannot create the directory: " + ec.message());
 }
