@@ -364,8 +364,11 @@ def derived_figures(problem, n_rows, n_remote, medians, dense, copy, a2a):
                   "mok_hbm_gbps": mok_gbps, "mok_hbm_of_copy_ceiling": ratio(mok_gbps, copy),
                   "pytorch_hbm_gbps": pipe_gbps, "pytorch_hbm_of_copy_ceiling": ratio(pipe_gbps, copy),
                   "mok_link_gbps": gbps(link, m["mok_fwd"]),
-                  # Bytes both ways over NCCL's all-to-all bus bandwidth one way, doubled.
-                  "mok_link_of_nccl_all_to_all": ratio(gbps(link, m["mok_fwd"]), None if a2a is None else 2 * a2a)},
+                  # Against NCCL's all-to-all bus bandwidth, one direction: while the rank pulls
+                  # its rows in and pushes its results out (link_forward), the other ranks pull
+                  # about as many of its rows out and push as many results in, so each direction
+                  # of its links carries about link_forward bytes.
+                  "mok_link_of_nccl_all_to_all": ratio(gbps(link, m["mok_fwd"]), a2a)},
     }
 
 
@@ -772,6 +775,8 @@ def _timed_errors(entry, key):
     lo, hi = entry.get("min_ms"), entry.get("max_ms")
     if (lo is not None and lo > med) or (hi is not None and hi < med):
         return f"'{key}' must have min_ms <= median_ms <= max_ms (got {lo}, {med}, {hi})"
+    if lo is not None and lo <= 0:  # (a time; 0 would also hide a noisy run from the report)
+        return f"'{key}.min_ms' must be > 0 (got {lo})"
     for rate in ("tflops", "tflops_performed"):
         why = _positive_errors(entry.get(rate), f"{key}.{rate}")
         if why:
@@ -885,6 +890,21 @@ def structure_errors(rec):
         if after is not None and (not _number(after) or not math.isfinite(after) or after < 0):
             errors.append(f"'mok.forward_phases.timed_after_ms' must be a finite number >= 0 "
                           f"(got {json.dumps(after)[:40]})")
+    # Whole numbers the report prints as such (a 2560.0 would stop it).
+    for key in ("rows.real", "rows.remote", "rows.padded", "timing.peer.ceiling_warmup", "timing.peer.ceiling_iters"):
+        value = _at(rec, key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            errors.append(f"'{key}' must be a whole number >= 0 or null (got {json.dumps(value)[:40]})")
+    rows = rec.get("rows") if isinstance(rec.get("rows"), dict) else {}
+    if isinstance(rows.get("real"), int) and isinstance(rows.get("remote"), int) and rows["remote"] > rows["real"]:
+        errors.append(f"'rows.remote' ({rows['remote']}) must be at most 'rows.real' ({rows['real']})")
+    # The keys the report groups records by must be the problem's own (its FLOPs come from it).
+    problem = rec.get("problem") if isinstance(rec.get("problem"), dict) else {}
+    for key in ("tokens_per_rank", "precision"):
+        if key in problem and rec.get(key) != problem[key]:
+            errors.append(f"'{key}' ({json.dumps(rec.get(key))[:40]}) must equal 'problem.{key}' "
+                          f"({json.dumps(problem[key])[:40]})")
+    errors += verdict_errors(rec)
     clocks = rec.get("clocks")
     if want(clocks, dict, "clocks", "an object"):
         want(clocks.get("error"), str, "clocks.error", "a string")
@@ -895,6 +915,39 @@ def structure_errors(rec):
                 for key in LOOP_FIGURES:
                     number(clocks[loop].get(key), f"clocks.{loop}.{key}")
     return errors
+
+
+def _at(tree, key):
+    """tree's value at the dotted `key`, or None where a part is missing or not an object."""
+    for part in key.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
+def verdict_errors(rec):
+    """What the record's summary verdicts (check.mok, check.pytorch, check.peer_ran,
+    check.passes) say against the checks they come from (mok.check, the peer's check and
+    errors, the run's errors), as make_record derives them: an edited flag must never show a
+    failed check as PASS. A key the record lacks (an older records.py) is not asked for."""
+    check = rec.get("check") if isinstance(rec.get("check"), dict) else {}
+    mok = rec.get("mok") if isinstance(rec.get("mok"), dict) else {}
+    peers = rec.get("peers") if isinstance(rec.get("peers"), dict) else {}
+    mok_check = mok.get("check")
+    want = {"mok": None if mok_check is None else isinstance(mok_check, dict) and mok_check.get("passes") is True}
+    pipe = peers.get("pytorch_pipeline")
+    if not peers:
+        want["pytorch"], want["peer_ran"] = None, False
+    elif isinstance(pipe, dict):
+        peer_check = pipe.get("check")
+        incomplete = peer_check is None or bool(pipe.get("errors"))
+        want["pytorch"] = False if incomplete else isinstance(peer_check, dict) and peer_check.get("passes") is True
+        want["peer_ran"] = True
+    if "mok" in want and "pytorch" in want:
+        want["passes"] = want["mok"] is True and want["pytorch"] is True and not rec.get("errors")
+    # (A flag that is no bool or null has its own error, from record_errors.)
+    return [f"'check.{key}' is {json.dumps(check[key])}, but its parts give {json.dumps(value)}"
+            for key, value in want.items()
+            if key in check and (check[key] is None or isinstance(check[key], bool)) and check[key] != value]
 
 
 def _close(stored, expected):
@@ -959,7 +1012,9 @@ def record_errors(rec, now=None):
     "unknown", check.passes and check.peer_ran real bools and check.mok and check.pytorch bools
     or null (null: not checked, no peer), mok.forward's median_ms and every other timed entry's
     (mok.backward, each peer's forward, backward, gate_up and down) where not null finite and > 0
-    with min_ms <= median_ms <= max_ms, their tflops and every ceiling finite and > 0 or null,
+    with 0 < min_ms <= median_ms <= max_ms, their tflops and every ceiling finite and > 0 or null,
+    the verdicts what their parts give (verdict_errors), the keys the report groups by the
+    problem's and the row and iteration counts whole numbers (structure_errors),
     the stored FLOP and byte counts, rates and ratios what the medians give (derived_errors), and
     date an ISO-8601 UTC time (YYYY-MM-DDTHH:MM:SSZ) not in the future."""
     if not isinstance(rec, dict) or rec.get("schema") != SCHEMA:

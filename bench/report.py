@@ -277,7 +277,8 @@ def group_lines(recs):
     lines = ["## Real EP groups (one process per GPU, NVLink)", "",
              "Per iteration the slowest rank; link bytes = rows each rank pulls from and pushes to the "
              "others (the busiest rank); the ceiling is NCCL's all-to-all bus bandwidth measured in the "
-             "same run, doubled for both directions.", "",
+             "same run (one direction: the other ranks move about as many bytes to and from it at the same "
+             "time).", "",
              "| shape | ranks | tokens | mok ms | PyTorch + NCCL ms | speedup | link MB/rank | mok link GB/s "
              "| NCCL all-to-all busbw GB/s | of ceiling | check |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -435,12 +435,18 @@ class Files(unittest.TestCase):
                     records.load_record(p)
                 self.assertIn(why, str(cm.exception), (path, value))
                 self.assertTrue(str(cm.exception).startswith(p + ": "), str(cm.exception))
-            # What is allowed: an unknown commit, null verdicts (no peer, mok unchecked), a peer
-            # whose forward was skipped, no min/max.
-            for path, value in ((("commit", "sha"), "unknown"), (("check", "pytorch"), None),
-                                (("check", "mok"), None),
+            # What is allowed: an unknown commit, null verdicts (no peer, mok unchecked: with the
+            # parts that say so), a peer whose forward was skipped, no min/max.
+            for path, value in ((("commit", "sha"), "unknown"),
                                 (("mok", "forward", "min_ms"), KeyError), (("check", "peer_ran"), KeyError)):
                 records.load_record(self.write_json(d, with_(path, value)))
+            unchecked_mok = fixture("fixture_mok_qwen35_slice.json")
+            del unchecked_mok["check"]
+            for mok, peer in ((fixture("fixture_mok_qwen35_slice.json"), None),
+                              (unchecked_mok, fixture("fixture_peer_qwen35_slice.json"))):
+                rec = json.loads(json.dumps(records.make_record(mok, peer, env())))
+                self.assertIsNone(rec["check"]["pytorch" if peer is None else "mok"])
+                records.load_record(self.write_json(d, rec))
             skipped = fixture("fixture_peer_qwen35_slice.json")
             del skipped["forward"]
             skipped["skipped"] = {"forward": "fixture: skipped"}
@@ -599,7 +605,7 @@ class Group(unittest.TestCase):
         link = 2 * 1000 * H * 2
         self.assertEqual(rec["bytes"]["link_forward"], link)
         self.assertAlmostEqual(rec["bytes"]["mok_link_gbps"], link / 2e-3 / 1e9)
-        self.assertAlmostEqual(rec["bytes"]["mok_link_of_nccl_all_to_all"], link / 2e-3 / 1e9 / 200.0)
+        self.assertAlmostEqual(rec["bytes"]["mok_link_of_nccl_all_to_all"], link / 2e-3 / 1e9 / 100.0)
         self.assertEqual(rec["ceilings"]["nccl_all_to_all_busbw_gbps"], 100.0)
 
 
@@ -938,6 +944,40 @@ class RecordFigures(unittest.TestCase):
                                  (("clocks",), {"mok_forward": "x"}, "'clocks.mok_forward' must be an object or null"),
                                  (("clocks",), {"mok_forward": {"sm_mhz_median": "x"}},
                                   "'clocks.mok_forward.sm_mhz_median' must be a finite number or null")):
+            with self.assertRaises(ValueError, msg=path) as cm:
+                self.load(self.edited(path, value))
+            self.assertIn(why, str(cm.exception))
+
+    def test_a_verdict_its_parts_contradict_is_refused(self):
+        # A failed check (mok's, the peer's, or a peer that raised) with its summary flags set
+        # to pass: refused, never shown as PASS.
+        for path, value, flags in ((("mok", "check", "passes"), False, ("mok", "passes")),
+                                   (("peers", "pytorch_pipeline", "check", "passes"), False, ("pytorch", "passes")),
+                                   (("peers", "pytorch_pipeline", "errors"), {"backward": "RuntimeError"},
+                                    ("pytorch", "passes"))):
+            with self.assertRaises(ValueError, msg=path) as cm:
+                self.load(self.edited(path, value))
+            for flag in flags:
+                self.assertIn(f"'check.{flag}' is true, but its parts give false", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            self.load(self.edited(("check", "peer_ran"), False))
+        self.assertIn("'check.peer_ran' is false, but its parts give true", str(cm.exception))
+        # The record as make_record wrote it, failed parts and all, loads.
+        failed = copy.deepcopy(self.peer)
+        failed["check"]["passes"] = False
+        rec = records.make_record(self.mok, failed, env())
+        self.assertFalse(records.record_passes(self.load(rec)))
+
+    def test_keys_the_report_groups_by_must_be_the_problems_and_counts_whole(self):
+        rec = self.good
+        for path, value, why in ((("tokens_per_rank",), 2 * rec["problem"]["tokens_per_rank"],
+                                  "'tokens_per_rank' ("),
+                                 (("precision",), "mxfp8", "must equal 'problem.precision'"),
+                                 (("rows", "real"), float(rec["rows"]["real"]), "'rows.real' must be a whole number"),
+                                 (("rows", "remote"), rec["rows"]["real"] + 1, "must be at most 'rows.real'"),
+                                 (("timing", "peer", "ceiling_warmup"), 500.0,
+                                  "'timing.peer.ceiling_warmup' must be a whole number"),
+                                 (("mok", "forward", "min_ms"), 0.0, "'mok.forward.min_ms' must be > 0")):
             with self.assertRaises(ValueError, msg=path) as cm:
                 self.load(self.edited(path, value))
             self.assertIn(why, str(cm.exception))

@@ -48,7 +48,7 @@ def fixture_records(d):
     for t in (512, 1024, 4096):
         m, p = copy.deepcopy(qwen[0]), copy.deepcopy(qwen[1])
         m["problem"]["tokens_per_rank"] = t
-        m["rows"]["real"] = t * 10
+        m["rows"]["real"], m["rows"]["remote"] = t * 10, t * 10 * 63 // 64  # (a slice's: 63 of 64 remote)
         set_median(m["forward"], t / 2048)
         paths.append(records.write_record(records.make_record(m, p, env()), d))
     return paths
@@ -881,6 +881,7 @@ class Report(unittest.TestCase):
                 for t in (512, 1024):
                     m, p = fixture("fixture_mok_qwen35_slice.json"), fixture("fixture_peer_qwen35_slice.json")
                     m["shape"], m["problem"]["tokens_per_rank"], m["rows"]["real"] = shape, t, t * 10
+                    m["rows"]["remote"] = t * 10 * 63 // 64
                     set_median(m["forward"], t / 2048)
                     records.write_record(records.make_record(m, p, env()), results)
             out, plots = os.path.join(d, "R.md"), os.path.join(d, "plots")
