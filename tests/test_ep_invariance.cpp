@@ -12,8 +12,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cfenv>
 #include <string>
 #include <vector>
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 #include "test_util.h"
 
@@ -188,6 +192,50 @@ TEST_P(Determinism, BitwiseAcrossRunsAndThreadCounts) {
       ASSERT_EQ(out.size(), first.size());
       for (std::size_t i = 0; i < out.size(); ++i) EXPECT_TRUE(out[i] == first[i]) << "output " << i;
     }
+  }
+}
+
+// The caller's floating-point settings (another rounding mode; on x86 flush-to-zero and
+// denormals-are-zero, as torch.set_flush_denormal sets them) change no bit, at any thread
+// count, and are the caller's again after each call. (Without DefaultFloatEnvironment the
+// caller's thread computed in them: upward rounding alone changed bits.)
+TEST_P(Determinism, TheCallersFloatingPointSettingsChangeNothing) {
+  const Problem p = test::make_problem(8, 128, 64, 3, {64, 96}, 2, 160, GetParam(), 1.0f);
+  const LayerData pristine = test::make_data(p, 6, true, RoutingSpec::parse("zipf:1.2"));
+  auto run = [&](Layer& layer) {
+    LayerData data = pristine;
+    layer.forward(data.forward_args());
+    layer.backward(data.backward_args());
+    return outputs(data);
+  };
+  std::vector<Bytes> want;
+  {
+    Layer layer(p, test::roomy_config(), test::cpu_options(1));
+    want = run(layer);
+  }
+  for (int threads : {1, 3}) {
+    SCOPED_TRACE("threads=" + std::to_string(threads));
+    Layer layer(p, test::roomy_config(), test::cpu_options(threads));  // (made in the default settings)
+    std::fenv_t before;
+    ASSERT_EQ(std::fegetenv(&before), 0);
+    ASSERT_EQ(std::fesetround(FE_UPWARD), 0);
+#if defined(__x86_64__)
+    const unsigned kFlushToZeroAndDenormalsAreZero = 0x8040;
+    _mm_setcsr(_mm_getcsr() | kFlushToZeroAndDenormalsAreZero);
+#endif
+    const auto got = run(layer);
+    const int round_after = std::fegetround();
+#if defined(__x86_64__)
+    const unsigned csr_after = _mm_getcsr();
+#endif
+    std::fesetenv(&before);
+    EXPECT_EQ(round_after, FE_UPWARD) << "the caller's rounding mode was not put back";
+#if defined(__x86_64__)
+    EXPECT_EQ(csr_after & kFlushToZeroAndDenormalsAreZero, kFlushToZeroAndDenormalsAreZero)
+        << "the caller's flush-to-zero was not put back";
+#endif
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(got[i] == want[i]) << "output " << i;
   }
 }
 

@@ -16,6 +16,7 @@ class CpuBackend final : public BackendImpl {
       : problem_(p), config_(c), pool_(o.cpu_threads) {}
 
   void forward(std::span<const RankForward> ranks) override {
+    const ref::DefaultFloatEnvironment float_environment;  // (parallel.h)
     std::vector<TensorView> slots;
     for (int r = 0; r < static_cast<int>(combine_.size()); ++r) slots.push_back(slots_view(r));
     check_forward_args(problem_, {}, ranks, Device::cpu, std::nullopt, 0, slots);
@@ -35,6 +36,7 @@ class CpuBackend final : public BackendImpl {
   }
 
   void backward(std::span<const RankBackward> ranks) override {
+    const ref::DefaultFloatEnvironment float_environment;  // (parallel.h)
     check_backward_args(problem_, {}, ranks, Device::cpu);
     std::vector<RankInputs> inputs;
     for (int r = 0; r < problem_.ep_size; ++r) {

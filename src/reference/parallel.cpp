@@ -74,6 +74,7 @@ void ThreadPool::start_worker() {
         if (st->stop) return;
         seen = st->generation;
       }
+      const DefaultFloatEnvironment float_environment;  // (each job: a job's code may change it)
       st->run_chunks();
       std::lock_guard<std::mutex> lock(st->mutex);
       if (--st->active == 0) st->done.notify_all();
@@ -113,6 +114,7 @@ int ThreadPool::size() const { return static_cast<int>(state_->workers.size()) +
 void ThreadPool::parallel_for(std::int64_t n, std::int64_t grain,
                               const std::function<void(std::int64_t, std::int64_t)>& fn) {
   if (n <= 0) return;
+  const DefaultFloatEnvironment float_environment;
   restart_if_forked();
   State* st = state_.get();
   const std::int64_t threads = size();
