@@ -3,8 +3,8 @@
 #   - its wgmmas are there: at least the mainloop's four HGMMA (m64n256k16) per k-block (ptxas
 #     deletes wgmmas whose accumulators nobody reads: a leave-one-out build once kept 1 of 4);
 #   - no stack frame and no local memory (no spills);
-#   - the code the producer and the store warp run after setmaxnreg.dec stays inside the
-#     budget they release to (scripts/check_setmaxnreg.py).
+#   - the code warpgroup 0 (the producer, the store warp and the gather warps) runs after
+#     setmaxnreg.dec stays inside the budget it releases to (scripts/check_setmaxnreg.py).
 #
 #   scripts/check_sass.sh BIN_DIR [OUT_DIR]     (BIN_DIR/mok; OUT_DIR gets megakernel.sass)
 #

@@ -3,7 +3,7 @@
 
 After `setmaxnreg.dec N` (SASS: USETMAXREG.DEALLOC ... N) a warp may only use registers
 R0..R(N-1); ptxas allocates registers for the whole kernel, so nothing guarantees that the
-code the warp then runs (the megakernel's producer and store warp) fits. This walks the SASS
+code the warp then runs (the megakernel's producer, store warp and gather warps) fits. This walks the SASS
 control flow from each DEALLOC (branches, fall-through, calls) to the exits and reports the
 highest register reached.
 

@@ -49,7 +49,8 @@ class EpGroup {
     std::uint64_t wait_ms = 60000;    // a running group's wait for its peers (wait())
     std::uint64_t start_ms = 120000;  // forming the group: the id, and every rank's arrival
   };
-  // Sets the CUDA device to env.local_rank. Throws mok::Error on any failure, naming it, and
+  // Sets the CUDA device to env.cuda_device() (the local rank, or device 0 where the process
+  // sees one GPU). Throws mok::Error on any failure, naming it, and
   // mok::PeerWaitError when the others did not arrive within limits.start_ms.
   EpGroup(const GroupEnvironment& env, Limits limits);
   ~EpGroup();
