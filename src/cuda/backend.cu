@@ -655,6 +655,15 @@ class CudaBackend final : public BackendImpl {
             "problem: " + std::to_string(p.local_experts()) + " local experts x intermediate " +
                 std::to_string(p.intermediate) + " weight rows; the cuda backend's tensor-map coordinates take fewer "
                 "than 2^31");
+    // The down tiles' column tiles too (256 columns of H each), and w_down's rows (e * H + column).
+    // (Where rows are pulled H is far below both; gather mode takes wider rows.)
+    require(ceil_div(p.hidden, kDownCols) <= kMaxColumnTiles,
+            "Problem.hidden = " + std::to_string(p.hidden) + ": the cuda backend takes at most " +
+                std::to_string(kMaxColumnTiles * kDownCols) + " (its tasks count " + std::to_string(kMaxColumnTiles) +
+                " column tiles of " + std::to_string(kDownCols) + ")");
+    require(static_cast<long long>(p.local_experts()) * p.hidden < (1ll << 31),
+            "problem: " + std::to_string(p.local_experts()) + " local experts x hidden " + std::to_string(p.hidden) +
+                " weight rows of w_down; the cuda backend's tensor-map coordinates take fewer than 2^31");
     shared_row_tiles_ = ceil_div(p.tokens_per_rank, kTileM);
 
     // Default split: a pulled row (2H bytes) feeds 6*H*I flops, so the pull rate the compute

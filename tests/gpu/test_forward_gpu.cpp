@@ -2400,6 +2400,11 @@ TEST(GpuErrors, ShapesBeyondTheKernels32BitFieldsAreNamed) {
                                                        "524288"},
       {make_problem(2, 64, 128, 1, {4097 * 128}, 1, 128), "Problem.shared_intermediate[0] = 524416"},
       {make_problem(4096, 64, 524288, 1, {}, 1, 128), "tensor-map coordinates take fewer than 2^31"},
+      // One rank in gather mode takes any hidden width the pulls would refuse, but not more
+      // down column tiles than a task names (a 4097th wrapped into the next row tile).
+      {make_problem(1, 4097 * 256, 64, 1, {}, 1, 128), "Problem.hidden = 1048832: the cuda backend takes at most "
+                                                       "1048576"},
+      {make_problem(4096, 1 << 19, 64, 1, {}, 1, 128), "local experts x hidden 524288 weight rows of w_down"},
       {make_problem(8, 64, 262144, 8, {}, 1, 1 << 24), "task list takes fewer than 2^31"},
       // 2^31 - 200 routed ids (with a capacity of about 1.6e9 rows, which its own check takes).
       {make_problem(2, 64, 128, 1, {}, 2, (1 << 30) - 100), "schedule takes fewer than 2^31 - 1024 in all"},
