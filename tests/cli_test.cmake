@@ -405,6 +405,15 @@ elseif(MODE STREQUAL "bad_input")
   if(NOT EXISTS "${WORK}/claimed/.mok_save_claim")
     message(FATAL_ERROR "a refused --save removed another run's claim")
   endif()
+  # A claim whose process is gone (same host, no such pid: a run killed outright, as `mok
+  # launch` stops a failed group's other ranks) is taken over, not a directory refused for good.
+  execute_process(COMMAND sh -c "echo $$" OUTPUT_VARIABLE gone_pid OUTPUT_STRIP_TRAILING_WHITESPACE)
+  execute_process(COMMAND hostname OUTPUT_VARIABLE host OUTPUT_STRIP_TRAILING_WHITESPACE)
+  file(WRITE "${WORK}/stale/.mok_save_claim" "${gone_pid} ${host}\n")
+  run_mok(rc so se run ${small} --backend cpu --pass forward --save "${WORK}/stale")
+  if(NOT rc STREQUAL "0" OR EXISTS "${WORK}/stale/.mok_save_claim" OR NOT EXISTS "${WORK}/stale/problem.json")
+    message(FATAL_ERROR "a stale claim (pid ${gone_pid} on ${host}) was not taken over: exit '${rc}'\n${se}")
+  endif()
   # A successful save leaves no claim behind.
   if(EXISTS "${WORK}/fwd/.mok_save_claim")
     message(FATAL_ERROR "a finished --save left its claim file")

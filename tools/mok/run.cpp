@@ -9,6 +9,7 @@
 #include <memory>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include "comm/group_env.h"
@@ -104,8 +105,10 @@ class CreatedDirectories {
 
 // The --save directory's claim: a file made with O_EXCL when the run claims the directory and
 // removed once its save is written (or the run fails), so that two runs started on one empty
-// directory cannot both save there: the second is refused at its claim. A run killed
-// outright leaves the file, and the directory then holds files, which the next claim refuses.
+// directory cannot both save there: the second is refused at its claim. It holds the claiming
+// process's pid and host: a run killed outright (a signal: `mok launch` stops a failed group's
+// other ranks so) leaves the file, and a later claim on the same host whose process is gone
+// takes it over instead of refusing the directory for good.
 class SaveClaim {
  public:
   static constexpr const char* kFileName = ".mok_save_claim";
@@ -115,19 +118,41 @@ class SaveClaim {
   ~SaveClaim() { release(); }
   void claim(const std::filesystem::path& dir) {
     const std::filesystem::path file = dir / kFileName;
-    const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
-    if (fd < 0) {
+    for (int attempt = 0;; ++attempt) {
+      const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+      if (fd >= 0) {
+        const std::string owner = std::to_string(getpid()) + " " + host_name() + "\n";
+        const bool written = ::write(fd, owner.data(), owner.size()) == static_cast<ssize_t>(owner.size());
+        ::close(fd);
+        file_ = file;
+        if (!written) throw Error("option --save " + dir.string() + ": cannot write there: " + std::strerror(errno));
+        return;
+      }
       const int err = errno;
-      if (err == EEXIST) throw held_elsewhere(dir);
-      throw Error("option --save " + dir.string() + ": cannot write there: " + std::strerror(err));
+      if (err != EEXIST) throw Error("option --save " + dir.string() + ": cannot write there: " + std::strerror(err));
+      if (attempt > 0 || !remove_if_stale(dir)) throw held_elsewhere(dir);
     }
-    ::close(fd);
-    file_ = file;
+  }
+  // Removes `dir`'s claim when the process that made it is gone (same host, no such pid);
+  // whether it did. A claim it cannot read or judge (another host, a pid alive) is left.
+  static bool remove_if_stale(const std::filesystem::path& dir) {
+    const std::filesystem::path file = dir / kFileName;
+    std::FILE* f = std::fopen(file.c_str(), "r");
+    if (f == nullptr) return false;
+    long pid = 0;
+    char host[256] = {};
+    const int read = std::fscanf(f, "%ld %255s", &pid, host);
+    std::fclose(f);
+    if (read != 2 || pid <= 0 || host != host_name()) return false;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) return false;
+    std::error_code ec;
+    std::filesystem::remove(file, ec);
+    return !ec;
   }
   // The error for a directory another run has claimed.
   static Error held_elsewhere(const std::filesystem::path& dir) {
     return Error("option --save " + dir.string() + ": another mok run is saving there (its claim " +
-                 (dir / kFileName).string() + " is there; remove it if that run was killed)");
+                 (dir / kFileName).string() + " is there; remove it if that run was killed on another host)");
   }
   void release() {
     if (file_.empty()) return;
@@ -137,6 +162,11 @@ class SaveClaim {
   }
 
  private:
+  static std::string host_name() {
+    char name[256] = {};
+    if (::gethostname(name, sizeof(name) - 1) != 0) return "?";
+    return name;
+  }
   std::filesystem::path file_;
 };
 
@@ -267,7 +297,8 @@ int run_command(const std::vector<std::string>& argv) {
     if (!save_dir) return;
     std::error_code ec;
     if (std::filesystem::is_directory(save_target, ec)) {
-      if (std::filesystem::exists(std::filesystem::symlink_status(save_target / SaveClaim::kFileName, ec)))
+      if (std::filesystem::exists(std::filesystem::symlink_status(save_target / SaveClaim::kFileName, ec)) &&
+          !SaveClaim::remove_if_stale(save_target))
         throw SaveClaim::held_elsewhere(save_target);
       const bool empty = std::filesystem::is_empty(save_target, ec);
       if (ec)
@@ -281,6 +312,14 @@ int run_command(const std::vector<std::string>& argv) {
     // Held until the save is written; a directory this process may not write to is found now,
     // not after the run.
     save_claim.claim(save_target);
+    // Empty still, but for the claim: another run may have saved there between the check above
+    // and the claim.
+    std::size_t others = 0;
+    for (std::filesystem::directory_iterator it(save_target, ec), end; !ec && it != end; it.increment(ec))
+      if (it->path().filename() != SaveClaim::kFileName) ++others;
+    if (ec || others != 0)
+      throw Error("option --save " + save_target.string() +
+                  ": another run wrote there while this one claimed it; give a new or empty directory");
   };
 
   // The options that depend on the EP mode, checked once it is settled and before any work
@@ -402,7 +441,9 @@ int run_command(const std::vector<std::string>& argv) {
     } catch (const PeerWaitError&) {
       throw;
     } catch (const Error& e) {
-      throw Error(std::string(e.what()) + " (the problem is the one --load's " + *load_dir + "/problem.json holds)");
+      const std::string what = e.what();
+      if (what.find("Problem.") == std::string::npos && what.find("problem:") == std::string::npos) throw;
+      throw Error(what + " (the problem is the one --load's " + *load_dir + "/problem.json holds)");
     }
   }();
   // TFLOP/s counts the work of every rank this run computes (MoK's per-rank formula).
