@@ -44,6 +44,12 @@ set(mok_producer_delay_on FALSE)
 if(NOT "${MOK_MEASURE_PRODUCER_DELAY}" STREQUAL "" AND NOT "${MOK_MEASURE_PRODUCER_DELAY}" STREQUAL "0")
   set(mok_producer_delay_on TRUE)
 endif()
+# One measurement build: `what` (a line: what it changes) warned at configure time and defined
+# as MOK_MEASUREMENT_BUILD, beside the build's own definitions (the other arguments).
+function(mok_measurement_build what)
+  message(WARNING "mok: MEASUREMENT BUILD: ${what}")
+  target_compile_definitions(mok_core PUBLIC ${ARGN} "MOK_MEASUREMENT_BUILD=\"${what}\"")
+endfunction()
 if(MOK_MEASURE_LEAVE_OUT AND mok_producer_delay_on)
   message(FATAL_ERROR "MOK_MEASURE_LEAVE_OUT and MOK_MEASURE_PRODUCER_DELAY: one measurement per build")
 endif()
@@ -51,18 +57,16 @@ if(MOK_MEASURE_LEAVE_OUT)
   if(NOT MOK_MEASURE_LEAVE_OUT MATCHES "^(staging|stores|mma)$")
     message(FATAL_ERROR "MOK_MEASURE_LEAVE_OUT must be staging, stores or mma (got '${MOK_MEASURE_LEAVE_OUT}')")
   endif()
-  message(WARNING "mok: MEASUREMENT BUILD: the megakernel leaves out its ${MOK_MEASURE_LEAVE_OUT}; outputs are wrong")
   string(TOUPPER "${MOK_MEASURE_LEAVE_OUT}" leave_out)
-  target_compile_definitions(mok_core PUBLIC MOK_MEASURE_LEAVE_OUT_${leave_out}=1
-                             "MOK_MEASUREMENT_BUILD=\"MOK_MEASURE_LEAVE_OUT=${MOK_MEASURE_LEAVE_OUT}: the CUDA forward's outputs are wrong\"")
+  mok_measurement_build("MOK_MEASURE_LEAVE_OUT=${MOK_MEASURE_LEAVE_OUT}: the megakernel leaves out its ${MOK_MEASURE_LEAVE_OUT}, so the CUDA forward's outputs are wrong"
+                        MOK_MEASURE_LEAVE_OUT_${leave_out}=1)
 endif()
 if(mok_producer_delay_on)
   if(NOT MOK_MEASURE_PRODUCER_DELAY MATCHES "^[1-9][0-9]?[0-9]?[0-9]?[0-9]?[0-9]?$")
     message(FATAL_ERROR "MOK_MEASURE_PRODUCER_DELAY must be a count of SM clocks from 1 to 999999, or 0 or empty for off (got '${MOK_MEASURE_PRODUCER_DELAY}')")
   endif()
-  message(WARNING "mok: MEASUREMENT BUILD: the producer waits ${MOK_MEASURE_PRODUCER_DELAY} SM clocks after each claim")
-  target_compile_definitions(mok_core PUBLIC MOK_MEASURE_PRODUCER_DELAY=${MOK_MEASURE_PRODUCER_DELAY}
-                             "MOK_MEASUREMENT_BUILD=\"MOK_MEASURE_PRODUCER_DELAY=${MOK_MEASURE_PRODUCER_DELAY}: the producer waits that many SM clocks after each claim, so the timings are not the library's\"")
+  mok_measurement_build("MOK_MEASURE_PRODUCER_DELAY=${MOK_MEASURE_PRODUCER_DELAY}: the producer waits that many SM clocks after each claim, so the timings are not the library's"
+                        MOK_MEASURE_PRODUCER_DELAY=${MOK_MEASURE_PRODUCER_DELAY})
 endif()
 
 # mok_pull_rate (bench/micro/pull_rate.cu): the dispatch mover's copy alone, by 1, 16 and
