@@ -116,22 +116,21 @@ class SaveClaim {
   SaveClaim(const SaveClaim&) = delete;
   SaveClaim& operator=(const SaveClaim&) = delete;
   ~SaveClaim() { release(); }
+  // (A stale claim is judged before, with the directory's other checks: remove_if_stale.)
   void claim(const std::filesystem::path& dir) {
     const std::filesystem::path file = dir / kFileName;
-    for (int attempt = 0;; ++attempt) {
-      const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
-      if (fd >= 0) {
-        const std::string owner = std::to_string(getpid()) + " " + host_name() + "\n";
-        const bool written = ::write(fd, owner.data(), owner.size()) == static_cast<ssize_t>(owner.size());
-        ::close(fd);
-        file_ = file;
-        if (!written) throw Error("option --save " + dir.string() + ": cannot write there: " + std::strerror(errno));
-        return;
-      }
+    const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) {
       const int err = errno;
-      if (err != EEXIST) throw Error("option --save " + dir.string() + ": cannot write there: " + std::strerror(err));
-      if (attempt > 0 || !remove_if_stale(dir)) throw held_elsewhere(dir);
+      if (err == EEXIST) throw held_elsewhere(dir);
+      throw Error("option --save " + dir.string() + ": cannot write there: " + std::strerror(err));
     }
+    file_ = file;
+    const std::string owner = std::to_string(getpid()) + " " + host_name() + "\n";
+    const bool written = ::write(fd, owner.data(), owner.size()) == static_cast<ssize_t>(owner.size());
+    const int err = errno;
+    ::close(fd);
+    if (!written) throw Error("option --save " + dir.string() + ": cannot write there: " + std::strerror(err));
   }
   // Removes `dir`'s claim when the process that made it is gone (same host, no such pid);
   // whether it did. A claim it cannot read or judge (another host, a pid alive) is left.
@@ -435,14 +434,16 @@ int run_command(const std::vector<std::string>& argv) {
       "--experts or --shape", "--hidden or --shape", "--intermediate or --shape", "--topk or --shape", "--ep",
       "--tokens", "--shared", "--swiglu-limit", "--dtype"};
   Layer layer = [&] {
-    if (!load_dir) return naming_options([&] { return Layer(p, config, options); });
     try {
-      return naming_options([&] { return Layer(p, config, options); }, kProblemOptions);
+      return naming_options([&] { return Layer(p, config, options); },
+                            load_dir ? std::span<const std::string_view>(kProblemOptions)
+                                     : std::span<const std::string_view>());
     } catch (const PeerWaitError&) {
       throw;
     } catch (const Error& e) {
       const std::string what = e.what();
-      if (what.find("Problem.") == std::string::npos && what.find("problem:") == std::string::npos) throw;
+      if (!load_dir || (what.find("Problem.") == std::string::npos && what.find("problem:") == std::string::npos))
+        throw;
       throw Error(what + " (the problem is the one --load's " + *load_dir + "/problem.json holds)");
     }
   }();
