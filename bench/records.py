@@ -206,7 +206,7 @@ def forward_phases(mok):
     out = {"iters": ph.get("iters"), "method": ph.get("method"), "median_ms": med}
     after = ph.get("timed_after_ms")
     if after is not None:
-        if not _number(after) or not math.isfinite(after) or after < 0:
+        if not _finite_at_least_0(after):
             return None
         out["timed_after_ms"] = float(after)
     return out
@@ -372,6 +372,21 @@ def derived_figures(problem, n_rows, n_remote, medians, dense, copy, a2a):
     }
 
 
+def peer_pass_of(peer_ran, peer_check, peer_errors, verdict):
+    """The peer's verdict: None when no peer ran; False when it ran but has no check or reported
+    errors (its check or a timing raised: incomplete, so the record fails rather than showing
+    PASS beside missing figures); else its check's `verdict`."""
+    return None if not peer_ran else False if peer_check is None or bool(peer_errors) else verdict
+
+
+def verdicts(mok_pass, peer_pass, peer_ran, run_errors):
+    """A record's "check": passing needs mok's check, a peer that ran and passed, and no process
+    error. With --no-peer ("peer_ran" false) nothing was measured beside mok: shown as "no
+    peer", never PASS. (make_record writes it; verdict_errors holds a loaded record to it.)"""
+    return {"mok": mok_pass, "pytorch": peer_pass, "peer_ran": peer_ran,
+            "passes": mok_pass is True and peer_pass is True and not run_errors}
+
+
 def make_record(mok, peer, env, clocks=None, errors=None):
     """One benchmark record from mok.json, peer.json (may be None), collect_env() and the
     clock samples of the run (run.py: {"samples", "gpus", "period_ms", "error"}; may be None).
@@ -415,10 +430,7 @@ def make_record(mok, peer, env, clocks=None, errors=None):
 
     mok_pass = None if mok_check is None else check_passes(mok_check, "mok.json", "check.forward")
     peer_verdict = None if peer_check is None else check_passes(peer_check, "peer.json", "check")
-    # A peer that ran but has no check, or reported errors (its check or a timing raised), is
-    # incomplete: the record fails rather than showing PASS beside missing figures.
-    peer_incomplete = bool(peer) and (peer_check is None or bool(peer.get("errors")))
-    peer_pass = None if not peer else False if peer_incomplete else peer_verdict
+    peer_pass = peer_pass_of(bool(peer), peer_check, peer.get("errors"), peer_verdict)
     errors = [str(e) for e in errors or []]
     commit = env["commit"]
     mgpu = mok.get("gpu") or {}
@@ -471,11 +483,7 @@ def make_record(mok, peer, env, clocks=None, errors=None):
         "clocks": clock_section(mok, peer, clocks, capability, mgpu.get("sms"),
                                 (mok_fwd or {}).get("tflops_performed"), dense),
         "errors": errors,
-        # Passing needs mok's check, a peer that ran and passed, and no process error. With
-        # --no-peer ("peer_ran" false) nothing was measured beside mok: shown as "no peer",
-        # never PASS.
-        "check": {"mok": mok_pass, "pytorch": peer_pass, "peer_ran": bool(peer),
-                  "passes": mok_pass is True and peer_pass is True and not errors},
+        "check": verdicts(mok_pass, peer_pass, bool(peer), errors),
     })
 
 
@@ -761,6 +769,10 @@ def _number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _finite_at_least_0(value):
+    return _number(value) and math.isfinite(value) and value >= 0
+
+
 def _timed_errors(entry, key):
     """What is wrong with a timed entry {median_ms, min_ms, max_ms} at `key`, or None."""
     if not isinstance(entry, dict):
@@ -883,11 +895,11 @@ def structure_errors(rec):
         med = mok["forward_phases"].get("median_ms")
         if want(med, dict, "mok.forward_phases.median_ms", "an object"):
             for name, ms in med.items():
-                if not _number(ms) or not math.isfinite(ms) or ms < 0:
+                if not _finite_at_least_0(ms):
                     errors.append(f"'mok.forward_phases.median_ms.{name}' must be a finite number >= 0 "
                                   f"(got {json.dumps(ms)[:40]})")
         after = mok["forward_phases"].get("timed_after_ms")
-        if after is not None and (not _number(after) or not math.isfinite(after) or after < 0):
+        if after is not None and not _finite_at_least_0(after):
             errors.append(f"'mok.forward_phases.timed_after_ms' must be a finite number >= 0 "
                           f"(got {json.dumps(after)[:40]})")
     # Whole numbers the report prints as such (a 2560.0 would stop it).
@@ -932,18 +944,18 @@ def verdict_errors(rec):
     check = rec.get("check") if isinstance(rec.get("check"), dict) else {}
     mok = rec.get("mok") if isinstance(rec.get("mok"), dict) else {}
     peers = rec.get("peers") if isinstance(rec.get("peers"), dict) else {}
-    mok_check = mok.get("check")
-    want = {"mok": None if mok_check is None else isinstance(mok_check, dict) and mok_check.get("passes") is True}
-    pipe = peers.get("pytorch_pipeline")
-    if not peers:
-        want["pytorch"], want["peer_ran"] = None, False
-    elif isinstance(pipe, dict):
-        peer_check = pipe.get("check")
-        incomplete = peer_check is None or bool(pipe.get("errors"))
-        want["pytorch"] = False if incomplete else isinstance(peer_check, dict) and peer_check.get("passes") is True
-        want["peer_ran"] = True
-    if "mok" in want and "pytorch" in want:
-        want["passes"] = want["mok"] is True and want["pytorch"] is True and not rec.get("errors")
+    pipe = peers.get("pytorch_pipeline") if peers else {}
+
+    def passes(c):
+        return None if c is None else isinstance(c, dict) and c.get("passes") is True
+
+    mok_pass = passes(mok.get("check"))
+    if isinstance(pipe, dict):
+        peer_check = pipe.get("check") if peers else None
+        want = verdicts(mok_pass, peer_pass_of(bool(peers), peer_check, pipe.get("errors"), passes(peer_check)),
+                        bool(peers), rec.get("errors"))
+    else:  # (no peer's parts to judge the peer's flags by)
+        want = {"mok": mok_pass}
     # (A flag that is no bool or null has its own error, from record_errors.)
     return [f"'check.{key}' is {json.dumps(check[key])}, but its parts give {json.dumps(value)}"
             for key, value in want.items()
