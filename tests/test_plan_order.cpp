@@ -297,16 +297,15 @@ TEST(PlanOrder, TaskFieldsRoundTripAtTheirLimits) {
     ASSERT_EQ(t.col_tile(), col) << "trial " << trial;
     ASSERT_EQ(t.row_tile(), row) << "trial " << trial;
     // Another row tile, phantom or padding: the same weight tile; another expert or column: not.
-    const Task other_row = Task::make(kind, rank, expert, col, (row + 1) % (max_row + 1));
-    EXPECT_EQ(t.bits & Task::kWeightTileBits, other_row.bits & Task::kWeightTileBits) << "trial " << trial;
-    const Task other_expert = Task::make(kind, rank, (expert + 1) % (max_expert + 1), col, row);
-    EXPECT_NE(t.bits & Task::kWeightTileBits, other_expert.bits & Task::kWeightTileBits) << "trial " << trial;
-    const Task other_col = Task::make(kind, rank, expert, (col + 1) % (max_col + 1), row);
-    EXPECT_NE(t.bits & Task::kWeightTileBits, other_col.bits & Task::kWeightTileBits) << "trial " << trial;
-    const Task other_kind = Task::make((kind + 1) % 4, rank, expert, col, row);
-    EXPECT_NE(t.bits & Task::kWeightTileBits, other_kind.bits & Task::kWeightTileBits) << "trial " << trial;
-    const Task other_rank = Task::make(kind, (rank + 1) % (max_rank + 1), expert, col, row);
-    EXPECT_NE(t.bits & Task::kWeightTileBits, other_rank.bits & Task::kWeightTileBits) << "trial " << trial;
+    EXPECT_TRUE(t.same_weight_tile(Task::make(kind, rank, expert, col, (row + 1) % (max_row + 1))))
+        << "trial " << trial;
+    EXPECT_FALSE(t.same_weight_tile(Task::make(kind, rank, (expert + 1) % (max_expert + 1), col, row)))
+        << "trial " << trial;
+    EXPECT_FALSE(t.same_weight_tile(Task::make(kind, rank, expert, (col + 1) % (max_col + 1), row)))
+        << "trial " << trial;
+    EXPECT_FALSE(t.same_weight_tile(Task::make((kind + 1) % 4, rank, expert, col, row))) << "trial " << trial;
+    EXPECT_FALSE(t.same_weight_tile(Task::make(kind, (rank + 1) % (max_rank + 1), expert, col, row)))
+        << "trial " << trial;
   }
 }
 

@@ -191,12 +191,6 @@ __device__ __forceinline__ void wait_task_full(const ForwardParams& p, const Pai
     sm90::mbar_wait(bar, phase, kPhaseTaskClaimed, phase_limit(p));
 }
 
-// Whether two tasks read the same B tile (weights): same kind, rank, expert (routed or
-// shared) and column.
-__device__ __forceinline__ bool same_weight_tile(Task a, Task b) {
-  return (a.bits & Task::kWeightTileBits) == (b.bits & Task::kWeightTileBits);
-}
-
 // The task of this CTA for claimed item `idx` (a task, or in pair mode a pair).
 __device__ __forceinline__ Task item_task(const ForwardParams& p, const PairRole& pr, int idx) {
   return p.tasks[pr.on ? 2 * idx + static_cast<int>(pr.me) : idx];
@@ -350,7 +344,7 @@ __device__ __forceinline__ void producer_loop(const ForwardParams& p, const Comp
 #endif
     const Task task = pr.on ? item_task(p, pr, idx) : claimed;
     const TileJob job = describe_task(p, task);
-    const bool share_b = pr.on && same_weight_tile(task, p.tasks[2 * idx + static_cast<int>(pr.peer)]);
+    const bool share_b = pr.on && task.same_weight_tile(p.tasks[2 * idx + static_cast<int>(pr.peer)]);
     if (!aborted && job.wait_flag != nullptr)
       aborted = !wait_at_least(job.wait_flag, job.wait_target, p.error, p.first_rank + task.rank(), job.wait_site,
                                task.row_tile(), p.timeout_ns);

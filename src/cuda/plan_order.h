@@ -70,6 +70,11 @@ struct Task {
   // The bits that name a task's weight tile: all but the row tile, phantom and padding bits.
   static constexpr std::uint64_t kWeightTileBits =
       ((std::uint64_t(1) << 40) - 1) & ~std::uint64_t(kPhantom | kUpperHalfPadding);
+  // Whether the two tasks read the same B tile (weights): same kind, rank, expert (routed or
+  // shared) and column. (Pair mode: the two CTAs then share it by multicast.)
+  MOK_PLAN_HD bool same_weight_tile(Task other) const {
+    return (bits & kWeightTileBits) == (other.bits & kWeightTileBits);
+  }
 };
 
 // What the order depends on. Row tiles of computed rank d: row_tiles[d] (device-built).
