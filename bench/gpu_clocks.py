@@ -13,6 +13,7 @@ programs write their windows as Unix times: mok.json `timing.window_unix_s`, pee
 `forward.window_unix_s` and the like). This only reads: it never sets clocks, power limits or
 any other setting of the card.
 """
+import bisect
 import datetime
 import shutil
 import statistics
@@ -196,6 +197,58 @@ def window_summary(samples, window, gpus=None):
         flags = col(key)
         out[key + "_share"] = sum(flags) / len(flags) if flags else None
     return out
+
+
+def iteration_clock_pairs(samples, window, iters_ms, gpus=None):
+    """(ms, sm_mhz) of each clock sample of GPUs `gpus` (all when None) that fell inside a timed
+    iteration: the loop's iterations ran back to back from the window's start (checks.timed_window
+    made the window so), iteration i spanning start + sum(iters_ms[:i]) .. + iters_ms[i]. One
+    iteration may hold several samples (each gives a pair), a short one none. [] without a
+    window, iteration times or clock samples."""
+    if window is None or not iters_ms:
+        return []
+    lo, hi = window
+    ends, t = [], lo
+    for ms in iters_ms:
+        t += float(ms) / 1e3
+        ends.append(t)
+    pairs = []
+    for s in samples:
+        if s.get("sm_mhz") is None or not lo <= s["t"] <= hi or (gpus is not None and s.get("index") not in gpus):
+            continue
+        i = bisect.bisect_left(ends, s["t"])
+        if i < len(iters_ms):
+            pairs.append((float(iters_ms[i]), float(s["sm_mhz"])))
+    return pairs
+
+
+def _spread(vals):
+    """(90th - 10th percentile) / median: how far a loop's middle 80% spreads."""
+    deciles = statistics.quantiles(vals, n=10, method="inclusive")
+    return (deciles[-1] - deciles[0]) / statistics.median(vals)
+
+
+def clock_following(pairs):
+    """Whether a timed loop's spread follows the SM clock, from iteration_clock_pairs' (ms, MHz):
+    {"pairs", "ms_spread", "cycles_spread", "r_ms_vs_clock_period"}. A spread is (90th - 10th
+    percentile) / median; "cycles" is an iteration's time x the clock sampled inside it (the
+    clock cycles it took, if the clock held through it), so a loop whose iterations do the same
+    work at whatever clock the power management sets has a cycles_spread far below its
+    ms_spread and r (Pearson, ms against 1/MHz) near 1. None with fewer than 10 pairs (too few
+    for deciles); r None when either side is constant."""
+    if len(pairs) < 10:
+        return None
+    ms = [p[0] for p in pairs]
+    period = [1.0 / p[1] for p in pairs if p[1] > 0]
+    if len(period) != len(pairs):
+        return None
+    cycles = [m * mhz for m, mhz in pairs]
+    try:
+        r = statistics.correlation(ms, period)
+    except statistics.StatisticsError:  # (a constant side: no correlation to speak of)
+        r = None
+    return {"pairs": len(pairs), "ms_spread": _spread(ms), "cycles_spread": _spread(cycles),
+            "r_ms_vs_clock_period": r}
 
 
 def tensor_peak_tflops(capability, sms, mhz):

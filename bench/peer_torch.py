@@ -57,12 +57,16 @@ def event_times(fn, warmup, iters, before_timing=None):
     return [s.elapsed_time(e) for s, e in events]
 
 
-def time_cuda(fn, warmup, iters):
+def time_cuda(fn, warmup, iters, keep_iters=False):
     """Median, min and max of event_times (ms), and the timed loop's window in Unix seconds
-    (checks.timed_window: where the record looks for the GPU's clock during it)."""
+    (checks.timed_window: where the record looks for the GPU's clock during it); with
+    `keep_iters` each iteration's time too ("iters_ms", iteration order: the record reads them
+    against the clock sampled inside each)."""
     ms = event_times(fn, warmup, iters)
     t = checks.summarize_ms(ms)
     t["window_unix_s"] = checks.timed_window(ms, time.time())
+    if keep_iters:
+        t["iters_ms"] = ms
     return t
 
 
@@ -394,9 +398,14 @@ def ceiling_copy(nbytes, warmup, iters):
 # ---- driver ------------------------------------------------------------------------------
 
 def gpu_env():
+    """The process's current GPU (peer_dist sets each rank's before asking): its name, UUID
+    (which tells two cards of one model apart), SMs and capability, and the software."""
     import torch
-    props = torch.cuda.get_device_properties(0)
-    return {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0),
+    device = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(device)
+    uuid = getattr(props, "uuid", None)
+    return {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(device),
+            "uuid": None if uuid is None else str(uuid),
             "sms": props.multi_processor_count, "capability": f"{props.major}.{props.minor}",
             "python": platform.python_version()}
 
@@ -422,7 +431,7 @@ def measure_peer(work, args, result, attempt):
         for part in ("forward", "grouped_gemms", "backward"):
             result["skipped"][part] = reason
         return False
-    result["forward"] = attempt("forward", lambda: time_cuda(work.forward, args.warmup, args.iters))
+    result["forward"] = attempt("forward", lambda: time_cuda(work.forward, args.warmup, args.iters, keep_iters=True))
     gg = attempt("grouped_gemms", lambda: time_grouped_gemms(work, args.warmup, args.iters))
     if gg:
         result.update(gg)

@@ -200,7 +200,7 @@ def forward_phases(mok):
         return None
     med = {}
     for name, v in ph["median_ms"].items():
-        if not _number(v) or v < 0:
+        if not _finite_at_least_0(v):  # (what load_record holds a record's phases to)
             return None
         med[str(name)] = float(v)
     out = {"iters": ph.get("iters"), "method": ph.get("method"), "median_ms": med}
@@ -279,8 +279,17 @@ def clock_section(mok, peer, clocks, capability, sms, mok_performed_tflops, dens
     # The ceilings run on one GPU (a group's: rank 0's, the first sampled), the others idle
     # meanwhile: their loops are summarised over that GPU alone.
     one_gpu = {clocks["gpus"][0]} if clocks.get("gpus") else None
-    for name, window in gpu_clocks.timed_windows(mok, peer).items():
+    windows = gpu_clocks.timed_windows(mok, peer)
+    for name, window in windows.items():
         out[name] = gpu_clocks.window_summary(samples, window, one_gpu if name == "dense_bf16_ceiling" else gpus)
+    # Whether a loop's spread is the clock's (the power cap moving it) or the work's: its
+    # iterations' times against the clock sampled inside each. A group's loop is each
+    # iteration's slowest rank, read against rank 0's GPU (the first sampled).
+    for name, iters in (("mok_forward", mok.get("forward_iters_ms")),
+                        ("pytorch_forward", ((peer or {}).get("forward") or {}).get("iters_ms"))):
+        if isinstance(out.get(name), dict) and isinstance(iters, list) and all(_finite_at_least_0(v) for v in iters):
+            out[name]["iterations"] = gpu_clocks.clock_following(
+                gpu_clocks.iteration_clock_pairs(samples, windows[name], iters, one_gpu))
     mok_loop = out.get("mok_forward") or {}
     dense_loop = out.get("dense_bf16_ceiling") or {}
     peak = gpu_clocks.tensor_peak_tflops(capability, sms, mok_loop.get("sm_mhz_median"))
@@ -437,7 +446,7 @@ def make_record(mok, peer, env, clocks=None, errors=None):
     if peer:
         # A speedup is a claim about one GPU: mok's and the peer's times from two GPUs (another
         # model, or a device that changed between the two programs) compare nothing.
-        why = gpu_mismatch(mgpu.get("name"), penv.get("gpu"))
+        why = gpu_mismatch(mgpu.get("name"), penv.get("gpu"), mgpu.get("uuid"), penv.get("uuid"))
         if why:
             errors.append(why)
         if peer_pass is True and not pipe_fwd:
@@ -448,7 +457,8 @@ def make_record(mok, peer, env, clocks=None, errors=None):
         "date": env["date"],
         "commit": {"sha": commit["sha"], "short": commit["sha"][:7] if commit["sha"] != "unknown" else "unknown",
                    "dirty": commit.get("dirty"), "source": commit.get("source")},
-        "gpu": {"name": mgpu.get("name"), "sms": mgpu.get("sms"),
+        "gpu": {"name": mgpu.get("name"), "uuid": mgpu.get("uuid"), "peer_uuid": penv.get("uuid"),
+                "sms": mgpu.get("sms"),
                 "driver": mgpu.get("driver"), "cuda_runtime": mgpu.get("cuda_runtime"),
                 "torch": penv.get("torch"), "torch_cuda": penv.get("torch_cuda"), "peer_gpu": penv.get("gpu"),
                 "capability": capability},
@@ -492,11 +502,27 @@ def make_record(mok, peer, env, clocks=None, errors=None):
 NO_PEER_FORWARD = "the PyTorch peer passed its check but has no forward timing (peer.json forward.median_ms)"
 
 
-def gpu_mismatch(mok_gpu, peer_gpu):
+def uuid_digits(uuid):
+    """A GPU UUID's 32 hex digits, lower case, however spelt (nvidia-smi's "GPU-" prefix, with or
+    without dashes); None when not a string of exactly that."""
+    if not isinstance(uuid, str):
+        return None
+    text = uuid.strip().lower()
+    text = text[len("gpu-"):] if text.startswith("gpu-") else text
+    digits = text.replace("-", "")
+    return digits if len(digits) == 32 and all(c in "0123456789abcdef" for c in digits) else None
+
+
+def gpu_mismatch(mok_gpu, peer_gpu, mok_uuid=None, peer_uuid=None):
     """Why a comparison of mok on `mok_gpu` with a peer on `peer_gpu` (their names, as the two
-    programs read them) is none, or None when both name one GPU model or either is unknown."""
+    programs read them) is none, or None when both name one GPU model or either is unknown.
+    Where both programs wrote their GPU's UUID, the two must also be one card."""
     if isinstance(mok_gpu, str) and isinstance(peer_gpu, str) and mok_gpu.strip() != peer_gpu.strip():
         return f"the PyTorch peer ran on {peer_gpu.strip()!r}, mok on {mok_gpu.strip()!r}: no comparison across GPUs"
+    mine, theirs = uuid_digits(mok_uuid), uuid_digits(peer_uuid)
+    if mine and theirs and mine != theirs:
+        return (f"the PyTorch peer ran on the GPU {str(peer_uuid).strip()!r}, mok on {str(mok_uuid).strip()!r} "
+                f"(two cards of one model): no comparison across GPUs")
     return None
 
 
@@ -509,7 +535,7 @@ def comparison_errors(rec):
         return []
     out = []
     gpu = rec.get("gpu") if isinstance(rec.get("gpu"), dict) else {}
-    why = gpu_mismatch(gpu.get("name"), gpu.get("peer_gpu"))
+    why = gpu_mismatch(gpu.get("name"), gpu.get("peer_gpu"), gpu.get("uuid"), gpu.get("peer_uuid"))
     if why:
         out.append(why)
     pipe = (rec.get("peers") or {}).get("pytorch_pipeline")
@@ -852,6 +878,7 @@ CLOCK_LOOPS = ("mok_forward", "pytorch_forward", "pytorch_grouped_gemms", "dense
 CLOCK_FIGURES = ("tensor_peak_bf16_tflops_at_mok_clock", "mok_forward_performed_of_tensor_peak",
                  "dense_bf16_of_tensor_peak_at_its_clock", "mok_forward_pj_per_flop", "dense_bf16_pj_per_flop")
 LOOP_FIGURES = ("samples", "sm_mhz_median", "power_w_median", "sw_power_cap_share")
+ITERATION_FIGURES = ("pairs", "ms_spread", "cycles_spread", "r_ms_vs_clock_period")  # (gpu_clocks.clock_following)
 
 
 def structure_errors(rec):
@@ -881,6 +908,8 @@ def structure_errors(rec):
     if want(rec.get("timing"), dict, "timing", "an object"):
         for side in ("mok", "peer"):
             want(rec["timing"].get(side), dict, f"timing.{side}", "an object")
+    for key in ("gpu.uuid", "gpu.peer_uuid"):
+        want(_at(rec, key), str, key, "a string")
     if want(rec.get("mok_args"), list, "mok_args", "a list of strings"):
         if not all(isinstance(a, str) for a in rec["mok_args"]):
             errors.append(f"'mok_args' must be a list of strings (got {json.dumps(rec['mok_args'])[:40]})")
@@ -926,6 +955,9 @@ def structure_errors(rec):
             if want(clocks.get(loop), dict, f"clocks.{loop}", "an object"):
                 for key in LOOP_FIGURES:
                     number(clocks[loop].get(key), f"clocks.{loop}.{key}")
+                if want(clocks[loop].get("iterations"), dict, f"clocks.{loop}.iterations", "an object"):
+                    for key in ITERATION_FIGURES:
+                        number(clocks[loop]["iterations"].get(key), f"clocks.{loop}.iterations.{key}")
     return errors
 
 

@@ -622,6 +622,40 @@ def clock_lines(recs):
     return lines + [""]
 
 
+def _following_cells(summary):
+    """[pairs, ms spread, cycles spread, r] of a loop's clock_following figures ("–" when absent)."""
+    it = (summary or {}).get("iterations") if isinstance(summary, dict) else None
+    if not isinstance(it, dict):
+        return ["–"] * 4
+    return [it.get("pairs", "–"), pct(it.get("ms_spread")), pct(it.get("cycles_spread")),
+            fmt(it.get("r_ms_vs_clock_period"), ".2f")]
+
+
+def spread_lines(recs):
+    """Whether each timed loop's spread is the clock's, for the records whose clocks carry the
+    iteration pairs (records.clock_section)."""
+    shown = [r for r in recs if isinstance(r.get("clocks"), dict)
+             and any(isinstance(r["clocks"].get(k), dict) and isinstance(r["clocks"][k].get("iterations"), dict)
+                     for k in ("mok_forward", "pytorch_forward"))]
+    if not shown:
+        return []
+    lines = ["## Spread against the clock", "",
+             "Each clock sample taken inside a timed iteration pairs that iteration's time with the SM clock "
+             "(bench/gpu_clocks.py clock_following). spread: (90th - 10th percentile) / median of the paired "
+             "iterations' times (ms) and of those times x the clock (cycles: the clock cycles the iteration "
+             "took, had the clock held through it). r: Pearson's correlation of the time with the clock's "
+             "period (1/MHz). A loop whose cycles spread far less than its ms, with r near 1, spreads because "
+             "the power management moved the clock, not because its work did.", "",
+             "| shape | EP mode | tokens | mok pairs | mok ms spread | mok cycles spread | mok r "
+             "| PyTorch pairs | PyTorch ms spread | PyTorch cycles spread | PyTorch r | run |", "|" + "---|" * 12]
+    for rec in shown:
+        c = rec["clocks"]
+        cells = ([rec["shape"], ep_text(rec), rec["tokens_per_rank"]] + _following_cells(c.get("mok_forward"))
+                 + _following_cells(c.get("pytorch_forward")) + [run_text(rec)])
+        lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")
+    return lines + [""]
+
+
 def _phase_plot(path, recs):
     plt = _plt()
     names = phase_names(recs)
@@ -721,6 +755,7 @@ def markdown(recs, plots, out_dir, repeats=None, off_contract=None, skipped=None
     lines += routing_lines(recs)
     lines += phase_lines(recs)
     lines += clock_lines(recs)
+    lines += spread_lines(recs)
     lines += group_lines(recs)
     lines += repeats or []
     lines += ["## Ceilings measured with each record", "",

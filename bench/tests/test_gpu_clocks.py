@@ -82,6 +82,39 @@ class Windows(unittest.TestCase):
         self.assertEqual(gpu_clocks.timed_windows({}, None), {})
 
 
+class Following(unittest.TestCase):
+    """Iteration times paired with the clock sampled inside each, and whether the spread is the clock's."""
+
+    def test_each_sample_pairs_with_the_iteration_it_fell_in(self):
+        # Iterations of 100, 200 and 300 ms from t = 10 s: [10.0, 10.1], (10.1, 10.3], (10.3, 10.6].
+        samples = [sample(10.05, 1500), sample(10.2, 1400), sample(10.25, 1410, index=1), sample(10.5, 1300),
+                   sample(10.7, 1980), sample(9.9, 1980), sample(10.4, None)]
+        pairs = gpu_clocks.iteration_clock_pairs(samples, (10.0, 10.6), [100, 200, 300], gpus={0})
+        self.assertEqual(pairs, [(100.0, 1500.0), (200.0, 1400.0), (300.0, 1300.0)])
+        self.assertEqual(len(gpu_clocks.iteration_clock_pairs(samples, (10.0, 10.6), [100, 200, 300])), 4)
+        self.assertEqual(gpu_clocks.iteration_clock_pairs(samples, None, [100]), [])
+        self.assertEqual(gpu_clocks.iteration_clock_pairs(samples, (10.0, 10.6), []), [])
+
+    def test_a_spread_the_clock_makes(self):
+        # Every iteration takes 4.5M cycles; the clock alone moves its time.
+        mhz = [1200 + 20 * i for i in range(20)]
+        f = gpu_clocks.clock_following([(4500.0 / m, float(m)) for m in mhz])
+        self.assertEqual(f["pairs"], 20)
+        self.assertGreater(f["ms_spread"], 0.2)
+        self.assertAlmostEqual(f["cycles_spread"], 0.0, places=12)
+        self.assertAlmostEqual(f["r_ms_vs_clock_period"], 1.0, places=9)
+
+    def test_a_spread_the_work_makes(self):
+        # The clock holds still while the times spread: no correlation to speak of.
+        f = gpu_clocks.clock_following([(3.0 + 0.05 * i, 1400.0) for i in range(12)])
+        self.assertIsNone(f["r_ms_vs_clock_period"])
+        self.assertAlmostEqual(f["ms_spread"], f["cycles_spread"])
+        self.assertGreater(f["ms_spread"], 0.1)
+
+    def test_too_few_pairs(self):
+        self.assertIsNone(gpu_clocks.clock_following([(1.0, 1400.0)] * 9))
+
+
 class Peak(unittest.TestCase):
     def test_h200_published_peak(self):
         # 132 SMs x 4096 x 1830 MHz = NVIDIA's 989.4 TFLOP/s for H100/H200 SXM.

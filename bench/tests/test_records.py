@@ -306,6 +306,31 @@ class Clocks(unittest.TestCase):
         self.assertAlmostEqual(c["dense_bf16_pj_per_flop"], 0.7)
         self.assertEqual(c["mok_forward"]["samples"], 22)
 
+    def test_iterations_against_the_clock(self):
+        # mok's 100 forwards fill its window [100, 101] s; each 10 ms iteration holds the sample
+        # at its middle, whose clock sets its time (the same cycles each), so the spread is the
+        # clock's. The peer's iterations come from its forward's iters_ms.
+        mhz = [1200.0 + 5 * i for i in range(100)]
+        self.mok["forward_iters_ms"] = [10.0 * 1300.0 / m for m in mhz]
+        total = sum(self.mok["forward_iters_ms"]) / 1e3
+        self.mok["timing"]["window_unix_s"] = [101.0 - total, 101.0]
+        starts = [101.0 - total + sum(self.mok["forward_iters_ms"][:i]) / 1e3 for i in range(100)]
+        samples = [{"t": t + self.mok["forward_iters_ms"][i] / 2e3, "index": 0, "sm_mhz": mhz[i], "power_w": 690.0,
+                    "sw_power_cap": True} for i, t in enumerate(starts)]
+        self.peer["forward"]["iters_ms"] = [0.1] * 10  # (no sample inside: too few pairs)
+        rec = records.make_record(self.mok, self.peer, env(),
+                                  {"samples": samples, "gpus": [0], "period_ms": 10, "error": None})
+        it = rec["clocks"]["mok_forward"]["iterations"]
+        self.assertEqual(it["pairs"], 100)
+        self.assertAlmostEqual(it["cycles_spread"], 0.0, places=9)
+        self.assertGreater(it["ms_spread"], 0.2)
+        self.assertAlmostEqual(it["r_ms_vs_clock_period"], 1.0, places=6)
+        self.assertIsNone(rec["clocks"]["pytorch_forward"]["iterations"])
+        self.assertEqual(records.structure_errors(rec), [])
+        rec["clocks"]["mok_forward"]["iterations"]["ms_spread"] = "wide"
+        self.assertEqual(records.structure_errors(rec),
+                         ["'clocks.mok_forward.iterations.ms_spread' must be a finite number or null (got \"wide\")"])
+
     def test_not_sampled(self):
         self.assertIsNone(records.make_record(self.mok, self.peer, env())["clocks"])
         rec = records.make_record(self.mok, self.peer, env(),
@@ -1000,6 +1025,21 @@ class RecordFigures(unittest.TestCase):
         self.assertFalse(records.record_passes(loaded))
         self.assertEqual(records.check_text(loaded), "FAIL (" + why + ")")
         self.assertEqual(records.check_text(self.good), "PASS")
+
+    def test_a_peer_on_another_card_of_the_same_model_never_passes(self):
+        peer, mok = copy.deepcopy(self.peer), copy.deepcopy(self.mok)
+        mok["gpu"]["uuid"] = "GPU-0a1b2c3d-0000-1111-2222-333344445555"
+        peer["env"]["uuid"] = "0A1B2C3D-0000-1111-2222-333344445555"  # (torch's spelling: one card)
+        rec = records.make_record(mok, peer, env())
+        self.assertEqual(rec["errors"], [])
+        self.assertEqual((rec["gpu"]["uuid"], rec["gpu"]["peer_uuid"]), (mok["gpu"]["uuid"], peer["env"]["uuid"]))
+        peer["env"]["uuid"] = "0a1b2c3d-0000-1111-2222-333344445556"
+        rec = records.make_record(mok, peer, env())
+        self.assertFalse(rec["check"]["passes"])
+        self.assertEqual(len(rec["errors"]), 1)
+        self.assertIn("two cards of one model", rec["errors"][0])
+        # An unreadable UUID compares nothing (as an unknown name does).
+        self.assertIsNone(records.gpu_mismatch("H100", "H100", "GPU-xyz", peer["env"]["uuid"]))
 
     def test_a_peer_without_a_forward_median_never_passes(self):
         peer = copy.deepcopy(self.peer)

@@ -185,10 +185,24 @@ class Report(unittest.TestCase):
             clocks = {"samples": [], "gpus": [0], "period_ms": 10, "error": "nvidia-smi not found"}
             report.generate([records.write_record(records.make_record(mok, peer, env(), clocks), d)], out, plots)
             self.assertIn("| not sampled: nvidia-smi not found |", read_text(out))
+            self.assertNotIn("## Spread against the clock", read_text(out))  # (no iteration pairs)
+            # Ten of mok's iterations, each with a sample inside, at a clock that sets its time.
+            mok["forward_iters_ms"] = [100.0 * 1400.0 / (1400.0 + 10 * i) for i in range(10)]
+            ends = [100.0 + sum(mok["forward_iters_ms"][:i + 1]) / 1e3 for i in range(10)]
+            mok["timing"]["window_unix_s"] = [100.0, ends[-1]]
+            samples = [{"t": e - 0.001, "index": 0, "sm_mhz": 1400.0 + 10 * i, "power_w": 690.0, "sw_power_cap": True}
+                       for i, e in enumerate(ends)]
+            clocks = {"samples": samples, "gpus": [0], "period_ms": 10, "error": None}
+            report.generate([records.write_record(records.make_record(mok, peer, env(), clocks), d)], out, plots)
+            text = read_text(out)
+            self.assertIn("## Spread against the clock", text)
+            self.assertRegex(text, r"\| qwen3.5-397b-a17b \| slice \(EP=64\) \| 2048 \| 10 \| 5\.\d% \| 0\.0% \| 1\.00 \| "
+                                   r"– \| – \| – \| – \|")
         with tempfile.TemporaryDirectory() as d:  # records without clocks: no section
             out, plots = os.path.join(d, "REPORT.md"), os.path.join(d, "plots")
             report.generate(fixture_records(d), out, plots)
             self.assertNotIn("## Clocks", read_text(out))
+            self.assertNotIn("## Spread against the clock", read_text(out))
 
     def test_newest_wins(self):
         with tempfile.TemporaryDirectory() as d:

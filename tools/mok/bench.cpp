@@ -132,6 +132,23 @@ std::string json_list(const std::vector<double>& v) {
   return s.str();
 }
 
+// A GPU's UUID as nvidia-smi spells it ("GPU-" and its 16 bytes as 8-4-4-4-12 hex digits): it
+// tells two cards of one model apart, where the name cannot.
+std::string uuid_text(const cudaUUID_t& id) {
+  static constexpr int kGroupBytes[] = {4, 2, 2, 2, 6};
+  std::string out = "GPU-";
+  int byte = 0;
+  for (int group = 0; group < 5; ++group) {
+    if (group) out += '-';
+    for (int i = 0; i < kGroupBytes[group]; ++i, ++byte) {
+      char hex[3];
+      std::snprintf(hex, sizeof hex, "%02x", static_cast<unsigned>(static_cast<unsigned char>(id.bytes[byte])));
+      out += hex;
+    }
+  }
+  return out;
+}
+
 HostTensor tensor_from(DType dtype, std::vector<std::int64_t> shape, const void* data) {
   HostTensor t(dtype, std::move(shape));
   std::memcpy(t.data<void>(), data, t.bytes());
@@ -588,7 +605,8 @@ int bench_command(const std::vector<std::string>& argv) {
        << ", \"forward_comm_sms\": " << layer.config().forward_comm_sms
        << ", \"task_band_tiles\": " << layer.config().task_band_tiles << ", \"tile_rows\": " << layer.config().tile_rows
        << ", \"task_pairs\": " << (layer.config().task_pairs ? "true" : "false") << ", \"env\": {" << tuning_env_json()
-       << "}},\n  \"gpu\": {\"name\": \"" << json_text(prop.name) << "\", \"sms\": " << prop.multiProcessorCount
+       << "}},\n  \"gpu\": {\"name\": \"" << json_text(prop.name) << "\", \"uuid\": \"" << uuid_text(prop.uuid)
+       << "\", \"sms\": " << prop.multiProcessorCount
        << ", \"capability\": \"" << prop.major << "." << prop.minor << "\""
        << ", \"driver\": \"" << driver / 1000 << "." << (driver % 1000) / 10 << "\", \"cuda_runtime\": \""
        << runtime / 1000 << "." << (runtime % 1000) / 10 << "\"},\n  \"timing\": {\"warmup\": " << warmup
