@@ -115,28 +115,24 @@ class RankWork:
     def __init__(self, rank_dir, device):
         import numpy as np
         import torch
-        self.doc = workdir.load_mok_json(rank_dir)
-        workdir.require_peer_inputs(self.doc, rank_dir)
+        # (Every array checked against the problem's dtype and shape: load_rank_work.)
+        self.doc, a = workdir.load_rank_work(rank_dir)
         p = self.doc["problem"]
         self.R, self.T, self.H, self.I, self.k, self.E_loc, widths = workdir.problem_dims(p)
         self.limit = None if p.get("swiglu_limit") is None else float(p["swiglu_limit"])
 
         from peer_torch import bf16_tensor, fused_weights
 
-        def load(name):
-            return np.load(os.path.join(rank_dir, name + ".npy"))
-
-        self.x = bf16_tensor(load("x_local"), device)
-        self.top = torch.from_numpy(load("top_experts").astype(np.int64)).to(device).reshape(-1)
-        self.router_weights = torch.from_numpy(load("router_weights")).float().to(device)
-        self.y_ref = bf16_tensor(load("y_ref"), device)
+        self.x = bf16_tensor(a["x_local"], device)
+        self.top = torch.from_numpy(a["top_experts"].astype(np.int64)).to(device).reshape(-1)
+        self.router_weights = torch.from_numpy(a["router_weights"]).float().to(device)
+        self.y_ref = bf16_tensor(a["y_ref"], device)
         # Every row of this rank's tokens as the reference computed it, slot by slot: the
         # peer's combine slots are checked with them (a few wrong rows could pass y's bar).
-        self.slots_ref = bf16_tensor(load("slots_ref"), device)
+        self.slots_ref = bf16_tensor(a["slots_ref"], device)
         self.slots = None  # the last forward's combine slots
-        weights = {name: load(name) for name in ("w_gate", "w_up", "w_down")}
-        weights["shared"] = [{name: load(f"shared{s}_{name}") for name in ("w_gate", "w_up", "w_down")}
-                             for s in range(len(widths))]
+        weights = {name: a[name] for name in ("w_gate", "w_up", "w_down")}
+        weights["shared"] = a["shared"]
         self.w13, self.w2, self.shared = fused_weights(weights, widths, device)
 
     def forward(self):

@@ -205,3 +205,32 @@ def load_work(work_dir, need_backward=True):
         if len(np.unique(own)) != len(own):
             raise ContractError("row_slot.npy: a slot of the active rank is named by two rows")
     return doc, a
+
+
+def load_rank_work(rank_dir):
+    """Loads and validates one rank's peer inputs in a real group's directory (what `mok bench
+    --ep-mode distributed` writes for peer_dist.py): (mok_json, dict of numpy arrays), each
+    array of the dtype and shape the problem gives (load_work's rules), and every top-k id a
+    global expert. bf16 tensors stay as uint16 bit patterns."""
+    doc = load_mok_json(rank_dir)
+    require_peer_inputs(doc, rank_dir)
+    R, T, H, I, k, El, shared = problem_dims(doc["problem"])
+    a = {
+        "x_local": _load(rank_dir, "x_local.npy", BF16, (T, H)),
+        "top_experts": _load(rank_dir, "top_experts.npy", I32, (T, k)),
+        "router_weights": _load(rank_dir, "router_weights.npy", F32, (T, k)),
+        "y_ref": _load(rank_dir, "y_ref.npy", BF16, (T, H)),
+        "slots_ref": _load(rank_dir, "slots_ref.npy", BF16, (T * k, H)),
+        "w_gate": _load(rank_dir, "w_gate.npy", BF16, (El, I, H)),
+        "w_up": _load(rank_dir, "w_up.npy", BF16, (El, I, H)),
+        "w_down": _load(rank_dir, "w_down.npy", BF16, (El, H, I)),
+        "shared": [{
+            "w_gate": _load(rank_dir, f"shared{s}_w_gate.npy", BF16, (w, H)),
+            "w_up": _load(rank_dir, f"shared{s}_w_up.npy", BF16, (w, H)),
+            "w_down": _load(rank_dir, f"shared{s}_w_down.npy", BF16, (H, w)),
+        } for s, w in enumerate(shared)],
+    }
+    top = a["top_experts"]
+    if top.size and (top.min() < 0 or top.max() >= R * El):
+        raise ContractError(f"{os.path.join(rank_dir, 'top_experts.npy')}: values must lie in [0, {R * El})")
+    return doc, a

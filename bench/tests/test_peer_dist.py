@@ -99,6 +99,50 @@ def rank_dir_from_single(work_dir, rank_dir):
     np.save(os.path.join(rank_dir, "slots_ref.npy"), slots_ref)
 
 
+class RankWorkInputs(unittest.TestCase):
+    """A group rank's inputs are held to the problem's dtypes and shapes before the peer uses them."""
+
+    def setUp(self):
+        import tempfile
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from synth_workdir import make_workdir
+        self.tmp = tempfile.TemporaryDirectory()
+        single, self.rank0 = os.path.join(self.tmp.name, "single"), os.path.join(self.tmp.name, "rank0")
+        make_workdir(single, ep_size=1, ep_mode="all", num_experts=4, top_k=2, shared=(64,))
+        rank_dir_from_single(single, self.rank0)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_good_inputs_load(self):
+        import workdir
+        doc, a = workdir.load_rank_work(self.rank0)
+        self.assertEqual(a["top_experts"].shape, (64, 2))
+        self.assertEqual(a["slots_ref"].shape, (128, 256))
+        self.assertEqual(len(a["shared"]), 1)
+
+    def test_each_wrong_input_is_named(self):
+        import workdir
+        x = np.load(os.path.join(self.rank0, "x_local.npy"))
+        top = np.load(os.path.join(self.rank0, "top_experts.npy"))
+        for name, arr, words in (("x_local.npy", x[:-1], "shape (63, 256), expected (64, 256)"),
+                                 ("slots_ref.npy", np.zeros((3, 3), np.float64), "dtype '<f8'"),
+                                 ("top_experts.npy", np.full_like(top, 4), "values must lie in [0, 4)")):
+            keep = os.path.join(self.rank0, name)
+            saved = np.load(keep)
+            np.save(keep, arr)
+            try:
+                with self.assertRaises(workdir.ContractError) as ctx:
+                    workdir.load_rank_work(self.rank0)
+                self.assertIn(name, str(ctx.exception))
+                self.assertIn(words, str(ctx.exception))
+            finally:
+                np.save(keep, saved)
+        os.remove(os.path.join(self.rank0, "y_ref.npy"))
+        with self.assertRaisesRegex(workdir.ContractError, "y_ref.npy: missing"):
+            workdir.load_rank_work(self.rank0)
+
+
 @unittest.skipIf(torch is None or not hasattr(torch, "_grouped_mm"),
                  "PyTorch (with torch._grouped_mm) is not installed: peer_dist CPU test skipped")
 class RankWorkOnCpu(unittest.TestCase):
