@@ -439,14 +439,17 @@ def measure_peer(work, args, result, attempt):
         result["skipped"]["backward"] = "--no-backward"
     else:
         result["backward"] = attempt("backward", lambda: time_backward(work, args.warmup, args.iters, args.seed))
-    # Last of the pipeline's parts (a profiler may leave later launches slower: CUPTI stays
-    # set up), and a diagnosis: a profile that fails is noted, the record stands.
-    if args.profile:
-        try:
-            result["profile"] = profile_forward(work, args.profile)
-        except Exception as exc:
-            result["profile"] = {"error": f"{type(exc).__name__}: {exc}"}
     return True
+
+
+def profile_last(work, args, result):
+    """--profile: a diagnosis, run after every timing (the ceilings too: a profiler may leave
+    later launches slower, CUPTI staying set up); a profile that fails is noted, the record
+    stands."""
+    try:
+        result["profile"] = profile_forward(work, args.profile)
+    except Exception as exc:
+        result["profile"] = {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def run(args, doc, arrays):
@@ -475,8 +478,12 @@ def run(args, doc, arrays):
             traceback.print_exc()
             return None
 
-    ok = measure_peer(Work(doc, arrays, torch.device("cuda")), args, result, attempt) and ok
+    work = Work(doc, arrays, torch.device("cuda"))
+    checked = measure_peer(work, args, result, attempt)
+    ok = checked and ok
     del arrays
+    if not (args.profile and checked):
+        work = None  # (its tensors freed before the ceilings, unless the profile still needs them)
     torch.cuda.empty_cache()
     if args.no_ceilings:
         result["skipped"]["ceilings"] = "--no-ceilings"
@@ -488,6 +495,8 @@ def run(args, doc, arrays):
             "fp8_e4m3_exact_accum", lambda: ceiling_fp8(args.gemm_n, cw, ci, False))
         nbytes = int(args.copy_gib * (1 << 30))
         result["ceilings"]["copy"] = attempt("copy", lambda: ceiling_copy(nbytes, cw, ci))
+    if work is not None:
+        profile_last(work, args, result)
     return result, ok
 
 
@@ -501,7 +510,8 @@ def main(argv=None):
     ap.add_argument("--no-backward", action="store_true")
     ap.add_argument("--no-ceilings", action="store_true")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
-                    help="after the timed forwards, profile N more (torch.profiler) into peer.json's 'profile'")
+                    help="after every timing (the ceilings too), profile N more forwards (torch.profiler) into "
+                         "peer.json's 'profile'")
     args = ap.parse_args(argv)
     if args.iters < 1 or args.warmup < 0 or args.ceiling_iters < 1 or args.ceiling_warmup < 0:
         ap.error("--iters/--ceiling-iters must be >= 1 and the warm-ups >= 0")

@@ -695,7 +695,7 @@ def _main(argv=None):
     ap.add_argument("--no-peer", action="store_true",
                     help="record mok alone (no PyTorch peer; mok bench writes no peer inputs)")
     ap.add_argument("--profile-peer", type=int, default=0, metavar="N",
-                    help="profile N forwards of the PyTorch peer after its timing (torch.profiler; in the "
+                    help="profile N forwards of the PyTorch peer after all its timings (torch.profiler; in the "
                          "record's peers.pytorch_pipeline.profile; not with --launch)")
     ap.add_argument("--no-clocks", action="store_true",
                     help="do not sample the GPU's clock and power with nvidia-smi (the record's clocks are null)")

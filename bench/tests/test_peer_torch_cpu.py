@@ -100,5 +100,36 @@ class PeerOnCpu(unittest.TestCase):
         self.assertGreaterEqual(prof["total_us_per_forward"], sum(r["us_per_forward"] for r in prof["top"]) - 1e-6)
 
 
+@unittest.skipIf(torch is None, "PyTorch is not installed: peer_torch's run order test skipped")
+class RunOrder(unittest.TestCase):
+    def test_the_profile_runs_after_every_timing_the_ceilings_included(self):
+        # A profiler may leave later launches slower (CUPTI stays set up): nothing timed may follow it.
+        import argparse
+        from unittest import mock
+        import peer_torch
+        calls = []
+
+        def part(name, value=None):
+            return lambda *a, **k: calls.append(name) or value
+
+        args = argparse.Namespace(work_dir="w", warmup=1, iters=1, ceiling_warmup=1, ceiling_iters=1, gemm_n=64,
+                                  copy_gib=0.001, seed=1, no_backward=False, no_ceilings=False, profile=2)
+        with mock.patch.multiple(peer_torch, gpu_env=lambda: {}, Work=part("work", object()),
+                                 measure_peer=part("forward, grouped GEMMs, backward", True),
+                                 ceiling_dense_bf16=part("dense"), ceiling_fp8=part("fp8"),
+                                 ceiling_copy=part("copy"), profile_forward=part("profile", {"iters": 2})), \
+                mock.patch.object(torch.cuda, "empty_cache", lambda: None):
+            result, ok = peer_torch.run(args, {"shape": "s", "problem": {}}, {})
+            self.assertTrue(ok)
+            self.assertEqual(calls, ["work", "forward, grouped GEMMs, backward", "dense", "fp8", "fp8", "copy",
+                                     "profile"])
+            self.assertEqual(result["profile"], {"iters": 2})
+            calls.clear()
+            args.profile = 0
+            result, _ = peer_torch.run(args, {"shape": "s", "problem": {}}, {})
+            self.assertNotIn("profile", calls)
+            self.assertNotIn("profile", result)
+
+
 if __name__ == "__main__":
     unittest.main()
