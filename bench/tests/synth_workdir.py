@@ -149,6 +149,28 @@ def make_workdir(work_dir, *, num_experts=8, hidden=256, intermediate=128, top_k
     return doc
 
 
+
+def rank_dir_from_single(work_dir, rank_dir):
+    """A group rank's directory (what `mok bench --ep-mode distributed` writes for peer_dist.py)
+    made from a synthetic EP = 1 work directory: at EP = 1 the rank's tokens are all the rows
+    and every slot holds exactly one."""
+    import shutil
+    os.makedirs(rank_dir)
+    for name in ("mok.json", "w_gate.npy", "w_up.npy", "w_down.npy", "x_local.npy", "router_weights.npy",
+                 "y_ref.npy") + tuple(f for f in os.listdir(work_dir) if f.startswith("shared")):
+        shutil.copy(os.path.join(work_dir, name), rank_dir)
+    load = lambda n: np.load(os.path.join(work_dir, n))  # noqa: E731
+    slot, expert, rows = load("row_slot.npy"), load("row_expert.npy"), load("rows_ref.npy")
+    with open(os.path.join(work_dir, "mok.json")) as f:
+        k = json.load(f)["problem"]["top_k"]
+    assert np.array_equal(np.sort(slot), np.arange(slot.size)), "an EP = 1 work directory fills every slot once"
+    top = np.empty(slot.size, np.int32)
+    top[slot] = expert
+    np.save(os.path.join(rank_dir, "top_experts.npy"), top.reshape(-1, k))
+    slots_ref = np.empty_like(rows)
+    slots_ref[slot] = rows
+    np.save(os.path.join(rank_dir, "slots_ref.npy"), slots_ref)
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("work_dir")

@@ -10,6 +10,7 @@ import numpy as np
 import helpers  # noqa: F401  (sets sys.path)
 
 import peer_dist
+import synth_workdir
 
 
 def random_top(rng, T, k, E):
@@ -76,29 +77,6 @@ except ImportError:
     torch = None
 
 
-def rank_dir_from_single(work_dir, rank_dir):
-    """A group rank's directory (what `mok bench --ep-mode distributed` writes for peer_dist.py)
-    made from a synthetic EP = 1 work directory: at EP = 1 the rank's tokens are all the rows
-    and every slot holds exactly one."""
-    import json
-    import shutil
-    os.makedirs(rank_dir)
-    for name in ("mok.json", "w_gate.npy", "w_up.npy", "w_down.npy", "x_local.npy", "router_weights.npy",
-                 "y_ref.npy") + tuple(f for f in os.listdir(work_dir) if f.startswith("shared")):
-        shutil.copy(os.path.join(work_dir, name), rank_dir)
-    load = lambda n: np.load(os.path.join(work_dir, n))  # noqa: E731
-    slot, expert, rows = load("row_slot.npy"), load("row_expert.npy"), load("rows_ref.npy")
-    with open(os.path.join(work_dir, "mok.json")) as f:
-        k = json.load(f)["problem"]["top_k"]
-    assert np.array_equal(np.sort(slot), np.arange(slot.size)), "an EP = 1 work directory fills every slot once"
-    top = np.empty(slot.size, np.int32)
-    top[slot] = expert
-    np.save(os.path.join(rank_dir, "top_experts.npy"), top.reshape(-1, k))
-    slots_ref = np.empty_like(rows)
-    slots_ref[slot] = rows
-    np.save(os.path.join(rank_dir, "slots_ref.npy"), slots_ref)
-
-
 class RankWorkInputs(unittest.TestCase):
     """A group rank's inputs are held to the problem's dtypes and shapes before the peer uses them."""
 
@@ -109,7 +87,7 @@ class RankWorkInputs(unittest.TestCase):
         self.tmp = tempfile.TemporaryDirectory()
         single, self.rank0 = os.path.join(self.tmp.name, "single"), os.path.join(self.tmp.name, "rank0")
         make_workdir(single, ep_size=1, ep_mode="all", num_experts=4, top_k=2, shared=(64,))
-        rank_dir_from_single(single, self.rank0)
+        synth_workdir.rank_dir_from_single(single, self.rank0)
 
     def tearDown(self):
         self.tmp.cleanup()
@@ -158,7 +136,7 @@ class RankWorkOnCpu(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             single, rank0 = os.path.join(d, "single"), os.path.join(d, "rank0")
             make_workdir(single, ep_size=1, ep_mode="all", num_experts=4, top_k=2, shared=(64,))
-            rank_dir_from_single(single, rank0)
+            synth_workdir.rank_dir_from_single(single, rank0)
             dist.init_process_group("gloo", init_method="file://" + os.path.join(d, "rdv"), rank=0, world_size=1)
             try:
                 work = peer_dist.RankWork(rank0, torch.device("cpu"))

@@ -17,7 +17,7 @@ import helpers  # noqa: F401  (sets sys.path)
 
 import checks
 import workdir
-from synth_workdir import make_workdir
+from synth_workdir import make_workdir, rank_dir_from_single
 
 
 def f32(bits):
@@ -94,23 +94,21 @@ class NamesAgreeWithTheCppWriter(unittest.TestCase):
             return real_load(work_dir, name, kind, shape)
 
         with tempfile.TemporaryDirectory() as d, mock.patch.object(workdir, "_load", recording_load):
-            make_workdir(d, shared=(128, 64))
-            workdir.load_work(d)
+            make_workdir(os.path.join(d, "one"), shared=(128, 64))
+            workdir.load_work(os.path.join(d, "one"))
+            # A group rank's directory, as peer_dist.py reads it (its own routing and reference slots).
+            make_workdir(os.path.join(d, "single"), ep_size=1, ep_mode="all", num_experts=4, top_k=2, shared=(64,))
+            rank_dir_from_single(os.path.join(d, "single"), os.path.join(d, "rank0"))
+            workdir.load_rank_work(os.path.join(d, "rank0"))
+        self.assertIn("top_experts.npy", opened)  # (the rank's reader ran)
         self.assertIn(workdir.MOK_JSON, names)
         self.assertIn(workdir.PEER_JSON, names)
         for name in opened:
             m = re.fullmatch(re.escape(shared_prefix) + r"\d+_(.+)", name)
             self.assertIn(m.group(1) if m else name, names, f"{name}: read by bench/workdir.py, not written by mok bench")
-        # peer_dist.py (a group rank's peer) reads its own rank directory through load("name").
-        with open(os.path.join(REPO, "bench", "peer_dist.py")) as f:
-            dist_reads = re.findall(r'\bload\("([a-z_0-9]+)"\)', f.read())
-        self.assertIn("top_experts", dist_reads)  # the parse found them
-        for name in dist_reads:
-            self.assertIn(name + ".npy", names, f"{name}.npy: read by bench/peer_dist.py, not written by mok bench")
-        # ... and every peer input mok bench writes is read, by peer_torch.py (through workdir.py)
-        # or by peer_dist.py (a group rank's own routing and reference slots; the two json files
-        # are records, not inputs).
-        unread = names - set(opened) - {workdir.MOK_JSON, workdir.PEER_JSON} - {n + ".npy" for n in dist_reads}
+        # ... and every peer input mok bench writes is read, by peer_torch.py or peer_dist.py
+        # (both through workdir.py; the two json files are records, not inputs).
+        unread = names - set(opened) - {workdir.MOK_JSON, workdir.PEER_JSON}
         self.assertEqual(unread, set(), "written by mok bench, read by no peer")
 
 
