@@ -362,6 +362,18 @@ def spread(vals):
     return (max(vals) - min(vals)) / min(vals) if len(vals) >= 2 else None
 
 
+def cards_text(recs):
+    """How many GPUs (by UUID, gpu.uuid) the runs took: one card's runs measure run-to-run
+    agreement, several cards' also the spread between cards of one model. "?" for runs whose
+    record predates the UUID."""
+    known = {records.uuid_digits((r.get("gpu") or {}).get("uuid")) for r in recs}
+    unknown = None in known
+    known.discard(None)
+    if not known:
+        return "?"
+    return f"{len(known)} + ?" if unknown else str(len(known))
+
+
 def repeat_lines(loaded):
     groups = repeat_groups(loaded)
     lines = ["## Repeat runs", ""]
@@ -373,10 +385,11 @@ def repeat_lines(loaded):
               "(`+dirty`), one whose tree's state was not recorded (`+dirty?`) or of an unknown commit is not "
               "the commit's code, and two of them need not be the same code, so they are left out here (not from "
               "the other tables). Files holding one run (the same date, commit and timings: a record "
-              "copied under a second name) count once.", "",
+              "copied under a second name) count once. cards: how many GPUs the runs took, by UUID (\"?\": "
+              "records from before the UUID was kept); runs on several cards spread by the cards too.", "",
               "| shape | EP mode | tokens | commit | runs | mok ms | mok spread | PyTorch ms | PyTorch spread "
-              "| dense bf16 TFLOP/s | ceiling spread |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| dense bf16 TFLOP/s | ceiling spread | cards |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key in sorted(groups, key=lambda k: (_shape_rank(k[0]),) + tuple(str(x) for x in k[1:])):
         recs = groups[key]
         mok = [values(r)["mok_ms"] for r in recs]
@@ -387,7 +400,7 @@ def repeat_lines(loaded):
         cells = [shape, ep_text(recs[0]), tokens, commit, len(recs), " / ".join(fmt(v, ".3f") for v in mok),
                  pct(sm), " / ".join(fmt(v, ".3f") for v in pt),
                  pct(sp), " / ".join(fmt(v, ".0f") for v in dense),
-                 pct(sd)]
+                 pct(sd), cards_text(recs)]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return lines + [""]
 

@@ -281,6 +281,14 @@ class Report(unittest.TestCase):
             self.assertIn("| ceiling spread |", text)
             dense = [r["ceilings"]["dense_bf16_tflops"] for r in recs]
             self.assertIn(" / ".join(f"{v:.0f}" for v in dense), text)
+            self.assertTrue(text.splitlines()[-1].endswith("| ? |"), text)  # (the fixtures keep no GPU UUID)
+            self.assertEqual(report.cards_text(recs), "?")
+            for rec, uuid in zip(recs, ("GPU-00000000-0000-0000-0000-000000000001", "00000000-0000-0000-0000-000000000001")):
+                rec["gpu"]["uuid"] = uuid
+            self.assertEqual(report.cards_text(recs), "1")  # (one card, however spelt)
+            recs[1]["gpu"]["uuid"] = "GPU-00000000-0000-0000-0000-000000000002"
+            self.assertEqual(report.cards_text(recs), "2")
+            self.assertEqual(report.cards_text(recs + [{"gpu": {"name": "H100"}}]), "2 + ?")
             self.assertIn("No shape has been measured twice", "\n".join(report.repeat_lines(loaded[2:3])))
             # A failed run is no measure of agreement: it does not join the repeats.
             failed = copy.deepcopy(recs[0])
