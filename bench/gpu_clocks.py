@@ -223,9 +223,13 @@ def iteration_clock_pairs(samples, window, iters_ms, gpus=None):
 
 
 def _spread(vals):
-    """(90th - 10th percentile) / median: how far a loop's middle 80% spreads."""
+    """(90th - 10th percentile) / median: how far a loop's middle 80% spreads; None for a
+    median of 0 (no spread to speak of relative to it)."""
+    median = statistics.median(vals)
+    if median <= 0:
+        return None
     deciles = statistics.quantiles(vals, n=10, method="inclusive")
-    return (deciles[-1] - deciles[0]) / statistics.median(vals)
+    return (deciles[-1] - deciles[0]) / median
 
 
 def clock_following(pairs):
@@ -235,7 +239,11 @@ def clock_following(pairs):
     clock cycles it took, if the clock held through it), so a loop whose iterations do the same
     work at whatever clock the power management sets has a cycles_spread far below its
     ms_spread and r (Pearson, ms against 1/MHz) near 1. None with fewer than 10 pairs (too few
-    for deciles); r None when either side is constant."""
+    for deciles); r None when either side is constant. The figures are over the pairs, not the
+    iterations: an iteration holding two samples counts twice, and a slow one holds more.
+    Multiplying by a sampled clock (nvidia-smi's steps are ~15 MHz, and the clock may move
+    within an iteration) adds noise of its own: a loop at a steady clock shows a cycles spread
+    a few percent above its ms spread."""
     if len(pairs) < 10:
         return None
     ms = [p[0] for p in pairs]

@@ -26,7 +26,6 @@ tests, torch here), so the permutations are tested without GPUs.
 import argparse
 import os
 import sys
-import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -163,9 +162,15 @@ class RankWork:
 def time_rank(fn, warmup, iters):
     """Per-iteration CUDA-event times (ms) on this rank, iteration order; the ranks start the
     timed iterations together."""
+    return time_rank_and_end(fn, warmup, iters)[0]
+
+
+def time_rank_and_end(fn, warmup, iters):
+    """time_rank, and the host's clock right after the closing synchronisation (peer_torch.
+    event_times_and_end): the end of the rank's timed loop."""
     import torch.distributed as dist
-    from peer_torch import event_times
-    return event_times(fn, warmup, iters, before_timing=dist.barrier)
+    from peer_torch import event_times_and_end
+    return event_times_and_end(fn, warmup, iters, before_timing=dist.barrier)
 
 
 def gather_floats(values, world):
@@ -253,8 +258,7 @@ def main(argv=None):
                            "max_abs": max(s["max_abs"] for s in all_stats),
                            "rel": max(s["rel"] for s in all_stats), "ranks": all_stats, "tolerance": tol}
         if result["check"]["passes"]:
-            mine = time_rank(work.forward, args.warmup, args.iters)
-            end = time.time()
+            mine, end = time_rank_and_end(work.forward, args.warmup, args.iters)
             per_rank = gather_floats(mine, world)
             result["forward"] = checks.summarize_ms(checks.slowest_per_iteration(per_rank))
             result["forward"]["window_unix_s"] = checks.timed_window(mine, end)

@@ -283,10 +283,14 @@ def clock_section(mok, peer, clocks, capability, sms, mok_performed_tflops, dens
     for name, window in windows.items():
         out[name] = gpu_clocks.window_summary(samples, window, one_gpu if name == "dense_bf16_ceiling" else gpus)
     # Whether a loop's spread is the clock's (the power cap moving it) or the work's: its
-    # iterations' times against the clock sampled inside each. A group's loop is each
-    # iteration's slowest rank, read against rank 0's GPU (the first sampled).
-    for name, iters in (("mok_forward", mok.get("forward_iters_ms")),
-                        ("pytorch_forward", ((peer or {}).get("forward") or {}).get("iters_ms"))):
+    # iterations' times against the clock sampled inside each. One GPU's loops only: a group's
+    # times are each iteration's slowest rank, its window rank 0's own, and its loop pauses
+    # for a synchronisation and an untimed forward every 50 calls (core/device_timer.h), so
+    # its iterations cannot be placed in time from their durations.
+    loops = () if mok.get("ep_mode") == "distributed" else (
+        ("mok_forward", mok.get("forward_iters_ms")),
+        ("pytorch_forward", ((peer or {}).get("forward") or {}).get("iters_ms")))
+    for name, iters in loops:
         if isinstance(out.get(name), dict) and isinstance(iters, list) and all(_finite_at_least_0(v) for v in iters):
             out[name]["iterations"] = gpu_clocks.clock_following(
                 gpu_clocks.iteration_clock_pairs(samples, windows[name], iters, one_gpu))

@@ -658,7 +658,10 @@ def spread_lines(recs):
              "iterations' times (ms) and of those times x the clock (cycles: the clock cycles the iteration "
              "took, had the clock held through it). r: Pearson's correlation of the time with the clock's "
              "period (1/MHz). A loop whose cycles spread far less than its ms, with r near 1, spreads because "
-             "the power management moved the clock, not because its work did.", "",
+             "the power management moved the clock, not because its work did. The sampled clock adds noise of "
+             "its own (nvidia-smi's ~15 MHz steps, a clock moving within an iteration): a loop at a steady "
+             "clock shows a cycles spread a few percent above its ms spread. A real group's loops are not "
+             "paired (their iterations cannot be placed in time).", "",
              "| shape | EP mode | tokens | mok pairs | mok ms spread | mok cycles spread | mok r "
              "| PyTorch pairs | PyTorch ms spread | PyTorch cycles spread | PyTorch r | run |", "|" + "---|" * 12]
     for rec in shown:

@@ -114,6 +114,10 @@ class Following(unittest.TestCase):
     def test_too_few_pairs(self):
         self.assertIsNone(gpu_clocks.clock_following([(1.0, 1400.0)] * 9))
 
+    def test_zero_times_give_no_spread_not_a_division_by_zero(self):
+        f = gpu_clocks.clock_following([(0.0, 1400.0)] * 12)
+        self.assertEqual((f["pairs"], f["ms_spread"], f["cycles_spread"]), (12, None, None))
+
 
 class Peak(unittest.TestCase):
     def test_h200_published_peak(self):

@@ -331,6 +331,23 @@ class Clocks(unittest.TestCase):
         self.assertEqual(records.structure_errors(rec),
                          ["'clocks.mok_forward.iterations.ms_spread' must be a finite number or null (got \"wide\")"])
 
+    def test_a_groups_loops_are_not_paired_with_the_clock(self):
+        # A group's times are each iteration's slowest rank and its loop pauses every 50 calls:
+        # its iterations cannot be placed in time, so no pairs (the loop's summary stays).
+        self.mok["forward_iters_ms"] = [10.0] * 100
+        self.mok["ep_mode"] = "distributed"
+        samples = [{"t": 100.0 + i / 100 + 0.005, "index": 0, "sm_mhz": 1400.0, "power_w": 690.0,
+                    "sw_power_cap": True} for i in range(100)]
+        self.mok["timing"]["window_unix_s"] = [100.0, 101.0]
+        rec = records.make_record(self.mok, self.peer, env(),
+                                  {"samples": samples, "gpus": [0], "period_ms": 10, "error": None})
+        self.assertEqual(rec["clocks"]["mok_forward"]["samples"], 100)
+        self.assertNotIn("iterations", rec["clocks"]["mok_forward"])
+        self.mok["ep_mode"] = "slice"
+        rec = records.make_record(self.mok, self.peer, env(),
+                                  {"samples": samples, "gpus": [0], "period_ms": 10, "error": None})
+        self.assertEqual(rec["clocks"]["mok_forward"]["iterations"]["pairs"], 100)
+
     def test_not_sampled(self):
         self.assertIsNone(records.make_record(self.mok, self.peer, env())["clocks"])
         rec = records.make_record(self.mok, self.peer, env(),
@@ -659,7 +676,8 @@ class Phases(unittest.TestCase):
                     {"median_ms": {"setup": True}}, "x", {"median_ms": {"setup": 1.0}, "timed_after_ms": "1"},
                     {"median_ms": {"setup": 1.0}, "timed_after_ms": -1.0},
                     {"median_ms": {"setup": 1.0}, "timed_after_ms": float("nan")},
-                    {"median_ms": {"setup": 1.0}, "timed_after_ms": float("inf")}):
+                    {"median_ms": {"setup": 1.0}, "timed_after_ms": float("inf")},
+                    {"median_ms": {"setup": float("inf")}}, {"median_ms": {"setup": 1.0, "epilogue": float("nan")}}):
             m = copy.deepcopy(mok)
             m["forward_phases"] = bad
             self.assertIsNone(records.forward_phases(m), bad)

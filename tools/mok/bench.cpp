@@ -364,10 +364,18 @@ int bench_command(const std::vector<std::string>& argv) {
   // synchronising every 50 calls keeps its bounded wait (MOK_WAIT_TIMEOUT_MS) about
   // progress, not the whole queue. `ms` is in iteration order (a group's record takes the
   // slowest rank per iteration).
-  const DeviceTimerCalls forward_calls{[&] { layer.forward(args_dev); }, [&] { layer.synchronize(); },
+  // The host's clock right after the latest synchronisation: after device_times_ms, the timed
+  // loop's end (read before the events are, which would put it a few hundred microseconds
+  // late, and with it every iteration the record pairs with a clock sample).
+  double synchronized_unix_s = 0;
+  const DeviceTimerCalls forward_calls{[&] { layer.forward(args_dev); },
+                                       [&] {
+                                         layer.synchronize();
+                                         synchronized_unix_s = unix_seconds_now();
+                                       },
                                        distributed ? 50 : 0};
   const std::vector<double> ms = device_times_ms(stream, warmup, iters, forward_calls);
-  const double timed_end_unix_s = unix_seconds_now();
+  const double timed_end_unix_s = synchronized_unix_s;
   const Timing fwd_time = summarize(ms);
 
   // ---- where a forward's time goes: a separate pass with events between the phases (they
