@@ -506,6 +506,21 @@ TEST(GroupErrors, AnAbandonedForwardSaysItTouchedNoPeer) {
               HasSubstr("rank 3 of the EP group recorded a device error: rank 3's EP group was being aborted"));
 }
 
+// A rank whose status never came (the group barrier's all-gather aborted before it did) is
+// read from the 0xFF bytes the table is filled with before each barrier (backend.cu): its
+// code is kNoGroupStatus, which is no kOk (the epilogue poisons y) and is named as such.
+TEST(GroupErrors, ARankWhoseStatusNeverCameIsNamedAsSuch) {
+  using namespace mok::cuda;
+  std::vector<DeviceError> gathered(4, DeviceError{});
+  std::memset(&gathered[2], 0xFF, sizeof(DeviceError));  // (what cudaMemsetAsync(..., 0xFF, ...) leaves)
+  ASSERT_EQ(gathered[2].code, kNoGroupStatus);
+  ASSERT_NE(gathered[2].code, kOk);
+  EXPECT_EQ(describe_peer_errors(gathered, 0, 512, 8).value(),
+            "rank 2 of the EP group sent no status: the group's barrier was aborted before its status arrived (its "
+            "rows for this rank's tokens may be missing), and the output was poisoned with NaN");
+  EXPECT_FALSE(is_routing_error(kNoGroupStatus));
+}
+
 // A timed-out device wait says which wait, on what: a shared expert's down GEMM names a token
 // tile (not a routed row tile), a pull names the tile it waits to pull.
 TEST(GroupErrors, ATimedOutWaitNamesItsSite) {

@@ -1081,6 +1081,11 @@ class CudaBackend final : public BackendImpl {
     // push its rows for our tokens: the epilogue poisons y, synchronize names that rank).
     if (group_) {
       phase("group_barrier");
+      // Every entry marked "no status" first (kNoGroupStatus: 0xFF bytes): the all-gather
+      // overwrites them all, so one still marked after it was aborted before that rank's status
+      // came, and the epilogue poisons y instead of summing slots that rank never filled (the
+      // table otherwise still held the previous forward's codes).
+      MOK_CUDA_CHECK(cudaMemsetAsync(group_errors_.as<void>(), 0xFF, group_->size() * sizeof(DeviceError), stream_));
       group_->all_gather(error_.as<void>(), group_errors_.as<void>(), sizeof(DeviceError), stream_);
     }
 

@@ -59,6 +59,10 @@ std::string describe_device_error(const DeviceError& e, int T, int k) {
         << "or abandon_group): the forward touched no peer memory, did no routed work, and its output was poisoned "
         << "with NaN";
       break;
+    case kNoGroupStatus:
+      s << "the group's barrier was aborted before its status arrived (its rows for this rank's tokens may be "
+        << "missing), and the output was poisoned with NaN";
+      break;
     default:
       s << "device error code " << e.code;
   }
@@ -89,7 +93,8 @@ std::optional<PeerErrors> peer_errors(std::span<const DeviceError> gathered, int
   if (first < 0) return std::nullopt;
   if (first_routing >= 0) first = first_routing;
   const int others = failed - 1;
-  std::string s = "rank " + std::to_string(first) + " of the EP group recorded a device error: " +
+  std::string s = "rank " + std::to_string(first) + " of the EP group " +
+                  (gathered[first].code == kNoGroupStatus ? "sent no status: " : "recorded a device error: ") +
                   describe_device_error(gathered[first], T, k);
   if (others > 0) s += " (and " + std::to_string(others) + " other rank" + (others > 1 ? "s" : "") + " recorded one too)";
   return PeerErrors{std::move(s), first_routing >= 0};

@@ -18,6 +18,12 @@ enum DeviceErrorCode : int {
   kWaitTimeout = 5,          // rank, where = which wait, index = the item waited for, value = seen
   kScheduleMismatch = 6,     // rank, index = local expert, value = its rows by the chunk counts (a bug, not bad input)
   kGroupAbandoned = 7,       // rank: its EP group was being aborted when the schedule ran (no routed work was done)
+  // In the gathered table only: no status came from that rank. Each group barrier's
+  // all-gather is preceded by filling the table with 0xFF bytes and overwrites every entry,
+  // so an entry still so after it means the barrier was aborted before that rank's status
+  // arrived (a dead or stuck peer), and the epilogue poisons y rather than sum the slots
+  // that rank never filled.
+  kNoGroupStatus = -1,
 };
 
 enum WaitSite : int {
