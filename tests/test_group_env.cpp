@@ -92,6 +92,16 @@ TEST(GroupEnvironment, TheDeviceIsTheLocalRankOrTheProcesssOneGpu) {
   EXPECT_EQ(first.cuda_device(2), 0);
 }
 
+TEST(GroupEnvironment, AFailedStartSaysWhichGpuTheRankTookAndWhyTwoRanksMayShareIt) {
+  const auto env = read({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "3"}, {"MOK_RENDEZVOUS_DIR", "/d"}});
+  EXPECT_EQ(env.shared_gpu_hint(8),
+            "; NCCL also refuses two ranks on one GPU: rank 5 (local rank 3) took CUDA device 3 of the 8 this process "
+            "sees");
+  EXPECT_THAT(env.shared_gpu_hint(1), ::testing::AllOf(HasSubstr("took CUDA device 0 of the 1 this process sees"),
+                                                       HasSubstr("give each rank its own GPU")));
+  EXPECT_EQ(read({{"RANK", "0"}, {"WORLD_SIZE", "1"}}).shared_gpu_hint(1), "");  // (a group of one)
+}
+
 TEST(GroupEnvironment, SingleProcessNeedsNoRendezvous) {
   const auto env = read({{"RANK", "0"}, {"WORLD_SIZE", "1"}});
   EXPECT_EQ(env.world_size, 1);

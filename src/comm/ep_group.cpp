@@ -252,7 +252,7 @@ EpGroup::EpGroup(const GroupEnvironment& env, Limits limits) : impl_(std::make_u
              "; an earlier job that died before its group formed can leave its id there: remove the file, or give "
              "each job its own directory or MOK_RUN_ID)";
     throw Error(std::string("NCCL ncclCommInitRank failed on rank ") + std::to_string(env.rank) + ": " +
-                nccl.GetErrorString(init) + hint);
+                nccl.GetErrorString(init) + hint + env.shared_gpu_hint(devices));
   }
 
   // Every peer must be load/store reachable (one NVLink domain): the megakernel pulls and

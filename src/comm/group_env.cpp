@@ -135,4 +135,16 @@ int GroupEnvironment::cuda_device(int visible_devices) const {
               " (a process sees either its node's GPUs, one per local rank, or exactly one: its own)");
 }
 
+std::string GroupEnvironment::shared_gpu_hint(int visible_devices) const {
+  if (world_size <= 1 || visible_devices < 1) return "";
+  const int device = cuda_device(visible_devices);
+  std::string hint = "; NCCL also refuses two ranks on one GPU: rank " + std::to_string(rank) + " (local rank " +
+                     std::to_string(local_rank) + ") took CUDA device " + std::to_string(device) + " of the " +
+                     std::to_string(visible_devices) + " this process sees";
+  if (visible_devices == 1)
+    hint += " (one GPU visible is taken as the process's own: where every rank sees the same one, as `mok launch "
+            "-n N` on a machine with fewer than N GPUs, give each rank its own GPU)";
+  return hint;
+}
+
 }  // namespace mok::comm

@@ -36,6 +36,12 @@ struct GroupEnvironment {
   // --gpus-per-task and many MPI setups do). Throws mok::Error naming the local rank and
   // the count otherwise (several GPUs visible, but not this rank's).
   int cuda_device(int visible_devices) const;
+
+  // What to say when the group's NCCL start fails in a way two ranks on one GPU would cause
+  // (NCCL refuses them; its own message shows only with NCCL_DEBUG=WARN): the device this rank
+  // took (cuda_device's rule) and why another rank may have taken the same one. Empty for a
+  // group of one.
+  std::string shared_gpu_hint(int visible_devices) const;
 };
 
 }  // namespace mok::comm
