@@ -10,8 +10,10 @@ namespace mok {
 
 class DeviceMirror {
  public:
-  // Throws mok::Error when CUDA is unavailable.
-  DeviceMirror(const LayerData& host, int device);
+  // Throws mok::Error when CUDA is unavailable. With `only_rank` >= 0 only that rank's tensors
+  // are copied (a real group's process passes its own rank alone: the others' weights and x
+  // would take R times the memory on every GPU); the other ranks' arguments are then empty.
+  DeviceMirror(const LayerData& host, int device, int only_rank = -1);
   ~DeviceMirror();
   std::vector<RankForward> forward_args() const;
   std::vector<RankBackward> backward_args() const;

@@ -51,13 +51,20 @@ struct DeviceMirror::Impl {
   }
 };
 
-DeviceMirror::DeviceMirror(const LayerData& host, int device) : impl_(std::make_unique<Impl>()) {
+DeviceMirror::DeviceMirror(const LayerData& host, int device, int only_rank) : impl_(std::make_unique<Impl>()) {
   require(cuda_device_count() > 0, "DeviceMirror: no CUDA device is available");
+  require(only_rank < static_cast<int>(host.ranks.size()),
+          "DeviceMirror: only_rank " + std::to_string(only_rank) + " is not one of the data's " +
+              std::to_string(host.ranks.size()) + " ranks");
   MOK_CUDA_CHECK(cudaSetDevice(device));
   impl_->device = device;
   for (std::size_t r = 0; r < host.ranks.size(); ++r) {
     const RankData& d = host.ranks[r];
     Impl::RankViews v;
+    if (only_rank >= 0 && static_cast<int>(r) != only_rank) {  // (another process's rank: empty arguments)
+      impl_->ranks.push_back(std::move(v));
+      continue;
+    }
     auto in = [&](const HostTensor& t) { return impl_->upload(t, true); };
     auto out = [&](const HostTensor& t, HostTensor* (*sel)(RankData&, std::size_t), std::size_t idx) {
       TensorView view = impl_->upload(t, false);

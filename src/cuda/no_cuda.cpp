@@ -17,7 +17,7 @@ std::string cuda_device_name() { return "none"; }
 
 namespace mok {
 struct DeviceMirror::Impl {};
-DeviceMirror::DeviceMirror(const LayerData&, int) {
+DeviceMirror::DeviceMirror(const LayerData&, int, int) {
   throw Error("DeviceMirror: this build of mok has no CUDA backend");
 }
 DeviceMirror::~DeviceMirror() = default;

@@ -309,7 +309,7 @@ int bench_command(const std::vector<std::string>& argv) {
   o.cuda_device = device;
   o.cuda_stream = stream;
   Layer layer = naming_options([&] { return Layer(p, config, o); }, kNotTaken);
-  DeviceMirror mirror(host, device);
+  DeviceMirror mirror(host, device, distributed ? me : -1);  // (a group's process passes its own rank alone)
   const auto all_args = mirror.forward_args();
   const std::vector<RankForward> args_dev = distributed ? std::vector<RankForward>{all_args[me]} : all_args;
 

@@ -456,7 +456,8 @@ int run_command(const std::vector<std::string>& argv) {
   };
   std::vector<Row> rows;
   std::unique_ptr<DeviceMirror> mirror;
-  if (on_cuda) mirror = std::make_unique<DeviceMirror>(data, options.cuda_device);
+  // (A group's process copies its own rank alone: `mine` passes no other.)
+  if (on_cuda) mirror = std::make_unique<DeviceMirror>(data, options.cuda_device, my_rank);
 
   // On the GPU: device time, calls enqueued back to back between events (as `mok bench` and
   // the peers time them: core/device_timer.h). On the CPU: the wall time of each call.
