@@ -160,17 +160,12 @@ class RankWork:
 
 
 def time_rank(fn, warmup, iters):
-    """Per-iteration CUDA-event times (ms) on this rank, iteration order; the ranks start the
-    timed iterations together."""
-    return time_rank_and_end(fn, warmup, iters)[0]
-
-
-def time_rank_and_end(fn, warmup, iters):
-    """time_rank, and the host's clock right after the closing synchronisation (peer_torch.
-    event_times_and_end): the end of the rank's timed loop."""
+    """(per-iteration CUDA-event times (ms) on this rank, iteration order; the host's clock at
+    the end of the rank's timed loop: peer_torch.event_times); the ranks start the timed
+    iterations together."""
     import torch.distributed as dist
-    from peer_torch import event_times_and_end
-    return event_times_and_end(fn, warmup, iters, before_timing=dist.barrier)
+    from peer_torch import event_times
+    return event_times(fn, warmup, iters, before_timing=dist.barrier)
 
 
 def gather_floats(values, world):
@@ -190,7 +185,7 @@ def nccl_all_to_all(nbytes, warmup, iters, world):
     n = nbytes // 2 // world * world
     inp = torch.ones(n, dtype=torch.bfloat16, device="cuda")
     out = torch.empty_like(inp)
-    times = time_rank(lambda: dist.all_to_all_single(out, inp), warmup, iters)
+    times, _ = time_rank(lambda: dist.all_to_all_single(out, inp), warmup, iters)
     worst = checks.slowest_per_iteration(gather_floats(times, world))
     t = checks.summarize_ms(worst)
     algbw = n * 2 / (t["median_ms"] * 1e-3) / 1e9
@@ -258,7 +253,7 @@ def main(argv=None):
                            "max_abs": max(s["max_abs"] for s in all_stats),
                            "rel": max(s["rel"] for s in all_stats), "ranks": all_stats, "tolerance": tol}
         if result["check"]["passes"]:
-            mine, end = time_rank_and_end(work.forward, args.warmup, args.iters)
+            mine, end = time_rank(work.forward, args.warmup, args.iters)
             per_rank = gather_floats(mine, world)
             result["forward"] = checks.summarize_ms(checks.slowest_per_iteration(per_rank))
             result["forward"]["window_unix_s"] = checks.timed_window(mine, end)

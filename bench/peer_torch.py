@@ -37,16 +37,11 @@ SCHEMA = 1
 
 def event_times(fn, warmup, iters, before_timing=None):
     """Warm-up calls, then `iters` calls each between two CUDA events, enqueued back to back
-    and read after one synchronisation; per-iteration times in ms, in iteration order.
-    `before_timing` runs between the two (a group's barrier, say)."""
-    return event_times_and_end(fn, warmup, iters, before_timing)[0]
-
-
-def event_times_and_end(fn, warmup, iters, before_timing=None):
-    """event_times, and the host's clock (Unix seconds) right after the closing
-    synchronisation, before the events are read: the timed loop's end, as near as the host
-    sees it (reading a hundred events first would put it a few hundred microseconds late,
-    and every iteration the record pairs with a clock sample with it)."""
+    and read after one synchronisation: (per-iteration times in ms, in iteration order; the
+    host's clock in Unix seconds right after that synchronisation, before the events are read:
+    the timed loop's end, as near as the host sees it; reading a hundred events first would put
+    it a few hundred microseconds late, and every iteration the record pairs with a clock
+    sample with it). `before_timing` runs between the two (a group's barrier, say)."""
     import torch
     for _ in range(warmup):
         fn()
@@ -71,7 +66,7 @@ def time_cuda(fn, warmup, iters, keep_iters=False):
     (checks.timed_window: where the record looks for the GPU's clock during it); with
     `keep_iters` each iteration's time too ("iters_ms", iteration order: the record reads them
     against the clock sampled inside each)."""
-    ms, end_unix_s = event_times_and_end(fn, warmup, iters)
+    ms, end_unix_s = event_times(fn, warmup, iters)
     t = checks.summarize_ms(ms)
     t["window_unix_s"] = checks.timed_window(ms, end_unix_s)
     if keep_iters:

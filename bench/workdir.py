@@ -141,6 +141,20 @@ def _load(work_dir, name, kind, shape):
     return a
 
 
+def _load_expert_weights(work_dir, El, H, I):
+    """The rank's routed experts' w_gate, w_up [El, I, H] and w_down [El, H, I]."""
+    return {"w_gate": _load(work_dir, "w_gate.npy", BF16, (El, I, H)),
+            "w_up": _load(work_dir, "w_up.npy", BF16, (El, I, H)),
+            "w_down": _load(work_dir, "w_down.npy", BF16, (El, H, I))}
+
+
+def _load_shared(work_dir, H, widths):
+    """Each shared expert's w_gate, w_up [w, H] and w_down [H, w], in order."""
+    return [{"w_gate": _load(work_dir, f"shared{s}_w_gate.npy", BF16, (w, H)),
+             "w_up": _load(work_dir, f"shared{s}_w_up.npy", BF16, (w, H)),
+             "w_down": _load(work_dir, f"shared{s}_w_down.npy", BF16, (H, w))} for s, w in enumerate(widths)]
+
+
 def problem_dims(problem):
     """(R, T, H, I, k, E_loc, shared widths) of a mok.json problem."""
     R = int(problem["ep_size"])
@@ -175,9 +189,7 @@ def load_work(work_dir, need_backward=True):
         "row_expert": _load(work_dir, "row_expert.npy", I32, (N,)),
         "row_weight": _load(work_dir, "row_weight.npy", F32, (N,)),
         "row_slot": _load(work_dir, "row_slot.npy", I64, (N,)),
-        "w_gate": _load(work_dir, "w_gate.npy", BF16, (El, I, H)),
-        "w_up": _load(work_dir, "w_up.npy", BF16, (El, I, H)),
-        "w_down": _load(work_dir, "w_down.npy", BF16, (El, H, I)),
+        **_load_expert_weights(work_dir, El, H, I),
         "x_local": _load(work_dir, "x_local.npy", BF16, (T, H)),
         "router_weights": _load(work_dir, "router_weights.npy", F32, (T, k)),
         "combine_local": _load(work_dir, "combine_local.npy", BF16, (T * k, H)),
@@ -186,13 +198,7 @@ def load_work(work_dir, need_backward=True):
     }
     if need_backward:
         a["dy_local"] = _load(work_dir, "dy_local.npy", BF16, (T, H))
-    a["shared"] = []
-    for s, w in enumerate(shared):
-        a["shared"].append({
-            "w_gate": _load(work_dir, f"shared{s}_w_gate.npy", BF16, (w, H)),
-            "w_up": _load(work_dir, f"shared{s}_w_up.npy", BF16, (w, H)),
-            "w_down": _load(work_dir, f"shared{s}_w_down.npy", BF16, (H, w)),
-        })
+    a["shared"] = _load_shared(work_dir, H, shared)
     if N:
         if a["row_source"].min() < 0 or a["row_source"].max() >= R * T:
             raise ContractError(f"row_source.npy: values must lie in [0, {R * T})")
@@ -221,14 +227,8 @@ def load_rank_work(rank_dir):
         "router_weights": _load(rank_dir, "router_weights.npy", F32, (T, k)),
         "y_ref": _load(rank_dir, "y_ref.npy", BF16, (T, H)),
         "slots_ref": _load(rank_dir, "slots_ref.npy", BF16, (T * k, H)),
-        "w_gate": _load(rank_dir, "w_gate.npy", BF16, (El, I, H)),
-        "w_up": _load(rank_dir, "w_up.npy", BF16, (El, I, H)),
-        "w_down": _load(rank_dir, "w_down.npy", BF16, (El, H, I)),
-        "shared": [{
-            "w_gate": _load(rank_dir, f"shared{s}_w_gate.npy", BF16, (w, H)),
-            "w_up": _load(rank_dir, f"shared{s}_w_up.npy", BF16, (w, H)),
-            "w_down": _load(rank_dir, f"shared{s}_w_down.npy", BF16, (H, w)),
-        } for s, w in enumerate(shared)],
+        **_load_expert_weights(rank_dir, El, H, I),
+        "shared": _load_shared(rank_dir, H, shared),
     }
     top = a["top_experts"]
     if top.size and (top.min() < 0 or top.max() >= R * El):
